@@ -1,0 +1,5 @@
+//! kvfabric-engine: the bundled prefill/decode engine.
+//!
+//! GGUF loading, tokenizer, Llama forward pass with batch-invariant kernels,
+//! paged KV in fabric-sized blocks, continuous batching and the OpenAI API.
+//! See docs/ARCHITECTURE.md, "Engine".

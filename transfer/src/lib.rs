@@ -1,0 +1,5 @@
+//! kvfabric-transfer: moves bytes between registered memory of nodes.
+//!
+//! Owns segments (registered memory regions with ids), batches of one-sided
+//! READ/WRITE ops against peers' segments, and the transports that carry them
+//! (tcp, shm, rdma). See docs/ARCHITECTURE.md, "Transfer engine".
