@@ -52,6 +52,7 @@ where
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closure signature
 mod tests {
     use super::*;
     use serde::Deserialize;
