@@ -1,0 +1,173 @@
+//! Page-aligned shared memory regions: the backing store of segments.
+//!
+//! A [`SharedRegion`] is a memfd mapped into this process. Being a memfd, the
+//! same pages can be mapped by a peer process on the same host (the `shm`
+//! transport passes the fd over a Unix socket), so a READ between two local
+//! processes is one memcpy. The store's RAM tier arena is one such region,
+//! registered once as a transfer segment.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+
+use crate::TransferError;
+
+/// A memfd-backed, page-aligned, zero-initialised memory region mapped read-write.
+#[derive(Debug)]
+pub struct SharedRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the region is plain memory owned by this value; concurrent access to
+// disjoint ranges is coordinated by the owners of the ranges (allocators,
+// leases), never by this type.
+unsafe impl Send for SharedRegion {}
+unsafe impl Sync for SharedRegion {}
+
+impl SharedRegion {
+    /// Create a region of `len` bytes (rounded up to whole pages).
+    pub fn create(name: &str, len: usize) -> Result<Self, TransferError> {
+        if len == 0 {
+            return Err(TransferError::InvalidArgument(
+                "region length is zero".into(),
+            ));
+        }
+        let page = page_size();
+        let len = len.div_ceil(page) * page;
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| TransferError::InvalidArgument("region name contains NUL".into()))?;
+        // SAFETY: plain syscalls on a valid C string; results are checked.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(TransferError::Io(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: valid fd; length checked above.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(TransferError::Io(std::io::Error::last_os_error()));
+        }
+        Self::map(fd, len)
+    }
+
+    /// Map a region received from a peer (its memfd) into this process.
+    pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Self, TransferError> {
+        Self::map(fd, len)
+    }
+
+    fn map(fd: OwnedFd, len: usize) -> Result<Self, TransferError> {
+        // SAFETY: mapping a valid fd of at least `len` bytes, shared, read-write.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(TransferError::Io(std::io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| TransferError::Io(std::io::Error::other("mmap returned null")))?;
+        Ok(SharedRegion { ptr, len, fd })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: regions have at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Base address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The memfd, for handing the region to a local peer.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// A bounds-checked view of `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// The caller must ensure no one writes the range while the slice lives.
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> Result<&[u8], TransferError> {
+        self.check(offset, len)?;
+        Ok(std::slice::from_raw_parts(
+            self.ptr.as_ptr().add(offset),
+            len,
+        ))
+    }
+
+    /// A bounds-checked mutable view of `len` bytes at `offset`.
+    ///
+    /// # Safety
+    /// The caller must own the range exclusively while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: usize, len: usize) -> Result<&mut [u8], TransferError> {
+        self.check(offset, len)?;
+        Ok(std::slice::from_raw_parts_mut(
+            self.ptr.as_ptr().add(offset),
+            len,
+        ))
+    }
+
+    /// Ok when `[offset, offset+len)` lies inside the region.
+    pub fn check(&self, offset: usize, len: usize) -> Result<(), TransferError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(TransferError::OutOfBounds {
+                offset: offset as u64,
+                len: len as u64,
+                segment_len: self.len as u64,
+            }),
+        }
+    }
+}
+
+impl Drop for SharedRegion {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `map` mapped.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_write_read_and_bounds() {
+        let r = SharedRegion::create("t", 10_000).unwrap();
+        assert_eq!(r.len() % page_size(), 0);
+        unsafe {
+            r.slice_mut(100, 4).unwrap().copy_from_slice(b"abcd");
+            assert_eq!(r.slice(100, 4).unwrap(), b"abcd");
+        }
+        assert!(r.check(r.len() - 1, 2).is_err());
+        assert!(r.check(usize::MAX, 2).is_err());
+        assert!(SharedRegion::create("t", 0).is_err());
+    }
+}
