@@ -1,0 +1,18 @@
+//! The engine crate's one error type.
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The engine's scheduler is gone.
+    #[error("the engine has shut down")]
+    ShutDown,
+    /// Bad input from a user.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// A malformed or unsupported model file.
+    #[error("model file: {0}")]
+    Model(String),
+    /// An OS call failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,103 @@
+//! The contract between the HTTP front and the scheduler.
+//!
+//! The HTTP layer turns an OpenAI request into a [`GenerationRequest`] and
+//! submits it through an [`EngineHandle`]; the scheduler streams
+//! [`GenerationEvent`]s back on the request's channel. Dropping the receiver
+//! (client disconnected, stop sequence seen) cancels the request: the
+//! scheduler notices the closed channel at its next step and frees the blocks.
+
+use tokio::sync::mpsc;
+
+/// How the next token is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy (argmax, ties to the lowest id).
+    pub temperature: f32,
+    /// Nucleus sampling mass; 1.0 = off.
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Seed of the request's own RNG: same seed, same prompt -> same tokens.
+    /// None = drawn from the OS.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+        }
+    }
+}
+
+/// One generation job.
+#[derive(Debug)]
+pub struct GenerationRequest {
+    /// Prompt token ids (chat template already applied).
+    pub prompt: Vec<u32>,
+    /// Upper bound on generated tokens.
+    pub max_tokens: usize,
+    /// Sampling configuration.
+    pub sampling: SamplingParams,
+    /// Token ids that end generation (the model's EOS / end-of-turn ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Tenant cache salt: requests in different namespaces never share KV.
+    pub namespace: Vec<u8>,
+    /// Send the full logits row with every token (tests and bit-exactness checks).
+    pub return_logits: bool,
+    /// Where the scheduler streams events.
+    pub events: mpsc::Sender<GenerationEvent>,
+}
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token was produced.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+}
+
+/// Token counts for the OpenAI `usage` object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV was reused (local prefix cache or fabric).
+    pub cached_tokens: usize,
+}
+
+/// What the scheduler streams back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenerationEvent {
+    /// One generated token (the stop token itself is not sent).
+    Token { id: u32, logits: Option<Vec<f32>> },
+    /// Generation ended normally.
+    Finished { reason: FinishReason, usage: Usage },
+    /// The request failed (e.g. prompt longer than the context).
+    Error(String),
+}
+
+/// Cloneable handle to submit requests to a running engine.
+#[derive(Clone, Debug)]
+pub struct EngineHandle {
+    submit: mpsc::Sender<GenerationRequest>,
+}
+
+impl EngineHandle {
+    /// Wrap the scheduler's intake channel.
+    pub fn new(submit: mpsc::Sender<GenerationRequest>) -> Self {
+        EngineHandle { submit }
+    }
+
+    /// Queue a request; fails only when the engine has shut down.
+    pub async fn submit(&self, req: GenerationRequest) -> Result<(), crate::EngineError> {
+        self.submit
+            .send(req)
+            .await
+            .map_err(|_| crate::EngineError::ShutDown)
+    }
+}
