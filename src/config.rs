@@ -121,6 +121,30 @@ mod tests {
         });
     }
 
+    /// Every key of `T`'s defaults appears as `` `key` `` in section `[section]` of docs/CONFIG.md.
+    pub(crate) fn assert_documented<T: Serialize + Default>(section: &str) {
+        let doc = include_str!("../docs/CONFIG.md");
+        let start = doc
+            .find(&format!("## `[{section}]`"))
+            .unwrap_or_else(|| panic!("docs/CONFIG.md has no `[{section}]` section"));
+        let body = &doc[start + 4..];
+        let body = &body[..body.find("\n## ").unwrap_or(body.len())];
+        let value = figment::Figment::from(Serialized::defaults(T::default()))
+            .extract::<figment::value::Dict>()
+            .unwrap();
+        for key in value.keys() {
+            assert!(
+                body.contains(&format!("| `{key}` |")),
+                "docs/CONFIG.md section [{section}] does not document `{key}`"
+            );
+        }
+    }
+
+    #[test]
+    fn config_md_lists_every_key() {
+        assert_documented::<crate::model::ModelConfig>("model");
+    }
+
     #[test]
     fn missing_file_is_an_error() {
         let err = load::<Demo, _>(

