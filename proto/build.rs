@@ -1,5 +1,6 @@
 //! Generates the tonic/prost code and the descriptor set used by gRPC reflection.
-//! protoc comes from `protoc-bin-vendored`, so no system protobuf compiler is needed.
+//! protoc is Debian's `protobuf-compiler` (scripts/install-deps.sh installs it; etcd-client
+//! needs it too), found on PATH or through `PROTOC`.
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -11,10 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={p}");
     }
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    let mut config = prost_build::Config::new();
-    config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?);
     tonic_prost_build::configure()
         .file_descriptor_set_path(out.join("kvfabric_descriptor.bin"))
-        .compile_with_config(config, &protos, &["proto"])?;
+        .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

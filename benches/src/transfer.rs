@@ -1,1 +1,400 @@
-//! `kvfabric bench transfer`.
+//! `kvfabric bench transfer`: the transfer engine between two processes on
+//! loopback, each figure a ratio against a real peer measured in the same run:
+//! tcp 4 MiB READ throughput vs `iperf3` single stream, 4 KiB READ round trip
+//! vs a plain TCP ping-pong (56-byte request, 4 KiB reply: the READ's own wire
+//! pattern), shm 4 MiB READ throughput vs single-thread memcpy, and an op-size
+//! sweep per transport. The remote peer is this same executable started with
+//! `bench transfer --peer-listen ADDR` (hidden flag).
+//!
+//! Bandwidths are in GB/s (1e9 bytes/s); iperf3's bits are converted.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use kvfabric_transfer::{
+    SegmentId, SharedRegion, TransferConfig, TransferEngine, TransferOp, TransportChoice,
+};
+use serde_json::{json, Value};
+
+/// Arguments of `kvfabric bench transfer`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TransferArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Bytes per op in the headline throughput runs.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub op_bytes: u64,
+    /// Ops per batch in the headline throughput runs.
+    #[arg(long, default_value_t = 16)]
+    pub batch_ops: u64,
+    /// Seconds per headline throughput measurement (iperf3 too).
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+    /// Round trips measured for the 4 KiB latency (and for the ping-pong).
+    #[arg(long, default_value_t = 5000)]
+    pub small_iters: usize,
+    /// Op sizes of the sweep, in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 65536, 1 << 20, 4 << 20, 16 << 20])]
+    pub sweep: Vec<u64>,
+    /// Milliseconds per sweep point.
+    #[arg(long, default_value_t = 500)]
+    pub sweep_ms: u64,
+    /// Size of the segments read from, in bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub segment_bytes: u64,
+    /// Override the engine's slice size (bytes).
+    #[arg(long)]
+    pub slice_bytes: Option<usize>,
+    /// Override the engine's connections per peer.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Act as the bench's remote peer, listening here (used by the bench itself).
+    #[arg(long, hide = true)]
+    pub peer_listen: Option<String>,
+}
+
+/// Run the bench (or, with `--peer-listen`, serve as its peer until stdin closes).
+pub fn run(args: &TransferArgs) -> anyhow::Result<()> {
+    let args = args.clone();
+    // Own runtime on its own thread: works whether or not the caller is async.
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        match args.peer_listen.clone() {
+            Some(addr) => rt.block_on(serve_peer(&args, &addr)),
+            None => {
+                let report = rt.block_on(measure(&args))?;
+                if args.json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print_table(&report);
+                }
+                Ok(())
+            }
+        }
+    })
+    .join()
+    .map_err(|_| anyhow!("bench thread panicked"))?
+}
+
+fn config(args: &TransferArgs, transport: TransportChoice, listen: &str) -> TransferConfig {
+    let mut c = TransferConfig {
+        listen: listen.to_string(),
+        transport,
+        ..TransferConfig::default()
+    };
+    if let Some(s) = args.slice_bytes {
+        c.slice_bytes = s;
+    }
+    if let Some(n) = args.connections {
+        c.connections_per_peer = n;
+    }
+    c
+}
+
+/// The peer: an engine with one segment and a plain TCP ping-pong server.
+async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let engine = TransferEngine::start(config(args, TransportChoice::Auto, listen), &mut registry)
+        .await
+        .context("starting the peer engine")?;
+    let region = Arc::new(SharedRegion::create("bench-peer", args.segment_bytes as usize)?);
+    let segment = engine.register(region);
+    let pingpong = TcpListener::bind("127.0.0.1:0")?;
+    let pingpong_addr = pingpong.local_addr()?;
+    std::thread::spawn(move || {
+        for conn in pingpong.incoming().flatten() {
+            std::thread::spawn(move || serve_pingpong(conn));
+        }
+    });
+    println!("READY {} {} {}", engine.local_addr(), segment.0, pingpong_addr);
+    std::io::stdout().flush()?;
+    // Serve until the bench closes our stdin.
+    tokio::task::spawn_blocking(|| {
+        let mut sink = [0u8; 64];
+        while matches!(std::io::stdin().read(&mut sink), Ok(n) if n > 0) {}
+    })
+    .await?;
+    Ok(())
+}
+
+const PING_REQUEST: usize = 56;
+const PING_REPLY: usize = 4096;
+
+fn serve_pingpong(mut conn: TcpStream) {
+    let _ = conn.set_nodelay(true);
+    let mut req = [0u8; PING_REQUEST];
+    let reply = vec![7u8; PING_REPLY];
+    while conn.read_exact(&mut req).is_ok() {
+        if conn.write_all(&reply).is_err() {
+            return;
+        }
+    }
+}
+
+struct PeerProcess {
+    child: Child,
+    addr: String,
+    segment: SegmentId,
+    pingpong: String,
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_peer(args: &TransferArgs) -> anyhow::Result<PeerProcess> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "transfer", "--peer-listen", "127.0.0.1:0"])
+        .args(["--segment-bytes", &args.segment_bytes.to_string()]);
+    if let Some(s) = args.slice_bytes {
+        cmd.args(["--slice-bytes", &s.to_string()]);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("spawning the bench peer")?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("peer has no stdout"))?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    if parts.len() != 4 || parts[0] != "READY" {
+        let _ = child.kill();
+        bail!("bench peer did not start: {line:?}");
+    }
+    Ok(PeerProcess {
+        addr: parts[1].to_string(),
+        segment: SegmentId(parts[2].parse()?),
+        pingpong: parts[3].to_string(),
+        child,
+    })
+}
+
+/// Read `op_bytes`-sized ops in batches of `batch_ops` for `dur`; GB/s.
+async fn read_throughput(
+    engine: &TransferEngine,
+    peer: &PeerProcess,
+    local: SegmentId,
+    segment_bytes: u64,
+    op_bytes: u64,
+    batch_ops: u64,
+    dur: Duration,
+) -> anyhow::Result<f64> {
+    let slots = (segment_bytes / op_bytes).max(1);
+    let mut moved = 0u64;
+    let mut next = 0u64;
+    let batch = |next: &mut u64| -> Vec<TransferOp> {
+        (0..batch_ops)
+            .map(|_| {
+                let at = (*next % slots) * op_bytes;
+                *next += 1;
+                TransferOp::read(local, at, peer.segment, at, op_bytes)
+            })
+            .collect()
+    };
+    // Warm up: connections, shm mapping, page faults.
+    for r in engine.batch(&peer.addr, batch(&mut next)).await {
+        r?;
+    }
+    let started = Instant::now();
+    while started.elapsed() < dur {
+        for r in engine.batch(&peer.addr, batch(&mut next)).await {
+            r?;
+            moved += op_bytes;
+        }
+    }
+    Ok(moved as f64 / started.elapsed().as_secs_f64() / 1e9)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn small_latency(
+    engine: &TransferEngine,
+    peer: &PeerProcess,
+    local: SegmentId,
+    iters: usize,
+) -> anyhow::Result<(f64, f64)> {
+    let op = || vec![TransferOp::read(local, 0, peer.segment, 0, 4096)];
+    for _ in 0..200 {
+        engine.batch(&peer.addr, op()).await[0].clone()?;
+    }
+    let mut us = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        engine.batch(&peer.addr, op()).await[0].clone()?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok((percentile(&us, 0.5), percentile(&us, 0.99)))
+}
+
+fn pingpong_latency(addr: &str, iters: usize) -> anyhow::Result<(f64, f64)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let req = [1u8; PING_REQUEST];
+    let mut reply = vec![0u8; PING_REPLY];
+    for _ in 0..200 {
+        s.write_all(&req)?;
+        s.read_exact(&mut reply)?;
+    }
+    let mut us = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        s.write_all(&req)?;
+        s.read_exact(&mut reply)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    Ok((percentile(&us, 0.5), percentile(&us, 0.99)))
+}
+
+/// iperf3 single stream on loopback, GB/s; None when iperf3 is not installed.
+fn iperf3(seconds: u64) -> anyhow::Result<Option<f64>> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port().to_string();
+    let server = Command::new("iperf3")
+        .args(["-s", "-1", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let Ok(mut server) = server else {
+        return Ok(None);
+    };
+    let mut out = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let o = Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port, "-J", "-t", &seconds.to_string()])
+            .output()?;
+        if o.status.success() {
+            out = Some(o.stdout);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.ok_or_else(|| anyhow!("iperf3 client never connected"))?;
+    let v: Value = serde_json::from_slice(&out)?;
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .ok_or_else(|| anyhow!("iperf3 JSON has no end.sum_received.bits_per_second"))?;
+    Ok(Some(bps / 8.0 / 1e9))
+}
+
+/// Single-thread memcpy of `op_bytes` chunks across two `len`-byte buffers; GB/s.
+fn memcpy_bandwidth(len: usize, op_bytes: usize, dur: Duration) -> f64 {
+    let src = vec![1u8; len];
+    let mut dst = vec![0u8; len];
+    let chunks = (len / op_bytes).max(1);
+    let mut moved = 0u64;
+    let mut i = 0;
+    let started = Instant::now();
+    while started.elapsed() < dur {
+        let at = (i % chunks) * op_bytes;
+        dst[at..at + op_bytes].copy_from_slice(&src[at..at + op_bytes]);
+        std::hint::black_box(&mut dst);
+        moved += op_bytes as u64;
+        i += 1;
+    }
+    moved as f64 / started.elapsed().as_secs_f64() / 1e9
+}
+
+fn ratio(a: f64, b: Option<f64>) -> Option<f64> {
+    b.filter(|b| *b > 0.0).map(|b| a / b)
+}
+
+async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
+    if args.op_bytes == 0 || args.op_bytes > args.segment_bytes {
+        bail!("--op-bytes must be in 1..=--segment-bytes");
+    }
+    let peer = spawn_peer(args)?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let tcp = TransferEngine::start(config(args, TransportChoice::Tcp, "127.0.0.1:0"), &mut registry).await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let shm = TransferEngine::start(config(args, TransportChoice::Shm, "127.0.0.1:0"), &mut registry).await?;
+    let region = Arc::new(SharedRegion::create("bench-local", args.segment_bytes as usize)?);
+    let tcp_local = tcp.register(region.clone());
+    let shm_local = shm.register(region);
+    let secs = Duration::from_secs(args.seconds);
+    let seg = args.segment_bytes;
+
+    let iperf3_gbps = iperf3(args.seconds)?;
+    let tcp_gbps = read_throughput(&tcp, &peer, tcp_local, seg, args.op_bytes, args.batch_ops, secs).await?;
+    let (small_p50_us, small_p99_us) = small_latency(&tcp, &peer, tcp_local, args.small_iters).await?;
+    let (pingpong_p50_us, pingpong_p99_us) = pingpong_latency(&peer.pingpong, args.small_iters)?;
+    let shm_gbps = read_throughput(&shm, &peer, shm_local, seg, args.op_bytes, args.batch_ops, secs).await?;
+    let memcpy_gbps = memcpy_bandwidth(seg as usize, args.op_bytes as usize, secs.min(Duration::from_secs(1)));
+
+    let mut sweep = serde_json::Map::new();
+    for &size in &args.sweep {
+        if size == 0 || size > seg {
+            continue;
+        }
+        let ops = ((16u64 << 20) / size).clamp(1, 4096);
+        let dur = Duration::from_millis(args.sweep_ms);
+        let t = read_throughput(&tcp, &peer, tcp_local, seg, size, ops, dur).await?;
+        let s = read_throughput(&shm, &peer, shm_local, seg, size, ops, dur).await?;
+        sweep.insert(size.to_string(), json!({ "tcp": t, "shm": s }));
+    }
+    Ok(json!({
+        "op_bytes": args.op_bytes,
+        "batch_ops": args.batch_ops,
+        "tcp_gbps": tcp_gbps,
+        "iperf3_gbps": iperf3_gbps,
+        "tcp_ratio": ratio(tcp_gbps, iperf3_gbps),
+        "small_p50_us": small_p50_us,
+        "small_p99_us": small_p99_us,
+        "pingpong_p50_us": pingpong_p50_us,
+        "pingpong_p99_us": pingpong_p99_us,
+        "small_ratio": ratio(small_p50_us, Some(pingpong_p50_us)),
+        "small_p99_ratio": ratio(small_p99_us, Some(pingpong_p99_us)),
+        "shm_gbps": shm_gbps,
+        "memcpy_gbps": memcpy_gbps,
+        "shm_ratio": ratio(shm_gbps, Some(memcpy_gbps)),
+        "sweep": sweep,
+    }))
+}
+
+fn print_table(r: &Value) {
+    let f = |k: &str| r[k].as_f64().map_or("n/a".to_string(), |v| format!("{v:.2}"));
+    println!("transfer bench (loopback, two processes; GB/s = 1e9 bytes/s)");
+    println!("{:<34} {:>10} {:>12} {:>8}", "measure", "engine", "reference", "ratio");
+    println!("{:<34} {:>10} {:>12} {:>8}", "tcp 4 MiB READ GB/s vs iperf3", f("tcp_gbps"), f("iperf3_gbps"), f("tcp_ratio"));
+    println!("{:<34} {:>10} {:>12} {:>8}", "4 KiB READ p50 us vs ping-pong", f("small_p50_us"), f("pingpong_p50_us"), f("small_ratio"));
+    println!("{:<34} {:>10} {:>12} {:>8}", "4 KiB READ p99 us vs ping-pong", f("small_p99_us"), f("pingpong_p99_us"), f("small_p99_ratio"));
+    println!("{:<34} {:>10} {:>12} {:>8}", "shm 4 MiB READ GB/s vs memcpy", f("shm_gbps"), f("memcpy_gbps"), f("shm_ratio"));
+    println!();
+    println!("{:>10} {:>10} {:>10}", "op bytes", "tcp GB/s", "shm GB/s");
+    if let Some(sweep) = r["sweep"].as_object() {
+        let mut rows: Vec<_> = sweep.iter().collect();
+        rows.sort_by_key(|(k, _)| k.parse::<u64>().unwrap_or(0));
+        for (size, v) in rows {
+            let g = |t: &str| v[t].as_f64().map_or("n/a".into(), |x| format!("{x:.2}"));
+            println!("{:>10} {:>10} {:>10}", size, g("tcp"), g("shm"));
+        }
+    }
+}

@@ -4,9 +4,22 @@
 //! paged KV in fabric-sized blocks, continuous batching and the OpenAI API.
 //! See docs/ARCHITECTURE.md, "Engine".
 
+pub mod chat;
+pub mod config;
+pub mod engine;
 mod error;
+pub mod gguf;
+pub mod http;
+pub mod kernels;
+pub mod kv;
+pub mod model;
 pub mod request;
+pub mod scheduler;
+pub mod sampling;
+pub mod tokenizer;
 
+pub use config::{EngineConfig, Role};
+pub use engine::{run, start, RunningEngine};
 pub use error::EngineError;
 pub use request::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,

@@ -1,4 +1,4 @@
-//! The store crate's one error type.
+//! The store crate's one error type, and its mapping to gRPC status codes.
 
 /// Everything that can go wrong in a node's store.
 #[derive(Debug, thiserror::Error)]
@@ -6,4 +6,45 @@ pub enum StoreError {
     /// Bad input from a client (maps to gRPC INVALID_ARGUMENT).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// No room: everything that could make room is pinned or being read (RESOURCE_EXHAUSTED).
+    #[error("resource exhausted: {0}")]
+    ResourceExhausted(String),
+    /// A reservation that was reclaimed (timed out) or revoked before commit.
+    #[error("reservation expired: {0}")]
+    ReservationExpired(String),
+    /// The key is not stored (NOT_FOUND).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A configuration that cannot work.
+    #[error("bad configuration: {0}")]
+    Config(String),
+    /// A disk or OS call failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The disk index (RocksDB) failed.
+    #[error("index error: {0}")]
+    Index(#[from] rocksdb::Error),
+    /// The RAM arena could not be set up.
+    #[error("transfer region: {0}")]
+    Region(#[from] kvfabric_transfer::TransferError),
+    /// A server (gRPC or HTTP) failed.
+    #[error("server: {0}")]
+    Server(String),
+}
+
+impl From<StoreError> for tonic::Status {
+    fn from(e: StoreError) -> Self {
+        let msg = e.to_string();
+        match e {
+            StoreError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
+            StoreError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
+            StoreError::ReservationExpired(_) => tonic::Status::aborted(msg),
+            StoreError::NotFound(_) => tonic::Status::not_found(msg),
+            StoreError::Config(_) => tonic::Status::failed_precondition(msg),
+            StoreError::Io(_)
+            | StoreError::Index(_)
+            | StoreError::Region(_)
+            | StoreError::Server(_) => tonic::Status::internal(msg),
+        }
+    }
 }

@@ -228,6 +228,93 @@ impl KeyChain {
     }
 }
 
+impl DType {
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(DType::F32),
+            2 => Some(DType::F16),
+            3 => Some(DType::BF16),
+            _ => None,
+        }
+    }
+}
+
+impl KvLayout {
+    /// Inverse of [`KvLayout::to_key_bytes`] (the disk index stores layouts this way).
+    pub fn from_key_bytes(b: &[u8; 22]) -> Option<Self> {
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        if b[17] != 1 || u(18) != 1 {
+            return None;
+        }
+        Some(KvLayout {
+            layers: u(0),
+            kv_heads: u(4),
+            head_dim: u(8),
+            block_tokens: u(12),
+            dtype: DType::from_code(b[16])?,
+            order: BlockOrder::LayerKvTokenHead,
+        })
+    }
+}
+
+impl TryFrom<&kvfabric_proto::v1::KvLayout> for KvLayout {
+    type Error = StoreError;
+
+    /// A layout from the wire: unknown dtype or order, or a zero dimension, is refused.
+    fn try_from(p: &kvfabric_proto::v1::KvLayout) -> Result<Self, StoreError> {
+        use kvfabric_proto::v1 as pb;
+        let dtype = match pb::DType::try_from(p.dtype) {
+            Ok(pb::DType::DtypeF32) => DType::F32,
+            Ok(pb::DType::DtypeF16) => DType::F16,
+            Ok(pb::DType::DtypeBf16) => DType::BF16,
+            _ => {
+                return Err(StoreError::InvalidArgument(format!(
+                    "unknown layout dtype {}",
+                    p.dtype
+                )))
+            }
+        };
+        let order = match pb::BlockOrder::try_from(p.order) {
+            Ok(pb::BlockOrder::LayerKvTokenHead) => BlockOrder::LayerKvTokenHead,
+            _ => {
+                return Err(StoreError::InvalidArgument(format!(
+                    "unknown layout block order {}",
+                    p.order
+                )))
+            }
+        };
+        let l = KvLayout {
+            layers: p.layers,
+            kv_heads: p.kv_heads,
+            head_dim: p.head_dim,
+            dtype,
+            block_tokens: p.block_tokens,
+            order,
+        };
+        l.validate()?;
+        Ok(l)
+    }
+}
+
+impl From<&KvLayout> for kvfabric_proto::v1::KvLayout {
+    fn from(l: &KvLayout) -> Self {
+        use kvfabric_proto::v1 as pb;
+        let dtype = match l.dtype {
+            DType::F32 => pb::DType::DtypeF32,
+            DType::F16 => pb::DType::DtypeF16,
+            DType::BF16 => pb::DType::DtypeBf16,
+        };
+        pb::KvLayout {
+            layers: l.layers,
+            kv_heads: l.kv_heads,
+            head_dim: l.head_dim,
+            dtype: dtype as i32,
+            block_tokens: l.block_tokens,
+            order: pb::BlockOrder::LayerKvTokenHead as i32,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +378,19 @@ mod tests {
         assert_eq!(l.layer_range(1), l.layer_bytes()..2 * l.layer_bytes());
         l.kv_heads = 0;
         assert!(l.validate().is_err());
+    }
+
+    #[test]
+    fn layout_bytes_and_proto_roundtrip() {
+        let l = layout();
+        assert_eq!(KvLayout::from_key_bytes(&l.to_key_bytes()), Some(l));
+        let p = kvfabric_proto::v1::KvLayout::from(&l);
+        assert_eq!(KvLayout::try_from(&p).unwrap(), l);
+        let mut bad = p;
+        bad.dtype = 0;
+        assert!(KvLayout::try_from(&bad).is_err());
+        let mut bad = p;
+        bad.order = 7;
+        assert!(KvLayout::try_from(&bad).is_err());
     }
 }

@@ -1,11 +1,38 @@
 //! kvfabric-store: a node's cache.
 //!
 //! Owns block keys and layouts, the RAM and disk tiers, placement and
-//! eviction, the directory shard and the gRPC cache service.
-//! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers", "Directory".
+//! eviction, the gRPC cache service and the node's HTTP metrics/health.
+//! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
+//!
+//! Entry points: [`Store`] (the in-process data path: put/lease/get_into,
+//! lookup, exists, pin, remove, stats) and [`serve`] (a node: gRPC
+//! CacheService + `/metrics` + `/health`).
 
+pub mod cluster;
+mod config;
+mod disk;
 mod error;
+mod extent;
 pub mod keys;
+mod lifecycle;
+mod metrics;
+mod placement;
+mod policy;
+mod server;
+mod service;
+mod state;
+mod store;
+#[cfg(test)]
+mod store_tests;
+mod uring;
 
+pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
+pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
+pub use server::{serve, serve_store};
+pub use service::CacheServer;
+pub use store::{PutOptions, ReserveOutcome, Store};
+
+/// The Prometheus registry type `Store::open` registers into.
+pub use prometheus_client::registry::Registry;

@@ -1,7 +1,11 @@
 //! The transfer crate's one error type.
+//!
+//! Every op of a batch reports its own `Result<(), TransferError>`, so the
+//! variants name what went wrong with that op precisely enough for a caller to
+//! decide between "retry elsewhere" (peer faults) and "bug" (bad ranges).
 
 /// Everything that can go wrong moving bytes.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TransferError {
     /// A caller passed something unusable.
     #[error("invalid argument: {0}")]
@@ -13,7 +17,35 @@ pub enum TransferError {
         len: u64,
         segment_len: u64,
     },
+    /// The named segment is not registered (never was, or was unregistered).
+    #[error("unknown segment {segment} on {side}")]
+    UnknownSegment {
+        /// `local` or the peer's address.
+        side: String,
+        segment: u64,
+    },
+    /// The peer refused an op (its own range check) with this reason.
+    #[error("peer {peer} refused the op: {reason}")]
+    Refused { peer: String, reason: String },
+    /// A payload did not match the checksum its sender computed.
+    #[error("checksum mismatch on {segment}@{offset}+{len}")]
+    Checksum { segment: u64, offset: u64, len: u64 },
+    /// The peer did not answer within the op timeout.
+    #[error("peer {peer} timed out after {timeout_ms} ms")]
+    Timeout { peer: String, timeout_ms: u64 },
+    /// The connection to the peer broke (peer died, reset, protocol error).
+    #[error("connection to {peer} failed: {reason}")]
+    Connection { peer: String, reason: String },
+    /// A transport or device this build or host does not have.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// An OS call failed.
     #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
+    Io(String),
+}
+
+impl From<std::io::Error> for TransferError {
+    fn from(e: std::io::Error) -> Self {
+        TransferError::Io(e.to_string())
+    }
 }

@@ -40,19 +40,38 @@ impl SharedRegion {
         // SAFETY: plain syscalls on a valid C string; results are checked.
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
-            return Err(TransferError::Io(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error().into());
         }
         // SAFETY: `raw` is a fresh fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: valid fd; length checked above.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(TransferError::Io(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error().into());
         }
         Self::map(fd, len)
     }
 
     /// Map a region received from a peer (its memfd) into this process.
+    ///
+    /// Refuses an fd whose file is shorter than `len` (touching pages past the
+    /// end of a memfd would raise SIGBUS instead of an error).
     pub fn from_fd(fd: OwnedFd, len: usize) -> Result<Self, TransferError> {
+        if len == 0 {
+            return Err(TransferError::InvalidArgument(
+                "region length is zero".into(),
+            ));
+        }
+        // SAFETY: fstat on a valid fd into a zeroed stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        if (st.st_size as u64) < len as u64 {
+            return Err(TransferError::InvalidArgument(format!(
+                "fd holds {} bytes, {} requested",
+                st.st_size, len
+            )));
+        }
         Self::map(fd, len)
     }
 
@@ -69,10 +88,10 @@ impl SharedRegion {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(TransferError::Io(std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error().into());
         }
         let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| TransferError::Io(std::io::Error::other("mmap returned null")))?;
+            .ok_or_else(|| TransferError::Io("mmap returned null".into()))?;
         Ok(SharedRegion { ptr, len, fd })
     }
 

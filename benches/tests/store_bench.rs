@@ -1,0 +1,30 @@
+//! The store bench runs end to end (small) and reports every required field.
+
+#[test]
+fn store_bench_reports_every_field() {
+    let args = kvfabric_benches::store::StoreArgs {
+        blocks: 16,
+        clients: 4,
+        ..Default::default()
+    };
+    let v = kvfabric_benches::store::measure(&args).unwrap();
+    for k in [
+        "ram_ratio",
+        "disk_read_ratio",
+        "disk_write_ratio",
+        "redis_get_gbps",
+        "redis_set_gbps",
+        "grpc_get_gbps",
+        "grpc_put_gbps",
+        "redis_get_p50_ms",
+        "redis_get_p99_ms",
+        "grpc_get_p50_ms",
+        "grpc_get_p99_ms",
+    ] {
+        let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing in {v}"));
+        assert!(x > 0.0, "{k} = {x}");
+    }
+    for k in ["tcp_get_gbps", "shm_get_gbps", "tcp_get_p50_ms", "shm_get_p99_ms"] {
+        assert!(v.get(k).is_some(), "{k} missing");
+    }
+}

@@ -1,0 +1,106 @@
+//! Engine configuration (`[engine]` in the kvfabric config file).
+//!
+//! Every field has a default; unknown fields are refused so a typo is an
+//! error at startup rather than a silently ignored setting.
+
+use std::net::SocketAddr;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+/// What this engine does with a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Prefill and decode (default).
+    #[default]
+    Both,
+    /// Prefill only: finish after the first token, KV left cached for the connector to save.
+    Prefill,
+    /// Decode only: start from KV loaded through the connector (local prefix cache until then).
+    Decode,
+}
+
+/// Settings of the bundled engine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// Kernel threads; 0 = one per core. Default: 0.
+    pub threads: usize,
+    /// Tokens per KV block, the unit shared with the fabric. Default: 64.
+    pub block_tokens: usize,
+    /// Memory reserved for the paged KV pool. Default: 512 MiB.
+    pub kv_pool: ByteSize,
+    /// Most tokens in one forward step (decode tokens + prefill chunks). Default: 2048.
+    pub max_batch_tokens: usize,
+    /// Most sequences running at once. Default: 16.
+    pub max_seqs: usize,
+    /// both | prefill | decode. Default: both.
+    pub role: Role,
+    /// HTTP listen address of the OpenAI API. Default: 127.0.0.1:8000.
+    pub listen: SocketAddr,
+    /// Model id the API answers to. Default: "smollm2".
+    pub model_name: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            threads: 0,
+            block_tokens: 64,
+            kv_pool: ByteSize::mib(512),
+            max_batch_tokens: 2048,
+            max_seqs: 16,
+            role: Role::Both,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            model_name: "smollm2".into(),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Refuse settings the engine cannot run with.
+    pub fn validate(&self) -> Result<(), crate::EngineError> {
+        let bad = |m: &str| {
+            Err(crate::EngineError::InvalidRequest(format!(
+                "engine config: {m}"
+            )))
+        };
+        if self.block_tokens == 0 {
+            return bad("block_tokens must be > 0");
+        }
+        if self.max_batch_tokens < self.block_tokens {
+            return bad("max_batch_tokens must be >= block_tokens");
+        }
+        if self.max_seqs == 0 {
+            return bad("max_seqs must be > 0");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_and_unknown_fields_are_refused() {
+        let c = EngineConfig::default();
+        let s = serde_json::to_string(&c).expect("ser");
+        let back: EngineConfig = serde_json::from_str(&s).expect("de");
+        assert_eq!(back, c);
+        let partial: EngineConfig =
+            serde_json::from_str(r#"{"role": "prefill", "kv_pool": "64 MiB"}"#).expect("partial");
+        assert_eq!(partial.role, Role::Prefill);
+        assert_eq!(partial.kv_pool, ByteSize::mib(64));
+        assert_eq!(partial.block_tokens, 64);
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"treads": 2}"#).is_err());
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"role": "both2"}"#).is_err());
+        let bad = EngineConfig {
+            max_batch_tokens: 8,
+            ..EngineConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        assert!(EngineConfig::default().validate().is_ok());
+    }
+}

@@ -1,0 +1,117 @@
+//! Wiring: load the model, start the scheduler thread, serve the OpenAI API.
+//!
+//! [`start`] is the in-process entry (tests, benches, the connector);
+//! [`run`] is what `kvfabric engine` calls: it loads the model with a
+//! progress bar, starts the scheduler and serves HTTP until `shutdown`.
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::chat::ChatTemplate;
+use crate::config::EngineConfig;
+use crate::gguf::GgufFile;
+use crate::http::{self, EngineMetrics, HttpState};
+use crate::kernels::Compute;
+use crate::kv::KvPool;
+use crate::model::LlamaModel;
+use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::tokenizer::Tokenizer;
+use crate::{EngineError, EngineHandle};
+
+/// A running scheduler: submit through `handle`; drop every handle clone, then `join`.
+#[derive(Debug)]
+pub struct RunningEngine {
+    pub handle: EngineHandle,
+    pub thread: std::thread::JoinHandle<()>,
+    /// Bytes reserved for the KV pool.
+    pub kv_pool_bytes: usize,
+}
+
+/// Start a scheduler for `model` with `cfg`'s threads, pool and batching limits.
+pub fn start(model: Arc<LlamaModel>, cfg: &EngineConfig) -> Result<RunningEngine, EngineError> {
+    cfg.validate()?;
+    let c = &model.config;
+    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens);
+    let kv = KvPool::with_bytes(layout, cfg.kv_pool.as_u64())?;
+    let kv_pool_bytes = kv.capacity_bytes();
+    let sched = Scheduler::new(
+        model,
+        Compute::new(cfg.threads),
+        kv,
+        SchedulerConfig {
+            max_batch_tokens: cfg.max_batch_tokens,
+            max_seqs: cfg.max_seqs,
+            role: cfg.role,
+        },
+    );
+    let (handle, thread) = sched.spawn(256)?;
+    Ok(RunningEngine {
+        handle,
+        thread,
+        kv_pool_bytes,
+    })
+}
+
+/// Load the model at `model_path`, with a progress bar on stderr.
+pub fn load_with_progress(model_path: &Path) -> Result<LlamaModel, EngineError> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("loading model {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(model_path.display().to_string());
+    let model = LlamaModel::load(model_path, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    model
+}
+
+/// Serve `model_path` with `cfg` until `shutdown` resolves.
+pub async fn run(
+    cfg: EngineConfig,
+    model_path: &Path,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
+    cfg.validate()?;
+    let path = model_path.to_path_buf();
+    let model = tokio::task::spawn_blocking(move || load_with_progress(&path))
+        .await
+        .map_err(|e| EngineError::Model(format!("model loading task: {e}")))??;
+    let model = Arc::new(model);
+    let gguf = GgufFile::open(model_path)?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
+    let template = Arc::new(ChatTemplate::from_gguf(&gguf, &tokenizer)?);
+    drop(gguf);
+    let context_length = model.config.context_length;
+    tracing::info!(
+        fingerprint = %hex(&model.fingerprint().0),
+        weights_bytes = model.weight_bytes(),
+        "model loaded"
+    );
+    let engine = start(model, &cfg)?;
+    let metrics = EngineMetrics::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let state = HttpState::new(
+        engine.handle.clone(),
+        tokenizer,
+        template,
+        cfg.model_name.clone(),
+        context_length,
+        metrics,
+        Arc::new(registry),
+    );
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+    let served = http::serve(listener, state, shutdown).await;
+    let RunningEngine { handle, thread, .. } = engine;
+    drop(handle);
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    served
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

@@ -1,0 +1,221 @@
+//! One in-flight generation as seen by the HTTP layer.
+//!
+//! [`Generation`] submits a [`GenerationRequest`], then turns the scheduler's
+//! token events into text steps: streaming detokenization, stop-sequence
+//! matching, latency metrics and the final usage. Ending early (stop string
+//! seen, or the HTTP response dropped because the client went away) drops the
+//! event receiver, which is how the scheduler learns to cancel the request and
+//! free its KV blocks. Requests dropped before finishing count as `cancelled`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::StatusCode;
+use tokio::sync::mpsc;
+
+use super::metrics::EngineMetrics;
+use super::openai::ApiError;
+use super::stop::StopMatcher;
+use crate::request::{
+    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,
+};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// Capacity of a request's event channel: the scheduler never waits on a
+/// client that reads a little slower than it generates.
+const EVENT_CHANNEL_CAPACITY: usize = 256;
+
+/// What the HTTP layer needs to start one generation.
+#[derive(Debug)]
+pub(crate) struct GenerationPlan {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop_strings: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    /// When the HTTP request arrived (TTFT starts here).
+    pub arrived: Instant,
+}
+
+/// One unit of output.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Step {
+    /// More text (never empty).
+    Text(String),
+    /// Generation is over.
+    Done {
+        finish_reason: &'static str,
+        usage: Usage,
+    },
+    /// The engine failed the request.
+    Failed(String),
+}
+
+/// A submitted request being turned into text.
+pub(crate) struct Generation {
+    events: Option<mpsc::Receiver<GenerationEvent>>,
+    decoder: Option<StreamDecoder>,
+    stop: Option<StopMatcher>,
+    tokenizer: Arc<Tokenizer>,
+    metrics: EngineMetrics,
+    arrived: Instant,
+    last_token_at: Option<Instant>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    queue: VecDeque<Step>,
+    outcome_recorded: bool,
+}
+
+impl Generation {
+    /// Submit `plan` to the engine.
+    pub(crate) async fn start(
+        engine: &EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+        metrics: EngineMetrics,
+        plan: GenerationPlan,
+    ) -> Result<Generation, ApiError> {
+        let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        let prompt_tokens = plan.prompt.len();
+        engine
+            .submit(GenerationRequest {
+                prompt: plan.prompt,
+                max_tokens: plan.max_tokens,
+                sampling: plan.sampling,
+                stop_token_ids: plan.stop_token_ids,
+                namespace: Vec::new(),
+                return_logits: false,
+                events: events_tx,
+            })
+            .await
+            .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+        Ok(Generation {
+            events: Some(events_rx),
+            decoder: Some(StreamDecoder::new(true)),
+            stop: Some(StopMatcher::new(plan.stop_strings)),
+            tokenizer,
+            metrics,
+            arrived: plan.arrived,
+            last_token_at: None,
+            prompt_tokens,
+            completion_tokens: 0,
+            queue: VecDeque::new(),
+            outcome_recorded: false,
+        })
+    }
+
+    /// The next step; `None` after `Done` or `Failed` was returned.
+    pub(crate) async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(step) = self.queue.pop_front() {
+                return Some(step);
+            }
+            let events = self.events.as_mut()?;
+            match events.recv().await {
+                Some(GenerationEvent::Token { id, .. }) => self.on_token(id),
+                Some(GenerationEvent::Finished { reason, usage }) => {
+                    self.on_finished(reason, usage)
+                }
+                Some(GenerationEvent::Error(message)) => self.fail(message),
+                None => self.fail("the engine dropped the request before finishing it".into()),
+            }
+        }
+    }
+
+    fn on_token(&mut self, id: u32) {
+        let now = Instant::now();
+        match self.last_token_at {
+            None => self
+                .metrics
+                .time_to_first_token_seconds
+                .observe(now.duration_since(self.arrived).as_secs_f64()),
+            Some(last) => self
+                .metrics
+                .inter_token_latency_seconds
+                .observe(now.duration_since(last).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+        self.metrics.generation_tokens.inc();
+        self.completion_tokens += 1;
+        let (Some(decoder), Some(stop)) = (self.decoder.as_mut(), self.stop.as_mut()) else {
+            return;
+        };
+        let out = stop.push(&decoder.push(&self.tokenizer, id));
+        if !out.text.is_empty() {
+            self.queue.push_back(Step::Text(out.text));
+        }
+        if out.stopped {
+            // Dropping the receiver cancels the request in the scheduler. The
+            // scheduler's cached-token count is not known on this path.
+            self.events = None;
+            let usage = Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens,
+                cached_tokens: 0,
+            };
+            self.finish("stop", usage);
+        }
+    }
+
+    fn on_finished(&mut self, reason: FinishReason, usage: Usage) {
+        self.events = None;
+        let tail = self
+            .decoder
+            .take()
+            .map(StreamDecoder::finish)
+            .unwrap_or_default();
+        if let Some(mut stop) = self.stop.take() {
+            let out = stop.push(&tail);
+            let mut text = out.text;
+            if !out.stopped {
+                text.push_str(&stop.finish());
+            }
+            if !text.is_empty() {
+                self.queue.push_back(Step::Text(text));
+            }
+            if out.stopped {
+                self.finish("stop", usage);
+                return;
+            }
+        }
+        let finish_reason = match reason {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        };
+        self.finish(finish_reason, usage);
+    }
+
+    fn finish(&mut self, finish_reason: &'static str, usage: Usage) {
+        self.metrics
+            .prompt_tokens
+            .inc_by(usage.prompt_tokens as u64);
+        self.metrics
+            .prefix_cache_hit_tokens
+            .inc_by(usage.cached_tokens as u64);
+        self.record(finish_reason);
+        self.queue.push_back(Step::Done {
+            finish_reason,
+            usage,
+        });
+    }
+
+    fn fail(&mut self, message: String) {
+        self.events = None;
+        self.record("error");
+        self.queue.push_back(Step::Failed(message));
+    }
+
+    fn record(&mut self, outcome: &str) {
+        if !self.outcome_recorded {
+            self.outcome_recorded = true;
+            self.metrics.record_outcome(outcome);
+        }
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        // Dropped before the end: the client went away; the receiver drops with us.
+        self.record("cancelled");
+    }
+}

@@ -1,0 +1,150 @@
+//! The engine's Prometheus metrics, shared by the HTTP layer and the scheduler.
+//!
+//! [`EngineMetrics`] is a bundle of prometheus-client handles: cheap to clone,
+//! every clone updates the same series. It is registered into a registry the
+//! caller owns (no global registry); `/metrics` encodes that registry.
+//!
+//! Who updates what (so nothing is counted twice):
+//! - HTTP layer: `time_to_first_token_seconds`, `inter_token_latency_seconds`,
+//!   `prompt_tokens`, `generation_tokens`, `prefix_cache_hit_tokens`
+//!   (from `Usage::cached_tokens`), `requests{outcome}`.
+//! - Scheduler: `batch_size` (per step histogram), `running_requests`,
+//!   `waiting_requests`, `kv_blocks_used`, `kv_blocks_total`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of `kvfabric_engine_requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestOutcomeLabels {
+    /// `stop`, `length`, `cancelled` or `error`.
+    pub outcome: String,
+}
+
+/// Engine metrics; clone freely and update from any thread.
+#[derive(Clone, Debug)]
+pub struct EngineMetrics {
+    /// Request arrival at the HTTP layer to its first generated token.
+    pub time_to_first_token_seconds: Histogram,
+    /// Time between consecutive generated tokens of one request.
+    pub inter_token_latency_seconds: Histogram,
+    /// Prompt tokens of completed requests (`rate()` gives prompt tokens/s).
+    pub prompt_tokens: Counter,
+    /// Generated tokens (`rate()` gives tokens/s).
+    pub generation_tokens: Counter,
+    /// Prompt tokens whose KV was reused (local prefix cache or fabric).
+    pub prefix_cache_hit_tokens: Counter,
+    /// Finished requests by outcome.
+    pub requests: Family<RequestOutcomeLabels, Counter>,
+    /// Sequences per forward step (scheduler).
+    pub batch_size: Histogram,
+    /// Sequences being generated now (scheduler).
+    pub running_requests: Gauge,
+    /// Requests queued, not yet admitted (scheduler).
+    pub waiting_requests: Gauge,
+    /// KV pool blocks in use (scheduler).
+    pub kv_blocks_used: Gauge,
+    /// KV pool capacity in blocks (scheduler).
+    pub kv_blocks_total: Gauge,
+}
+
+impl Default for EngineMetrics {
+    fn default() -> Self {
+        EngineMetrics::new()
+    }
+}
+
+impl EngineMetrics {
+    /// Fresh, unregistered metrics.
+    pub fn new() -> EngineMetrics {
+        EngineMetrics {
+            // 1 ms .. ~65 s
+            time_to_first_token_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            // 0.5 ms .. ~8 s
+            inter_token_latency_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            prefix_cache_hit_tokens: Counter::default(),
+            requests: Family::default(),
+            // 1 .. 512
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
+            running_requests: Gauge::default(),
+            waiting_requests: Gauge::default(),
+            kv_blocks_used: Gauge::default(),
+            kv_blocks_total: Gauge::default(),
+        }
+    }
+
+    /// Register every series under `kvfabric_engine_*`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("kvfabric_engine");
+        r.register(
+            "time_to_first_token_seconds",
+            "Time from request arrival to the first generated token",
+            self.time_to_first_token_seconds.clone(),
+        );
+        r.register(
+            "inter_token_latency_seconds",
+            "Time between consecutive generated tokens of a request",
+            self.inter_token_latency_seconds.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            self.prompt_tokens.clone(),
+        );
+        r.register(
+            "generation_tokens",
+            "Generated tokens",
+            self.generation_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens whose KV was reused instead of computed",
+            self.prefix_cache_hit_tokens.clone(),
+        );
+        r.register(
+            "requests",
+            "Finished requests by outcome (stop, length, cancelled, error)",
+            self.requests.clone(),
+        );
+        r.register(
+            "batch_size",
+            "Sequences per forward step",
+            self.batch_size.clone(),
+        );
+        r.register(
+            "running_requests",
+            "Sequences being generated",
+            self.running_requests.clone(),
+        );
+        r.register(
+            "waiting_requests",
+            "Requests waiting for admission",
+            self.waiting_requests.clone(),
+        );
+        r.register(
+            "kv_blocks_used",
+            "KV pool blocks in use",
+            self.kv_blocks_used.clone(),
+        );
+        r.register(
+            "kv_blocks_total",
+            "KV pool capacity in blocks",
+            self.kv_blocks_total.clone(),
+        );
+    }
+
+    /// Count one finished request.
+    pub fn record_outcome(&self, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestOutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+}

@@ -1,0 +1,169 @@
+//! The OpenAI-compatible HTTP API (axum): routes, shared state and `serve`.
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (see
+//! [`completions`]), `GET /v1/models`, `GET /health`, `GET /metrics`
+//! (Prometheus text of the registry handed in). Every error is an OpenAI
+//! JSON error body, unknown routes included.
+
+mod completions;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod stop;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::chat::ChatTemplate;
+use crate::request::EngineHandle;
+use crate::tokenizer::Tokenizer;
+use crate::EngineError;
+pub use metrics::{EngineMetrics, RequestOutcomeLabels};
+pub use openai::ApiError;
+
+/// Everything the HTTP layer needs; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct HttpState {
+    /// Where requests go.
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Arc<ChatTemplate>,
+    /// The one model id this server answers to (`model` must match).
+    pub model_name: String,
+    /// Context length in tokens: prompt + max_tokens must fit.
+    pub context_length: usize,
+    /// Ids that end generation (default: the tokenizer's EOS / end-of-turn ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Updated by the HTTP layer (latencies, tokens) and by the scheduler.
+    pub metrics: EngineMetrics,
+    /// Encoded by `GET /metrics`; `metrics` must be registered in it.
+    pub registry: Arc<Registry>,
+    next_request_id: Arc<AtomicU64>,
+}
+
+impl HttpState {
+    /// State with the tokenizer's stop ids. Register `metrics` into the
+    /// registry before wrapping it in the `Arc`.
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<Tokenizer>,
+        chat_template: Arc<ChatTemplate>,
+        model_name: impl Into<String>,
+        context_length: usize,
+        metrics: EngineMetrics,
+        registry: Arc<Registry>,
+    ) -> HttpState {
+        let stop_token_ids = tokenizer.stop_token_ids();
+        // Seeded from the clock so ids differ across restarts; unique within one process.
+        let first_id = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        HttpState {
+            engine,
+            tokenizer,
+            chat_template,
+            model_name: model_name.into(),
+            context_length,
+            stop_token_ids,
+            metrics,
+            registry,
+            next_request_id: Arc::new(AtomicU64::new(first_id)),
+        }
+    }
+
+    /// A fresh response id such as `chatcmpl-0123456789abcdef`.
+    pub(crate) fn request_id(&self, prefix: &str) -> String {
+        let n = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}-{n:016x}")
+    }
+}
+
+/// Seconds since the Unix epoch (the `created` field).
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The router with every route; `serve` runs it, tests may embed it.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(list_models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .with_state(Arc::new(state))
+}
+
+/// Serve the API on `listener` until `shutdown` resolves (in-flight requests finish).
+pub async fn serve(
+    listener: TcpListener,
+    state: HttpState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), EngineError> {
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, model = %state.model_name, "OpenAI-compatible API listening");
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(EngineError::Io)
+}
+
+async fn list_models(State(state): State<Arc<HttpState>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvfabric",
+            "max_model_len": state.context_length,
+        }]
+    }))
+    .into_response()
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn metrics_text(State(state): State<Arc<HttpState>>) -> Response {
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        return ApiError::server(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {e}"),
+        )
+        .into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn not_found(uri: axum::http::Uri) -> Response {
+    ApiError::invalid(format!("no route for {}", uri.path()), None)
+        .with_status(StatusCode::NOT_FOUND)
+        .with_code("unknown_url")
+        .into_response()
+}

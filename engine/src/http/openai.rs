@@ -1,0 +1,254 @@
+//! OpenAI wire format: request bodies, the error body, and body parsing.
+//!
+//! Bodies are parsed by hand (not axum's `Json`, whose rejection is plain
+//! text) so every malformed body, wrong type or missing field becomes an
+//! OpenAI-style JSON error with the offending field in `param`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::chat::ChatMessage;
+
+/// An OpenAI-style error response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// `invalid_request_error`, `not_found_error`, `server_error`, ...
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400 invalid_request_error.
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: None,
+        }
+    }
+
+    /// Set the machine-readable code.
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    /// Set the status.
+    pub fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.status = status;
+        self
+    }
+
+    /// 5xx server_error.
+    pub fn server(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind: "server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// The `{"error": {...}}` body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopSpec {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopSpec::One(s) => vec![s],
+            StopSpec::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// A request body of either endpoint: `messages` for chat, `prompt` for
+/// completions (one struct, no `serde(flatten)`, so type errors keep their path).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionBody {
+    pub model: String,
+    /// Chat endpoint: the conversation.
+    pub messages: Option<Vec<MessageIn>>,
+    /// Completions endpoint: the prompt.
+    pub prompt: Option<PromptIn>,
+    /// Completions endpoint: echo the prompt (not supported).
+    #[serde(default)]
+    pub echo: bool,
+    pub max_tokens: Option<u64>,
+    /// The chat API's newer name for `max_tokens`.
+    pub max_completion_tokens: Option<u64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Extension (vLLM, llama.cpp): keep the k most likely tokens; 0 or -1 = off.
+    pub top_k: Option<i64>,
+    pub seed: Option<serde_json::Number>,
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<u64>,
+}
+
+/// A chat message as sent: `content` is a string, a list of parts, or null.
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<ContentIn>,
+}
+
+/// Message content forms.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ContentIn {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a multi-part content; only text parts are supported.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `prompt` forms of the completions API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptIn {
+    Text(String),
+    Tokens(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+/// Parse a JSON body into `T`; malformed JSON and type errors become 400s.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            format!("We could not parse the JSON body of your request: {e}"),
+            None,
+        )
+        .with_code("invalid_json")
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let mut err = ApiError::invalid(format!("{}", e.inner()), None);
+        if let Some(p) = &param {
+            err.message = format!("invalid value for '{p}': {}", e.inner());
+        }
+        err.param = param;
+        err
+    })
+}
+
+/// Turn wire messages into template messages (text parts concatenated).
+pub fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let content = match m.content {
+                None => String::new(),
+                Some(ContentIn::Text(s)) => s,
+                Some(ContentIn::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        if p.kind != "text" {
+                            return Err(ApiError::invalid(
+                                format!("content part type '{}' is not supported", p.kind),
+                                Some(&format!("messages[{i}].content")),
+                            ));
+                        }
+                        text.push_str(p.text.as_deref().unwrap_or_default());
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(m.role, content))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_json_and_wrong_types_are_openai_errors_with_param() {
+        let e = parse_body::<CompletionBody>(b"{not json").expect_err("malformed");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.code, Some("invalid_json"));
+        let e = parse_body::<CompletionBody>(br#"{"model":"m","messages":[],"max_tokens":"ten"}"#)
+            .expect_err("wrong type");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
+        let e = parse_body::<CompletionBody>(br#"{"messages":[]}"#).expect_err("missing");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("model"), "{e:?}");
+        let body = e.body();
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn stop_and_prompt_forms_parse() {
+        let r: CompletionBody = parse_body(
+            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"stop":"x","seed":-1}"#,
+        )
+        .expect("valid");
+        assert_eq!(r.stop.map(StopSpec::into_vec), Some(vec!["x".to_string()]));
+        let msgs = convert_messages(r.messages.unwrap_or_default()).expect("text parts");
+        assert_eq!(msgs, vec![ChatMessage::new("user", "ab")]);
+        let c: CompletionBody =
+            parse_body(br#"{"model":"m","prompt":[1,2,3],"stop":["a","b"]}"#).expect("valid");
+        assert!(matches!(c.prompt, Some(PromptIn::Tokens(ref t)) if t == &[1, 2, 3]));
+        let c: CompletionBody = parse_body(br#"{"model":"m","prompt":["hi"]}"#).expect("valid");
+        assert!(matches!(c.prompt, Some(PromptIn::Texts(ref t)) if t.len() == 1));
+    }
+}

@@ -1,0 +1,326 @@
+//! Causal attention of one query row and one head over paged KV, batch-invariant.
+//!
+//! The same kernel serves prefill and decode: a query at position `p` reads
+//! keys and values 0..=p by walking its block table in block order, computes
+//! every score with one fixed dot-product tree, a softmax with a sequential
+//! sum, and a sequential FMA sum of values. Nothing depends on which other
+//! rows are in the batch, and there is no split over the context (no split-K).
+
+use super::{exp_det, Isa, EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
+
+/// Where one sequence's KV of one layer lives: per block, K and V base pointers,
+/// each `[block_tokens][kv_heads][head_dim]` f32.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockKv {
+    pub k: *const f32,
+    pub v: *const f32,
+}
+
+// SAFETY: read-only pointers into the KV pool, which outlives every kernel call
+// and is not written while attention reads it.
+unsafe impl Send for BlockKv {}
+unsafe impl Sync for BlockKv {}
+
+/// Geometry shared by all rows of a call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnGeometry {
+    pub block_tokens: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// Fixed-order dot product: 16 lanes, FMA over head_dim/16 steps, then a halving tree.
+#[inline(always)]
+fn dot_ref(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for (ca, cb) in a.chunks_exact(16).zip(b.chunks_exact(16)) {
+        for l in 0..16 {
+            lanes[l] = ca[l].mul_add(cb[l], lanes[l]);
+        }
+    }
+    let mut w = 8;
+    while w > 0 {
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+        w /= 2;
+    }
+    lanes[0]
+}
+
+/// Attention of one (query row, head) into `out` (`head_dim` values).
+///
+/// # Safety
+/// `blocks` must cover positions `0..ctx` and point to live KV of the geometry given.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend(
+    isa: Isa,
+    q: &[f32],
+    out: &mut [f32],
+    ctx: usize,
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    scores: &mut Vec<f32>,
+) {
+    scores.clear();
+    scores.resize(ctx, 0.0);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => attend_avx512(q, out, ctx, blocks, g, kv_head, scores),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => attend_fma(q, out, ctx, blocks, g, kv_head, scores),
+        _ => attend_ref(q, out, ctx, blocks, g, kv_head, scores),
+    }
+}
+
+#[inline(always)]
+unsafe fn row_ptr(
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    j: usize,
+    v: bool,
+) -> *const f32 {
+    let b = blocks[j / g.block_tokens];
+    let off = ((j % g.block_tokens) * g.kv_heads + kv_head) * g.head_dim;
+    if v {
+        b.v.add(off)
+    } else {
+        b.k.add(off)
+    }
+}
+
+#[inline(always)]
+unsafe fn attend_ref(
+    q: &[f32],
+    out: &mut [f32],
+    ctx: usize,
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    scores: &mut [f32],
+) {
+    let hd = g.head_dim;
+    let mut max = f32::NEG_INFINITY;
+    for (j, s) in scores.iter_mut().enumerate().take(ctx) {
+        let k = std::slice::from_raw_parts(row_ptr(blocks, g, kv_head, j, false), hd);
+        *s = dot_ref(q, k) * g.scale;
+        max = max.max(*s);
+    }
+    for s in scores.iter_mut() {
+        *s = exp_det(*s - max);
+    }
+    let mut sum = 0f32;
+    for s in scores.iter() {
+        sum += *s;
+    }
+    out.fill(0.0);
+    for (j, p) in scores.iter().enumerate() {
+        let v = std::slice::from_raw_parts(row_ptr(blocks, g, kv_head, j, true), hd);
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = p.mul_add(*x, *o);
+        }
+    }
+    let inv = 1.0 / sum;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_fma(
+    q: &[f32],
+    out: &mut [f32],
+    ctx: usize,
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    scores: &mut [f32],
+) {
+    attend_ref(q, out, ctx, blocks, g, kv_head, scores)
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// The halving-tree sum of 16 lanes, as in `dot_ref`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn reduce16(v: __m512) -> f32 {
+    let lo = _mm512_castps512_ps256(v);
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    let s8 = _mm256_add_ps(lo, hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    _mm_cvtss_f32(s1)
+}
+
+/// `exp_det` on 16 lanes, same operations.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
+        _mm512_set1_ps(88.0),
+    );
+    let n = _mm512_roundscale_ps(
+        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_C[0]);
+    for c in &EXP_C[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+    }
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    let e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
+        23,
+    );
+    _mm512_mul_ps(p, _mm512_castsi512_ps(e))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn attend_avx512(
+    q: &[f32],
+    out: &mut [f32],
+    ctx: usize,
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    scores: &mut [f32],
+) {
+    let hd = g.head_dim;
+    if hd != 64 {
+        return attend_fma(q, out, ctx, blocks, g, kv_head, scores);
+    }
+    let qv = [
+        _mm512_loadu_ps(q.as_ptr()),
+        _mm512_loadu_ps(q.as_ptr().add(16)),
+        _mm512_loadu_ps(q.as_ptr().add(32)),
+        _mm512_loadu_ps(q.as_ptr().add(48)),
+    ];
+    let mut max = f32::NEG_INFINITY;
+    let sp = scores.as_mut_ptr();
+    for j in 0..ctx {
+        let k = row_ptr(blocks, g, kv_head, j, false);
+        let mut acc = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(k), _mm512_setzero_ps());
+        acc = _mm512_fmadd_ps(qv[1], _mm512_loadu_ps(k.add(16)), acc);
+        acc = _mm512_fmadd_ps(qv[2], _mm512_loadu_ps(k.add(32)), acc);
+        acc = _mm512_fmadd_ps(qv[3], _mm512_loadu_ps(k.add(48)), acc);
+        let s = reduce16(acc) * g.scale;
+        *sp.add(j) = s;
+        max = max.max(s);
+    }
+    let mx = _mm512_set1_ps(max);
+    let mut j = 0;
+    while j + 16 <= ctx {
+        let s = _mm512_loadu_ps(sp.add(j));
+        _mm512_storeu_ps(sp.add(j), exp16(_mm512_sub_ps(s, mx)));
+        j += 16;
+    }
+    if j < ctx {
+        let mask: __mmask16 = ((1u32 << (ctx - j)) - 1) as u16;
+        let s = _mm512_maskz_loadu_ps(mask, sp.add(j));
+        _mm512_mask_storeu_ps(sp.add(j), mask, exp16(_mm512_sub_ps(s, mx)));
+    }
+    let mut sum = 0f32;
+    for j in 0..ctx {
+        sum += *sp.add(j);
+    }
+    let mut o = [_mm512_setzero_ps(); 4];
+    for j in 0..ctx {
+        let p = _mm512_set1_ps(*sp.add(j));
+        let v = row_ptr(blocks, g, kv_head, j, true);
+        for (i, ov) in o.iter_mut().enumerate() {
+            *ov = _mm512_fmadd_ps(p, _mm512_loadu_ps(v.add(16 * i)), *ov);
+        }
+    }
+    let inv = _mm512_set1_ps(1.0 / sum);
+    for (i, ov) in o.iter().enumerate() {
+        _mm512_storeu_ps(out.as_mut_ptr().add(16 * i), _mm512_mul_ps(*ov, inv));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_isa_gives_the_same_bits_and_softmax_is_right() {
+        let (bt, kvh, hd) = (4usize, 2usize, 64usize);
+        let nblocks = 5;
+        let kv: Vec<Vec<f32>> = (0..2 * nblocks)
+            .map(|b| {
+                (0..bt * kvh * hd)
+                    .map(|i| (((i * 7919 + b * 104729) % 1000) as f32 - 500.0) / 300.0)
+                    .collect()
+            })
+            .collect();
+        let blocks: Vec<BlockKv> = (0..nblocks)
+            .map(|b| BlockKv {
+                k: kv[2 * b].as_ptr(),
+                v: kv[2 * b + 1].as_ptr(),
+            })
+            .collect();
+        let g = AttnGeometry {
+            block_tokens: bt,
+            kv_heads: kvh,
+            head_dim: hd,
+            scale: 0.125,
+        };
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 - 30.0) / 17.0).collect();
+        let mut scores = Vec::new();
+        for ctx in [1usize, 3, 16, 17, 20] {
+            let mut want = vec![0f32; hd];
+            unsafe { attend(Isa::Scalar, &q, &mut want, ctx, &blocks, &g, 1, &mut scores) };
+            // f64 reference.
+            let mut s64: Vec<f64> = (0..ctx)
+                .map(|j| {
+                    let k = unsafe {
+                        std::slice::from_raw_parts(row_ptr(&blocks, &g, 1, j, false), hd)
+                    };
+                    q.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * 0.125
+                })
+                .collect();
+            let mx = s64.iter().cloned().fold(f64::MIN, f64::max);
+            s64.iter_mut().for_each(|s| *s = (*s - mx).exp());
+            let tot: f64 = s64.iter().sum();
+            for (d, w) in want.iter().enumerate() {
+                let r: f64 = (0..ctx)
+                    .map(|j| {
+                        s64[j] / tot * unsafe { *row_ptr(&blocks, &g, 1, j, true).add(d) } as f64
+                    })
+                    .sum();
+                assert!(
+                    (r - *w as f64).abs() < 1e-5,
+                    "ctx {ctx} d {d}: {r} vs {w}"
+                );
+            }
+            for isa in [Isa::Avx2, Isa::Avx512] {
+                if Isa::detect() == Isa::Scalar
+                    || (isa == Isa::Avx512 && Isa::detect() != Isa::Avx512)
+                {
+                    continue;
+                }
+                let mut got = vec![0f32; hd];
+                unsafe { attend(isa, &q, &mut got, ctx, &blocks, &g, 1, &mut scores) };
+                assert_eq!(
+                    got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    "{isa:?} ctx {ctx}"
+                );
+            }
+        }
+    }
+}

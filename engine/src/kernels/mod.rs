@@ -1,0 +1,188 @@
+//! Batch-invariant CPU kernels: weight-only-quantized matmul, attention, norms.
+//!
+//! Invariance is by construction: every output element is reduced in one
+//! fixed order that depends only on its own row (matmul: k = 0..K, one FMA per
+//! step; attention: key positions in block order), whatever the batch size,
+//! tiling or thread split. Threads split outputs, never a reduction.
+//! Accumulation always uses fused multiply-add and dequantization always uses
+//! a separate multiply then add (`d*q + m`, as the f32 reference computes it),
+//! on every ISA path, so the AVX-512, AVX2 and scalar paths give the same bits.
+
+pub mod attention;
+pub mod matmul;
+pub mod pool;
+#[cfg(target_arch = "x86_64")]
+mod simd;
+
+pub use matmul::PackedMatrix;
+pub use pool::ThreadPool;
+
+/// The instruction set the kernels run with, picked once at runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F/BW/VL + F16C + FMA.
+    Avx512,
+    /// AVX2 + F16C + FMA.
+    Avx2,
+    /// Portable scalar code (software FMA when the CPU has none).
+    Scalar,
+}
+
+impl Isa {
+    /// The best ISA this CPU supports (override with `KVFABRIC_ISA=scalar|avx2|avx512`).
+    pub fn detect() -> Isa {
+        let best = Self::best_supported();
+        match std::env::var("KVFABRIC_ISA").ok().as_deref() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if best != Isa::Scalar => Isa::Avx2,
+            _ => best,
+        }
+    }
+
+    fn best_supported() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let base = is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            if base
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                return Isa::Avx512;
+            }
+            if base && is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+}
+
+/// What the kernels run on: an ISA and a thread pool.
+#[derive(Debug)]
+pub struct Compute {
+    pub isa: Isa,
+    pub pool: ThreadPool,
+}
+
+impl Compute {
+    /// Detect the ISA and start a pool of `threads` threads (0 = one per core).
+    pub fn new(threads: usize) -> Compute {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        Compute {
+            isa: Isa::detect(),
+            pool: ThreadPool::new(threads),
+        }
+    }
+}
+
+/// IEEE half -> f32 (exact).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h >> 15) as u32) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = if exp == 0 {
+        if man == 0 {
+            sign
+        } else {
+            // Subnormal: normalize.
+            let mut e = 127 - 15 + 1;
+            let mut m = man;
+            while m & 0x400 == 0 {
+                m <<= 1;
+                e -= 1;
+            }
+            sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
+        }
+    } else if exp == 0x1f {
+        sign | 0x7f80_0000 | (man << 13)
+    } else {
+        sign | ((exp + 127 - 15) << 23) | (man << 13)
+    };
+    f32::from_bits(bits)
+}
+
+// exp(x) for x <= 0 (softmax, silu): 2^n * p(r), same operations on every path.
+pub(crate) const EXP_LO: f32 = -87.0;
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const LN2_HI: f32 = 0.693_145_75;
+pub(crate) const LN2_LO: f32 = 1.428_606_8e-6;
+pub(crate) const EXP_C: [f32; 7] = [
+    1.0 / 5040.0,
+    1.0 / 720.0,
+    1.0 / 120.0,
+    1.0 / 24.0,
+    1.0 / 6.0,
+    0.5,
+    1.0,
+];
+
+/// Deterministic exp for x in [-87, 88]: the scalar twin of the SIMD versions.
+#[inline(always)]
+pub fn exp_det(x: f32) -> f32 {
+    let x = x.clamp(EXP_LO, 88.0);
+    let n = (x * LOG2E).round_ties_even();
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let mut p = EXP_C[0];
+    for c in &EXP_C[1..] {
+        p = p.mul_add(r, *c);
+    }
+    p = p.mul_add(r, 1.0);
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    p * scale
+}
+
+/// RMSNorm of one row: `x / sqrt(mean(x^2) + eps) * w`, sequential sum.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let mut ss = 0.0f32;
+    for v in x {
+        ss = v.mul_add(*v, ss);
+    }
+    let scale = 1.0 / ((ss / x.len() as f32) + eps).sqrt();
+    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
+        *o = (v * scale) * g;
+    }
+}
+
+/// SwiGLU on a row holding `[gate | up]`: out = silu(gate) * up.
+pub fn swiglu(gate_up: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let (gate, up) = gate_up.split_at(n);
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        let silu = g / (1.0 + exp_det(-g));
+        *o = silu * u;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_matches_known_values() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
+        assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
+        assert_eq!(f16_to_f32(0x7bff), 65504.0);
+        assert!(f16_to_f32(0x7c00).is_infinite());
+    }
+
+    #[test]
+    fn exp_is_accurate() {
+        let mut x = -87.0f32;
+        while x < 20.0 {
+            let got = exp_det(x) as f64;
+            let want = (x as f64).exp();
+            assert!(
+                ((got - want) / want).abs() < 3e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+    }
+}

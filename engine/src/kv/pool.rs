@@ -1,0 +1,194 @@
+//! The paged KV pool: fixed-size blocks in one allocation, in the fabric's layout.
+//!
+//! A block holds `block_tokens` tokens of one sequence, all layers, K and V,
+//! laid out exactly as `kvfabric_store::KvLayout` with
+//! `BlockOrder::LayerKvTokenHead`: per layer K then V, each
+//! `[block_tokens][kv_heads][head_dim]` f32. So one block (or one layer of a
+//! block) is one contiguous byte range the connector can copy to or from the
+//! fabric. The pool is zero-allocated lazily by the OS (untouched blocks cost
+//! no resident memory).
+
+use std::ops::Range;
+
+use kvfabric_store::keys::{BlockOrder, DType, KvLayout};
+
+use crate::EngineError;
+
+/// Index of a block in the pool.
+pub type BlockId = u32;
+
+/// Fixed-size KV blocks in one contiguous f32 allocation.
+pub struct KvPool {
+    layout: KvLayout,
+    blocks: usize,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for KvPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvPool")
+            .field("layout", &self.layout)
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
+
+impl KvPool {
+    /// The layout of an f32 pool for a model shape.
+    pub fn layout_for(
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        block_tokens: usize,
+    ) -> KvLayout {
+        KvLayout {
+            layers: layers as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            dtype: DType::F32,
+            block_tokens: block_tokens as u32,
+            order: BlockOrder::LayerKvTokenHead,
+        }
+    }
+
+    /// A pool of as many blocks as fit in `bytes` (at least one).
+    pub fn with_bytes(layout: KvLayout, bytes: u64) -> Result<KvPool, EngineError> {
+        layout
+            .validate()
+            .map_err(|e| EngineError::InvalidRequest(format!("KV layout: {e}")))?;
+        if layout.dtype != DType::F32 {
+            return Err(EngineError::InvalidRequest(
+                "the engine's KV pool is f32".into(),
+            ));
+        }
+        let blocks = (bytes / layout.block_bytes() as u64) as usize;
+        if blocks == 0 {
+            return Err(EngineError::InvalidRequest(format!(
+                "KV pool of {bytes} bytes holds no block of {} bytes",
+                layout.block_bytes()
+            )));
+        }
+        let floats = blocks * layout.block_bytes() / 4;
+        Ok(KvPool {
+            layout,
+            blocks,
+            data: vec![0f32; floats],
+        })
+    }
+
+    /// The block layout (part of every block key).
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Bytes reserved for all blocks.
+    pub fn capacity_bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    fn block_floats(&self) -> usize {
+        self.layout.block_bytes() / 4
+    }
+
+    /// Byte range of `block` inside [`KvPool::as_bytes`].
+    pub fn block_range(&self, block: BlockId) -> Range<usize> {
+        let n = self.layout.block_bytes();
+        block as usize * n..(block as usize + 1) * n
+    }
+
+    /// Byte range of one layer (K then V) of `block` inside [`KvPool::as_bytes`].
+    pub fn layer_range(&self, block: BlockId, layer: usize) -> Range<usize> {
+        let base = self.block_range(block).start;
+        let r = self.layout.layer_range(layer);
+        base + r.start..base + r.end
+    }
+
+    /// The whole pool as bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 4) }
+    }
+
+    /// The whole pool as mutable bytes (the connector loads blocks through this).
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: any byte pattern is a valid f32.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.data.as_mut_ptr() as *mut u8, self.data.len() * 4)
+        }
+    }
+
+    /// One block's bytes.
+    pub fn block_bytes(&self, block: BlockId) -> &[u8] {
+        let r = self.block_range(block);
+        &self.as_bytes()[r]
+    }
+
+    /// One block's bytes, mutable.
+    pub fn block_bytes_mut(&mut self, block: BlockId) -> &mut [u8] {
+        let r = self.block_range(block);
+        &mut self.as_bytes_mut()[r]
+    }
+
+    /// Offset (in floats) of K (`v == false`) or V of `layer` in `block`.
+    fn half_offset(&self, block: BlockId, layer: usize, v: bool) -> usize {
+        let half = self.layout.half_layer_bytes() / 4;
+        block as usize * self.block_floats() + (2 * layer + v as usize) * half
+    }
+
+    /// Base pointer of K or V of one layer of one block (for the attention kernel).
+    pub fn half_ptr(&self, block: BlockId, layer: usize, v: bool) -> *const f32 {
+        // SAFETY: the offset is inside the allocation for a valid block/layer.
+        unsafe { self.data.as_ptr().add(self.half_offset(block, layer, v)) }
+    }
+
+    /// Mutable base pointer (the forward pass writes new K/V through it).
+    pub fn half_ptr_mut(&mut self, block: BlockId, layer: usize, v: bool) -> *mut f32 {
+        let off = self.half_offset(block, layer, v);
+        // SAFETY: as above.
+        unsafe { self.data.as_mut_ptr().add(off) }
+    }
+
+    /// Copy one token's K and V (each `kv_heads*head_dim`) into a block slot.
+    pub fn write_token(&mut self, block: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+        let row = (self.layout.kv_heads * self.layout.head_dim) as usize;
+        assert!(slot < self.layout.block_tokens as usize && k.len() == row && v.len() == row);
+        let ko = self.half_offset(block, layer, false) + slot * row;
+        let vo = self.half_offset(block, layer, true) + slot * row;
+        self.data[ko..ko + row].copy_from_slice(k);
+        self.data[vo..vo + row].copy_from_slice(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_store_layout() {
+        let layout = KvPool::layout_for(3, 2, 4, 8);
+        let mut pool =
+            KvPool::with_bytes(layout, 10 * layout.block_bytes() as u64 + 5).expect("pool");
+        assert_eq!(pool.blocks(), 10);
+        assert_eq!(
+            pool.block_range(2),
+            2 * layout.block_bytes()..3 * layout.block_bytes()
+        );
+        assert_eq!(pool.layer_range(2, 1).len(), layout.layer_bytes());
+        // Token 3 of layer 1 of block 2: K at layer start + 3*row, V half a layer later.
+        let k = [1.0f32; 8];
+        let v = [2.0f32; 8];
+        pool.write_token(2, 1, 3, &k, &v);
+        let lr = pool.layer_range(2, 1);
+        let bytes = &pool.as_bytes()[lr];
+        let f = |o: usize| f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
+        assert_eq!(f(3 * 8 * 4), 1.0);
+        assert_eq!(f(layout.half_layer_bytes() + 3 * 8 * 4), 2.0);
+        assert_eq!(f(0), 0.0);
+        assert!(KvPool::with_bytes(layout, 10).is_err());
+    }
+}

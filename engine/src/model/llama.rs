@@ -1,0 +1,237 @@
+//! The Llama forward pass over a flattened variable-length batch.
+//!
+//! All scheduled tokens of all sequences form one `[T][hidden]` activation
+//! matrix (no padding); each token knows its sequence, position and its
+//! sequence's block table. Per layer: RMSNorm, fused q|k|v matmul, rotary
+//! embedding (GGUF llama layout: adjacent pairs), K/V written into the paged
+//! pool, causal GQA attention walking the block table, output projection,
+//! RMSNorm, fused gate|up, SwiGLU, down projection. Every step treats rows
+//! independently with batch-invariant kernels, so a token's hidden states,
+//! KV and logits do not depend on what else is in the batch.
+
+use std::cell::RefCell;
+
+use super::LlamaModel;
+use crate::kernels::attention::{attend, AttnGeometry, BlockKv};
+use crate::kernels::{rms_norm, swiglu, Compute};
+use crate::kv::pool::{BlockId, KvPool};
+use crate::EngineError;
+
+/// The part of one sequence computed in a forward pass.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// Tokens to compute, at positions `start..start + tokens.len()`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; KV of positions `0..start` is already in the pool.
+    pub start: usize,
+    /// The sequence's block table, covering at least `start + tokens.len()` positions.
+    pub blocks: &'a [BlockId],
+    /// Return the logits of the last token of this chunk.
+    pub logits: bool,
+}
+
+/// Logits per chunk (`Some` where asked for).
+pub type ForwardOutput = Vec<Option<Vec<f32>>>;
+
+struct SendPtr(*mut f32);
+// SAFETY: tasks write disjoint rows/heads through it.
+unsafe impl Sync for SendPtr {}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+impl LlamaModel {
+    /// Run one forward pass; writes the chunks' K/V into `kv`.
+    pub fn forward(
+        &self,
+        cx: &Compute,
+        kv: &mut KvPool,
+        chunks: &[SeqChunk],
+    ) -> Result<ForwardOutput, EngineError> {
+        let c = &self.config;
+        let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
+        let bt = kv.layout().block_tokens as usize;
+        if kv.layout().layers as usize != c.layers
+            || kv.layout().kv_heads as usize != nkv
+            || kv.layout().head_dim as usize != hd
+        {
+            return Err(EngineError::InvalidRequest(
+                "KV pool layout does not match the model".into(),
+            ));
+        }
+        // Row metadata: (chunk index, position).
+        let mut rows = Vec::new();
+        for (ci, ch) in chunks.iter().enumerate() {
+            let end = ch.start + ch.tokens.len();
+            if end > c.context_length {
+                return Err(EngineError::InvalidRequest(format!(
+                    "sequence of {end} tokens exceeds the context length {}",
+                    c.context_length
+                )));
+            }
+            if ch.blocks.len() * bt < end || ch.blocks.iter().any(|&b| b as usize >= kv.blocks()) {
+                return Err(EngineError::InvalidRequest(
+                    "block table does not cover the chunk".into(),
+                ));
+            }
+            for (i, &tok) in ch.tokens.iter().enumerate() {
+                if tok as usize >= c.vocab {
+                    return Err(EngineError::InvalidRequest(format!(
+                        "token id {tok} out of vocabulary"
+                    )));
+                }
+                rows.push((ci, ch.start + i));
+            }
+        }
+        let t = rows.len();
+        let mut out: ForwardOutput = vec![None; chunks.len()];
+        if t == 0 {
+            return Ok(out);
+        }
+        let qn = nh * hd;
+        let kvn = nkv * hd;
+        let qkv_n = qn + 2 * kvn;
+        let mut x = vec![0f32; t * h];
+        let mut r = 0;
+        for ch in chunks {
+            for &tok in ch.tokens {
+                self.token_embd
+                    .row(tok as usize, &mut x[r * h..(r + 1) * h]);
+                r += 1;
+            }
+        }
+        let mut hn = vec![0f32; t * h];
+        let mut qkv = vec![0f32; t * qkv_n];
+        let mut att = vec![0f32; t * qn];
+        let mut tmp = vec![0f32; t * h];
+        let mut gu = vec![0f32; t * 2 * c.ffn];
+        let mut act = vec![0f32; t * c.ffn];
+        let geom = AttnGeometry {
+            block_tokens: bt,
+            kv_heads: nkv,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let group = nh / nkv;
+        for (l, lw) in self.layers.iter().enumerate() {
+            for r in 0..t {
+                rms_norm(
+                    &x[r * h..(r + 1) * h],
+                    &lw.attn_norm,
+                    c.rms_eps,
+                    &mut hn[r * h..(r + 1) * h],
+                );
+            }
+            lw.qkv.matmul(&cx.pool, cx.isa, &hn, t, &mut qkv);
+            for (r, &(ci, pos)) in rows.iter().enumerate() {
+                let row = &mut qkv[r * qkv_n..(r + 1) * qkv_n];
+                let rope = &self.rope[pos * hd / 2..(pos + 1) * hd / 2];
+                for head in row[..qn + kvn].chunks_exact_mut(hd) {
+                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(rope) {
+                        let (a, b) = (pair[0], pair[1]);
+                        pair[0] = a * cos - b * sin;
+                        pair[1] = a * sin + b * cos;
+                    }
+                }
+                let block = chunks[ci].blocks[pos / bt];
+                kv.write_token(block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
+            }
+            let tables: Vec<Vec<BlockKv>> = chunks
+                .iter()
+                .map(|ch| {
+                    ch.blocks
+                        .iter()
+                        .map(|&b| BlockKv {
+                            k: kv.half_ptr(b, l, false),
+                            v: kv.half_ptr(b, l, true),
+                        })
+                        .collect()
+                })
+                .collect();
+            let att_ptr = SendPtr(att.as_mut_ptr());
+            let qkv_ref = &qkv;
+            cx.pool.run(t * nh, &|i| {
+                let (r, head) = (i / nh, i % nh);
+                let (ci, pos) = rows[r];
+                let q = &qkv_ref[r * qkv_n + head * hd..r * qkv_n + (head + 1) * hd];
+                let att_ptr = &att_ptr;
+                // SAFETY: each task writes its own (row, head) slice; the tables point into
+                // the pool, which is not written while attention runs.
+                unsafe {
+                    let o = std::slice::from_raw_parts_mut(att_ptr.0.add(r * qn + head * hd), hd);
+                    SCORES.with(|s| {
+                        let mut s = s.borrow_mut();
+                        attend(
+                            cx.isa,
+                            q,
+                            o,
+                            pos + 1,
+                            &tables[ci],
+                            &geom,
+                            head / group,
+                            &mut s,
+                        )
+                    });
+                }
+            });
+            lw.attn_out.matmul(&cx.pool, cx.isa, &att, t, &mut tmp);
+            for (a, b) in x.iter_mut().zip(&tmp) {
+                *a += *b;
+            }
+            for r in 0..t {
+                rms_norm(
+                    &x[r * h..(r + 1) * h],
+                    &lw.ffn_norm,
+                    c.rms_eps,
+                    &mut hn[r * h..(r + 1) * h],
+                );
+            }
+            lw.gate_up.matmul(&cx.pool, cx.isa, &hn, t, &mut gu);
+            for r in 0..t {
+                swiglu(
+                    &gu[r * 2 * c.ffn..(r + 1) * 2 * c.ffn],
+                    &mut act[r * c.ffn..(r + 1) * c.ffn],
+                );
+            }
+            lw.down.matmul(&cx.pool, cx.isa, &act, t, &mut tmp);
+            for (a, b) in x.iter_mut().zip(&tmp) {
+                *a += *b;
+            }
+        }
+        // Logits for the last row of each chunk that asked for them.
+        let mut want = Vec::new();
+        let mut end = 0;
+        for (ci, ch) in chunks.iter().enumerate() {
+            end += ch.tokens.len();
+            if ch.logits && !ch.tokens.is_empty() {
+                want.push((ci, end - 1));
+            }
+        }
+        if want.is_empty() {
+            return Ok(out);
+        }
+        let m = want.len();
+        let mut normed = vec![0f32; m * h];
+        for (i, &(_, r)) in want.iter().enumerate() {
+            rms_norm(
+                &x[r * h..(r + 1) * h],
+                &self.output_norm,
+                c.rms_eps,
+                &mut normed[i * h..(i + 1) * h],
+            );
+        }
+        let mut logits = vec![0f32; m * c.vocab];
+        self.output.as_ref().unwrap_or(&self.token_embd).matmul(
+            &cx.pool,
+            cx.isa,
+            &normed,
+            m,
+            &mut logits,
+        );
+        for (i, &(ci, _)) in want.iter().enumerate() {
+            out[ci] = Some(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
+        }
+        Ok(out)
+    }
+}

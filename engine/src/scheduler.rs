@@ -1,0 +1,399 @@
+//! Continuous-batching scheduler on its own OS thread.
+//!
+//! Requests arrive on an mpsc channel and join the running set between
+//! forward steps; each step packs every decoding sequence (one token each)
+//! and then prefill chunks into at most `max_batch_tokens` tokens. A prefill
+//! that does not fit is cut at a block boundary (chunked prefill), so every
+//! block is computed whole or continued later from its start. Before its
+//! first step a request takes the longest cached prefix of full blocks from
+//! the local prefix cache (keys from `kvfabric_store::KeyChain`) and reports it
+//! as `cached_tokens`; every block it completes is registered under its key.
+//! When the pool runs out, the most recently admitted sequence is preempted
+//! (its blocks released to the cache, recomputed later, mostly from cache hits).
+//! A closed event channel cancels a request and frees its blocks.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use kvfabric_store::keys::{BlockKey, KeyChain};
+use tokio::sync::mpsc;
+
+use crate::config::Role;
+use crate::kernels::Compute;
+use crate::kv::{BlockId, BlockManager, KvPool};
+use crate::model::{LlamaModel, SeqChunk};
+use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
+use crate::sampling::Sampler;
+use crate::{EngineError, EngineHandle};
+
+/// Batching limits and role.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Tokens per forward step (decode tokens + prefill chunks).
+    pub max_batch_tokens: usize,
+    /// Sequences running at once.
+    pub max_seqs: usize,
+    /// both | prefill (finish after the first token, KV left cached) | decode.
+    pub role: Role,
+}
+
+struct Seq {
+    events: mpsc::Sender<GenerationEvent>,
+    /// Prompt then generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose KV is in `table`.
+    computed: usize,
+    table: Vec<BlockId>,
+    /// Leading blocks registered in the prefix cache; `parent` is the last one's key.
+    registered: usize,
+    parent: Option<BlockKey>,
+    chain: KeyChain,
+    sampler: Sampler,
+    max_tokens: usize,
+    generated: usize,
+    stop: Vec<u32>,
+    return_logits: bool,
+    cached_tokens: Option<usize>,
+}
+
+/// The scheduler's state; [`Scheduler::spawn`] runs it on a dedicated thread.
+pub struct Scheduler {
+    model: Arc<LlamaModel>,
+    cx: Compute,
+    kv: KvPool,
+    blocks: BlockManager,
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+}
+
+impl Scheduler {
+    /// A scheduler over `kv` (its layout must match the model).
+    pub fn new(model: Arc<LlamaModel>, cx: Compute, kv: KvPool, cfg: SchedulerConfig) -> Scheduler {
+        let blocks = BlockManager::new(kv.blocks());
+        Scheduler {
+            model,
+            cx,
+            kv,
+            blocks,
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    /// Start the scheduler thread; it exits when every handle is dropped and the work is done.
+    pub fn spawn(
+        self,
+        queue: usize,
+    ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), EngineError> {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        let join = std::thread::Builder::new()
+            .name("kvf-scheduler".into())
+            .spawn(move || self.run(rx))?;
+        Ok((EngineHandle::new(tx), join))
+    }
+
+    /// The loop: take requests, step, repeat.
+    pub fn run(mut self, mut intake: mpsc::Receiver<GenerationRequest>) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match intake.blocking_recv() {
+                    Some(r) => self.accept(r),
+                    None => return,
+                }
+            }
+            while let Ok(r) = intake.try_recv() {
+                self.accept(r);
+            }
+            self.step();
+        }
+    }
+
+    fn accept(&mut self, r: GenerationRequest) {
+        let ctx = self.model.config.context_length;
+        let bt = self.kv.layout().block_tokens as usize;
+        let err = if r.prompt.is_empty() {
+            Some("empty prompt".to_string())
+        } else if r.prompt.len() >= ctx {
+            Some(format!(
+                "prompt of {} tokens does not fit the context of {ctx}",
+                r.prompt.len()
+            ))
+        } else if (r.prompt.len() + 1).div_ceil(bt) > self.kv.blocks() {
+            Some(format!(
+                "prompt of {} tokens does not fit the KV pool",
+                r.prompt.len()
+            ))
+        } else if let Some(&bad) = r
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.model.config.vocab)
+        {
+            Some(format!("token id {bad} out of vocabulary"))
+        } else {
+            None
+        };
+        if let Some(e) = err {
+            let _ = r.events.blocking_send(GenerationEvent::Error(e));
+            return;
+        }
+        if r.max_tokens == 0 {
+            let usage = Usage {
+                prompt_tokens: r.prompt.len(),
+                ..Usage::default()
+            };
+            let _ = r.events.blocking_send(GenerationEvent::Finished {
+                reason: FinishReason::Length,
+                usage,
+            });
+            return;
+        }
+        let chain = KeyChain::new(&r.namespace, &self.model.fingerprint(), self.kv.layout());
+        self.waiting.push_back(Seq {
+            events: r.events,
+            prompt_len: r.prompt.len(),
+            tokens: r.prompt,
+            computed: 0,
+            table: Vec::new(),
+            registered: 0,
+            parent: None,
+            chain,
+            sampler: Sampler::new(&r.sampling),
+            max_tokens: r.max_tokens,
+            generated: 0,
+            stop: r.stop_token_ids,
+            return_logits: r.return_logits,
+            cached_tokens: None,
+        });
+    }
+
+    fn release(&mut self, seq: &mut Seq) {
+        for b in seq.table.drain(..) {
+            self.blocks.release(b);
+        }
+        seq.computed = 0;
+        seq.registered = 0;
+        seq.parent = None;
+    }
+
+    /// Take the longest cached prefix (full blocks, at least one token left to compute).
+    fn admit(&mut self, mut seq: Seq) -> Seq {
+        let bt = self.kv.layout().block_tokens as usize;
+        let usable = (seq.tokens.len() - 1) / bt;
+        let keys = seq.chain.keys(&seq.tokens[..usable * bt]);
+        let hits = self.blocks.lookup(&keys);
+        seq.computed = hits.len() * bt;
+        seq.registered = hits.len();
+        seq.parent = hits.len().checked_sub(1).map(|i| keys[i]);
+        seq.table = hits;
+        if seq.cached_tokens.is_none() {
+            seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
+        }
+        seq
+    }
+
+    fn step(&mut self) {
+        // Cancelled requests free their blocks.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].events.is_closed() {
+                let mut s = self.running.remove(i);
+                self.release(&mut s);
+            } else {
+                i += 1;
+            }
+        }
+        self.waiting.retain(|s| !s.events.is_closed());
+        while self.running.len() < self.cfg.max_seqs.max(1) {
+            let Some(s) = self.waiting.pop_front() else {
+                break;
+            };
+            let s = self.admit(s);
+            self.running.push(s);
+        }
+        if self.running.is_empty() {
+            return;
+        }
+        let plan = self.plan();
+        if plan.is_empty() {
+            return;
+        }
+        let chunks: Vec<SeqChunk> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                SeqChunk {
+                    tokens: &s.tokens[s.computed..s.computed + n],
+                    start: s.computed,
+                    blocks: &s.table,
+                    logits: s.computed + n == s.tokens.len(),
+                }
+            })
+            .collect();
+        let result = self.model.forward(&self.cx, &mut self.kv, &chunks);
+        drop(chunks);
+        let mut done = Vec::new();
+        match result {
+            Err(e) => {
+                for &(i, _) in &plan {
+                    let _ = self.running[i]
+                        .events
+                        .blocking_send(GenerationEvent::Error(e.to_string()));
+                    done.push(i);
+                }
+            }
+            Ok(out) => {
+                for (&(i, n), logits) in plan.iter().zip(out) {
+                    if self.advance(i, n, logits) {
+                        done.push(i);
+                    }
+                }
+            }
+        }
+        done.sort_unstable();
+        for i in done.into_iter().rev() {
+            let mut s = self.running.remove(i);
+            self.release(&mut s);
+        }
+    }
+
+    /// (running index, tokens to compute) for this step, blocks allocated.
+    fn plan(&mut self) -> Vec<(usize, usize)> {
+        let bt = self.kv.layout().block_tokens as usize;
+        let mut budget = self.cfg.max_batch_tokens.max(1);
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        // Decoding sequences first (one token each), then prefills in arrival order.
+        order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut preempted = Vec::new();
+        for i in order {
+            if budget == 0 {
+                break;
+            }
+            if preempted.contains(&i) {
+                continue;
+            }
+            let s = &self.running[i];
+            let remaining = s.tokens.len() - s.computed;
+            let n = if remaining <= budget {
+                remaining
+            } else {
+                // Chunked prefill: stop at a block boundary.
+                (s.computed + budget) / bt * bt - s.computed
+            };
+            if n == 0 {
+                continue;
+            }
+            let need = (s.computed + n).div_ceil(bt);
+            let mut ok = true;
+            while self.running[i].table.len() < need {
+                match self.blocks.allocate() {
+                    Some(b) => self.running[i].table.push(b),
+                    None => {
+                        // Preempt the latest sequence not planned yet (not this one).
+                        let victim = (0..self.running.len()).rev().find(|&v| {
+                            v != i && !preempted.contains(&v) && !plan.iter().any(|p| p.0 == v)
+                        });
+                        match victim {
+                            Some(v) => {
+                                let mut s =
+                                    std::mem::take(&mut self.running[v].table);
+                                for b in s.drain(..) {
+                                    self.blocks.release(b);
+                                }
+                                let vs = &mut self.running[v];
+                                vs.computed = 0;
+                                vs.registered = 0;
+                                vs.parent = None;
+                                preempted.push(v);
+                            }
+                            None => {
+                                ok = false;
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            if ok {
+                plan.push((i, n));
+                budget -= n;
+            } else if plan.is_empty() {
+                let _ = self.running[i].events.blocking_send(GenerationEvent::Error(
+                    "sequence does not fit the KV pool".into(),
+                ));
+                // Closing our side of nothing: mark for removal by dropping its tokens.
+                preempted.push(i);
+                self.running[i].events = mpsc::channel(1).0;
+            } else {
+                preempted.push(i);
+            }
+        }
+        // Preempted sequences go back to the front of the queue (oldest first).
+        preempted.sort_unstable();
+        for v in preempted.into_iter().rev() {
+            let mut s = self.running.remove(v);
+            self.release(&mut s);
+            for p in plan.iter_mut() {
+                if p.0 > v {
+                    p.0 -= 1;
+                }
+            }
+            if !s.events.is_closed() {
+                self.waiting.push_front(s);
+            }
+        }
+        plan
+    }
+
+    /// Account a computed chunk; returns true when the sequence is finished.
+    fn advance(&mut self, i: usize, n: usize, logits: Option<Vec<f32>>) -> bool {
+        let bt = self.kv.layout().block_tokens as usize;
+        let role = self.cfg.role;
+        let ctx = self.model.config.context_length;
+        let s = &mut self.running[i];
+        s.computed += n;
+        while (s.registered + 1) * bt <= s.computed {
+            let r = s.registered;
+            let key = s
+                .chain
+                .next(s.parent.as_ref(), &s.tokens[r * bt..(r + 1) * bt]);
+            self.blocks.register(s.table[r], key);
+            s.parent = Some(key);
+            s.registered += 1;
+        }
+        let Some(logits) = logits else { return false };
+        let tok = s.sampler.sample(&logits);
+        let usage = |s: &Seq| Usage {
+            prompt_tokens: s.prompt_len,
+            completion_tokens: s.generated,
+            cached_tokens: s.cached_tokens.unwrap_or(0),
+        };
+        if s.stop.contains(&tok) {
+            let _ = s.events.blocking_send(GenerationEvent::Finished {
+                reason: FinishReason::Stop,
+                usage: usage(s),
+            });
+            return true;
+        }
+        let ev = GenerationEvent::Token {
+            id: tok,
+            logits: s.return_logits.then_some(logits),
+        };
+        if s.events.blocking_send(ev).is_err() {
+            return true;
+        }
+        s.tokens.push(tok);
+        s.generated += 1;
+        if s.generated >= s.max_tokens || s.tokens.len() >= ctx || role == Role::Prefill {
+            let _ = s.events.blocking_send(GenerationEvent::Finished {
+                reason: FinishReason::Length,
+                usage: usage(s),
+            });
+            return true;
+        }
+        false
+    }
+}

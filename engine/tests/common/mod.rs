@@ -1,0 +1,99 @@
+//! Shared helpers for the model tests: locating the reference model and a
+//! minimal direct driver of the forward pass (no scheduler).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kvfabric_engine::kernels::Compute;
+use kvfabric_engine::kv::{BlockId, KvPool};
+use kvfabric_engine::model::{LlamaModel, SeqChunk};
+
+/// The reference model: `$KVFABRIC_MODEL_PATH` or `~/.cache/kvfabric/models/...`.
+pub fn model_path() -> PathBuf {
+    let p = std::env::var_os("KVFABRIC_MODEL_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
+    assert!(
+        p.exists(),
+        "reference model not found at {}: run `kvfabric model fetch` first",
+        p.display()
+    );
+    p
+}
+
+/// The model, loaded once per test binary.
+pub fn model() -> &'static LlamaModel {
+    static M: OnceLock<LlamaModel> = OnceLock::new();
+    M.get_or_init(|| LlamaModel::load(&model_path(), |_, _| {}).expect("load model"))
+}
+
+pub fn compute() -> &'static Compute {
+    static C: OnceLock<Compute> = OnceLock::new();
+    C.get_or_init(|| Compute::new(0))
+}
+
+/// A pool of `blocks` blocks of `bt` tokens for the reference model.
+pub fn pool(bt: usize, blocks: usize) -> KvPool {
+    let c = &model().config;
+    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, bt);
+    KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64).expect("pool")
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Prefill `prompt` in one pass with blocks `table`, then `steps - 1` greedy decode steps.
+/// Returns (logits after the prompt, greedy tokens).
+pub fn greedy(
+    kv: &mut KvPool,
+    table: &[BlockId],
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<f32>, Vec<u32>) {
+    let (m, cx) = (model(), compute());
+    let out = m
+        .forward(
+            cx,
+            kv,
+            &[SeqChunk {
+                tokens: prompt,
+                start: 0,
+                blocks: table,
+                logits: true,
+            }],
+        )
+        .expect("prefill");
+    let first = out[0].clone().expect("logits");
+    let mut toks = vec![argmax(&first)];
+    while toks.len() < steps {
+        let pos = prompt.len() + toks.len() - 1;
+        let last = [*toks.last().expect("token")];
+        let out = m
+            .forward(
+                cx,
+                kv,
+                &[SeqChunk {
+                    tokens: &last,
+                    start: pos,
+                    blocks: table,
+                    logits: true,
+                }],
+            )
+            .expect("decode");
+        toks.push(argmax(out[0].as_ref().expect("logits")));
+    }
+    (first, toks)
+}

@@ -1,0 +1,426 @@
+//! Membership: which nodes are alive, as one shared, versioned view.
+//!
+//! Three sources, one output (a `watch` channel of [`MembershipView`]):
+//! - **single**: just this node (the embedded default; zero setup);
+//! - **static**: a configured peer list, each peer probed (TCP connect to its
+//!   gRPC address) every `probe_interval`; a peer silent for `failure_timeout`
+//!   leaves the view, and rejoins when it answers again;
+//! - **etcd**: each node puts `<prefix>/nodes/<id>` under a lease (TTL default
+//!   5 s) kept alive at TTL/3, and watches the prefix. A dead node's lease
+//!   expires and its key vanishes. If etcd itself goes away, the last view is
+//!   kept (nodes go on serving what they know) and the node re-registers with a
+//!   fresh lease when etcd returns.
+//!
+//! No consensus of our own: etcd is the only source of truth when configured.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::cluster::rendezvous;
+use crate::keys::BlockKey;
+use crate::StoreError;
+
+/// How a node is reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Unique node id.
+    pub node_id: String,
+    /// gRPC address (host:port) of its CacheService and internal services.
+    pub grpc_addr: String,
+    /// Transfer-engine address (host:port).
+    pub transfer_addr: String,
+}
+
+/// The live nodes, this one included, keyed by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipView {
+    pub nodes: BTreeMap<String, NodeInfo>,
+}
+
+impl MembershipView {
+    /// The live node that owns `key` (rendezvous hashing).
+    pub fn owner(&self, key: &BlockKey) -> Option<&NodeInfo> {
+        let id = rendezvous::owner(self.nodes.keys().map(String::as_str), key)?;
+        self.nodes.get(id)
+    }
+
+    /// True when `node_id` is in the view.
+    pub fn contains(&self, node_id: &str) -> bool {
+        self.nodes.contains_key(node_id)
+    }
+}
+
+/// Where membership comes from.
+#[derive(Clone, Debug)]
+pub enum MembershipSource {
+    /// Only this node.
+    Single,
+    /// A fixed peer list with liveness probes.
+    Static {
+        peers: Vec<NodeInfo>,
+        probe_interval: Duration,
+        failure_timeout: Duration,
+    },
+    /// etcd leases and a watch.
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+        ttl: Duration,
+    },
+}
+
+/// A running membership source.
+pub struct Membership {
+    view: watch::Receiver<Arc<MembershipView>>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Membership {
+    /// Start publishing the view for node `me`.
+    pub async fn start(me: NodeInfo, source: MembershipSource) -> Result<Self, StoreError> {
+        let mut initial = MembershipView::default();
+        initial.nodes.insert(me.node_id.clone(), me.clone());
+        let (tx, rx) = watch::channel(Arc::new(initial));
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let task = match source {
+            MembershipSource::Single => None,
+            MembershipSource::Static { peers, probe_interval, failure_timeout } => {
+                Some(tokio::spawn(run_static(me, peers, probe_interval, failure_timeout, tx, stop_rx)))
+            }
+            MembershipSource::Etcd { endpoints, prefix, ttl } => {
+                if endpoints.is_empty() {
+                    return Err(StoreError::InvalidArgument("etcd membership needs at least one endpoint".into()));
+                }
+                Some(tokio::spawn(run_etcd(me, endpoints, prefix, ttl, tx, stop_rx)))
+            }
+        };
+        Ok(Membership { view: rx, stop: Some(stop_tx), task })
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<MembershipView> {
+        self.view.borrow().clone()
+    }
+
+    /// A receiver that sees every new view.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<MembershipView>> {
+        self.view.clone()
+    }
+
+    /// Leave cleanly: with etcd, the lease is revoked so peers see us go at once.
+    pub async fn leave(mut self) {
+        self.shutdown().await;
+    }
+
+    async fn shutdown(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(3), task).await;
+        }
+    }
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+fn publish(tx: &watch::Sender<Arc<MembershipView>>, view: MembershipView) {
+    tx.send_if_modified(|cur| {
+        if **cur == view {
+            false
+        } else {
+            tracing::info!(nodes = ?view.nodes.keys().collect::<Vec<_>>(), "membership changed");
+            *cur = Arc::new(view);
+            true
+        }
+    });
+}
+
+async fn run_static(
+    me: NodeInfo,
+    peers: Vec<NodeInfo>,
+    probe_interval: Duration,
+    failure_timeout: Duration,
+    tx: watch::Sender<Arc<MembershipView>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let peers: Vec<NodeInfo> = peers.into_iter().filter(|p| p.node_id != me.node_id).collect();
+    let mut last_seen: Vec<Option<Instant>> = vec![None; peers.len()];
+    let mut tick = tokio::time::interval(probe_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tick.tick() => {}
+        }
+        let probes = peers.iter().map(|p| probe(&p.grpc_addr, probe_interval.min(Duration::from_secs(1))));
+        let results = futures::future::join_all(probes).await;
+        let now = Instant::now();
+        let mut view = MembershipView::default();
+        view.nodes.insert(me.node_id.clone(), me.clone());
+        for ((peer, ok), seen) in peers.iter().zip(results).zip(last_seen.iter_mut()) {
+            if ok {
+                *seen = Some(now);
+            }
+            if seen.is_some_and(|t| now.duration_since(t) < failure_timeout) {
+                view.nodes.insert(peer.node_id.clone(), peer.clone());
+            }
+        }
+        publish(&tx, view);
+    }
+}
+
+async fn probe(addr: &str, timeout: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn run_etcd(
+    me: NodeInfo,
+    endpoints: Vec<String>,
+    prefix: String,
+    ttl: Duration,
+    tx: watch::Sender<Arc<MembershipView>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let nodes_prefix = format!("{}/nodes/", prefix.trim_end_matches('/'));
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let session = etcd_session(&me, &endpoints, &nodes_prefix, ttl, &tx, &mut stop);
+        match session.await {
+            Ok(SessionEnd::Stopped) => return,
+            Ok(SessionEnd::Lost(why)) | Err(why) => {
+                tracing::warn!(%why, "etcd session lost; keeping the last membership view and retrying");
+            }
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+enum SessionEnd {
+    Stopped,
+    Lost(String),
+}
+
+/// One registration + watch session against etcd; ends when etcd fails or we stop.
+async fn etcd_session(
+    me: &NodeInfo,
+    endpoints: &[String],
+    nodes_prefix: &str,
+    ttl: Duration,
+    tx: &watch::Sender<Arc<MembershipView>>,
+    stop: &mut oneshot::Receiver<()>,
+) -> Result<SessionEnd, String> {
+    let e = |what: &str, err: etcd_client::Error| format!("{what}: {err}");
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_timeout(Duration::from_secs(2));
+    let mut client = Client::connect(endpoints, Some(opts)).await.map_err(|x| e("connect", x))?;
+    let ttl_s = ttl.as_secs().max(1) as i64;
+    let lease = client.lease_grant(ttl_s, None).await.map_err(|x| e("lease grant", x))?.id();
+    let me_key = format!("{nodes_prefix}{}", me.node_id);
+    let me_json = serde_json::to_string(me).map_err(|x| x.to_string())?;
+    client
+        .put(me_key.clone(), me_json, Some(PutOptions::new().with_lease(lease)))
+        .await
+        .map_err(|x| e("register", x))?;
+    let listing = client
+        .get(nodes_prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|x| e("list", x))?;
+    let revision = listing.header().map_or(0, |h| h.revision());
+    let mut nodes = BTreeMap::new();
+    for kv in listing.kvs() {
+        if let Some(info) = parse_node(kv.value()) {
+            nodes.insert(info.node_id.clone(), info);
+        }
+    }
+    nodes.insert(me.node_id.clone(), me.clone());
+    publish(tx, MembershipView { nodes: nodes.clone() });
+
+    let mut watch_stream = client
+        .watch(
+            nodes_prefix,
+            Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1)),
+        )
+        .await
+        .map_err(|x| e("watch", x))?;
+    let (mut keeper, mut keep_stream) = client.lease_keep_alive(lease).await.map_err(|x| e("keepalive", x))?;
+    let mut tick = tokio::time::interval(ttl / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_ack = Instant::now();
+    loop {
+        tokio::select! {
+            _ = &mut *stop => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
+                return Ok(SessionEnd::Stopped);
+            }
+            _ = tick.tick() => {
+                if last_ack.elapsed() > ttl {
+                    return Ok(SessionEnd::Lost("lease keep-alive unanswered for a whole TTL".into()));
+                }
+                if let Err(x) = keeper.keep_alive().await {
+                    return Ok(SessionEnd::Lost(e("keepalive send", x)));
+                }
+            }
+            ack = keep_stream.message() => match ack {
+                Ok(Some(resp)) if resp.ttl() > 0 => last_ack = Instant::now(),
+                Ok(Some(_)) => return Ok(SessionEnd::Lost("lease expired".into())),
+                Ok(None) => return Ok(SessionEnd::Lost("keep-alive stream closed".into())),
+                Err(x) => return Ok(SessionEnd::Lost(e("keepalive", x))),
+            },
+            msg = watch_stream.message() => match msg {
+                Ok(Some(resp)) => {
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        let Ok(key) = kv.key_str() else { continue };
+                        let id = key.trim_start_matches(nodes_prefix).to_string();
+                        match ev.event_type() {
+                            EventType::Put => {
+                                if let Some(info) = parse_node(kv.value()) {
+                                    nodes.insert(info.node_id.clone(), info);
+                                }
+                            }
+                            EventType::Delete => {
+                                if id == me.node_id {
+                                    return Ok(SessionEnd::Lost("our registration vanished".into()));
+                                }
+                                nodes.remove(&id);
+                            }
+                        }
+                    }
+                    publish(tx, MembershipView { nodes: nodes.clone() });
+                }
+                Ok(None) => return Ok(SessionEnd::Lost("watch stream closed".into())),
+                Err(x) => return Ok(SessionEnd::Lost(e("watch", x))),
+            },
+        }
+    }
+}
+
+fn parse_node(value: &[u8]) -> Option<NodeInfo> {
+    match serde_json::from_slice(value) {
+        Ok(n) => Some(n),
+        Err(err) => {
+            tracing::warn!(%err, "ignoring a malformed node record in etcd");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::etcd_process::EtcdProcess;
+
+    fn node(id: &str, port: u16) -> NodeInfo {
+        NodeInfo {
+            node_id: id.into(),
+            grpc_addr: format!("127.0.0.1:{port}"),
+            transfer_addr: format!("127.0.0.1:{}", port + 1),
+        }
+    }
+
+    async fn wait_for(m: &Membership, what: &str, f: impl Fn(&MembershipView) -> bool, within: Duration) -> Duration {
+        let start = Instant::now();
+        let mut rx = m.subscribe();
+        loop {
+            if f(&rx.borrow()) {
+                return start.elapsed();
+            }
+            match tokio::time::timeout(within.saturating_sub(start.elapsed()), rx.changed()).await {
+                Ok(Ok(())) => {}
+                _ => panic!("timed out after {within:?} waiting for {what}; view {:?}", rx.borrow().nodes.keys()),
+            }
+        }
+    }
+
+    fn etcd(endpoint: String) -> MembershipSource {
+        MembershipSource::Etcd { endpoints: vec![endpoint], prefix: "/kvfabric-test".into(), ttl: Duration::from_secs(2) }
+    }
+
+    #[tokio::test]
+    async fn etcd_join_crash_and_clean_leave() {
+        let etcd_proc = EtcdProcess::start().unwrap();
+        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint())).await.unwrap();
+        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint())).await.unwrap();
+        let c = Membership::start(node("c", 3000), etcd(etcd_proc.endpoint())).await.unwrap();
+        wait_for(&a, "a sees b and c", |v| v.contains("b") && v.contains("c"), Duration::from_secs(5)).await;
+
+        // Crash: b's task dies without revoking its lease; a sees it go within TTL + 1 s.
+        let mut b = b;
+        if let Some(t) = b.task.take() {
+            t.abort();
+        }
+        b.stop.take();
+        let took = wait_for(&a, "b expires", |v| !v.contains("b"), Duration::from_secs(6)).await;
+        assert!(took <= Duration::from_secs(3) + Duration::from_millis(500), "took {took:?}");
+
+        // Clean leave: c revokes its lease; a sees it at once.
+        c.leave().await;
+        let took = wait_for(&a, "c leaves", |v| !v.contains("c"), Duration::from_secs(2)).await;
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+        assert_eq!(a.view().nodes.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn etcd_outage_keeps_view_then_rejoins() {
+        let mut etcd_proc = EtcdProcess::start().unwrap();
+        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint())).await.unwrap();
+        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint())).await.unwrap();
+        wait_for(&a, "a sees b", |v| v.contains("b"), Duration::from_secs(5)).await;
+        etcd_proc.stop();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(a.view().contains("b"), "the last view is kept while etcd is down");
+        etcd_proc.restart().unwrap();
+        // After etcd returns, the old leases are gone; both re-register.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        wait_for(&a, "a sees b again", |v| v.contains("b"), Duration::from_secs(8)).await;
+        wait_for(&b, "b sees a again", |v| v.contains("a"), Duration::from_secs(8)).await;
+    }
+
+    #[tokio::test]
+    async fn static_peers_probe_liveness() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let peer = NodeInfo { node_id: "p".into(), grpc_addr: format!("127.0.0.1:{port}"), transfer_addr: String::new() };
+        let src = MembershipSource::Static {
+            peers: vec![peer, node("me", 1)],
+            probe_interval: Duration::from_millis(200),
+            failure_timeout: Duration::from_secs(1),
+        };
+        let m = Membership::start(node("me", 1), src).await.unwrap();
+        wait_for(&m, "peer up", |v| v.contains("p"), Duration::from_secs(3)).await;
+        drop(listener);
+        wait_for(&m, "peer down", |v| !v.contains("p"), Duration::from_secs(3)).await;
+        assert!(m.view().contains("me"));
+    }
+
+    #[tokio::test]
+    async fn single_and_bad_config() {
+        let m = Membership::start(node("solo", 1), MembershipSource::Single).await.unwrap();
+        let key = BlockKey([3; 32]);
+        assert_eq!(m.view().owner(&key).map(|n| n.node_id.as_str()), Some("solo"));
+        let bad = MembershipSource::Etcd { endpoints: vec![], prefix: "/x".into(), ttl: Duration::from_secs(5) };
+        assert!(Membership::start(node("x", 1), bad).await.is_err());
+    }
+}

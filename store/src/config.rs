@@ -1,0 +1,192 @@
+//! `NodeConfig`: everything a single node's store is told at start.
+//!
+//! The `kvfabric` binary resolves it with figment (defaults < file `[node]` <
+//! env < flags) and hands it to [`crate::serve`] or [`crate::Store::open`].
+//! Sizes accept human strings ("8GiB"); unknown keys are refused so a typo in
+//! a config file is an error, not a silently ignored setting.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::StoreError;
+
+/// When a block stored in RAM also goes to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum WritePolicy {
+    /// Written to disk only when evicted from RAM (demotion).
+    #[default]
+    WriteBack,
+    /// Written to disk at put time as well as to RAM.
+    WriteThrough,
+}
+
+/// Which blocks the disk tier accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskAdmission {
+    /// Every block written to disk is accepted.
+    #[default]
+    All,
+    /// Only blocks accessed at least twice (put + a read, or seen again after an eviction).
+    SeenTwice,
+}
+
+/// Order in which a tier picks the blocks it drops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvictionPolicy {
+    /// Least recently used first.
+    #[default]
+    Lru,
+    /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
+    S3fifo,
+}
+
+/// Configuration of one node's store (`[node]` section).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Id of this node in stats and holders. Default: "node-0".
+    pub node_id: String,
+    /// gRPC CacheService listen address. Default: 127.0.0.1:50051.
+    pub grpc_listen: SocketAddr,
+    /// HTTP listen address for GET /metrics and GET /health. Default: 127.0.0.1:9464.
+    pub http_listen: SocketAddr,
+    /// Size of the RAM tier arena. Default: 1GiB.
+    pub ram_capacity: ByteSize,
+    /// Disk tier data file or raw block device; none = no disk tier. Default: none.
+    pub disk_path: Option<PathBuf>,
+    /// Directory of the disk tier's RocksDB index. Default: `<disk_path>.index`.
+    pub disk_index_path: Option<PathBuf>,
+    /// Bytes of the disk tier (the data file is preallocated to this). Default: 8GiB.
+    pub disk_capacity: ByteSize,
+    /// Write-back (default) or write-through from RAM to disk. Default: write-back.
+    pub write_policy: WritePolicy,
+    /// Disk admission policy: all or seen-twice. Default: all.
+    pub disk_admission: DiskAdmission,
+    /// Eviction order of both tiers: lru or s3fifo. Default: lru.
+    pub eviction: EvictionPolicy,
+    /// Fraction of a tier's capacity above which eviction starts. Default: 0.95.
+    pub high_watermark: f64,
+    /// Fraction of a tier's capacity eviction brings usage down to. Default: 0.85.
+    pub low_watermark: f64,
+    /// Largest block accepted by put. Default: 64MiB.
+    pub max_block_size: ByteSize,
+    /// A reservation not committed within this many milliseconds is reclaimed. Default: 30000.
+    pub reservation_timeout_ms: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: "node-0".into(),
+            grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
+            ram_capacity: ByteSize::gib(1),
+            disk_path: None,
+            disk_index_path: None,
+            disk_capacity: ByteSize::gib(8),
+            write_policy: WritePolicy::WriteBack,
+            disk_admission: DiskAdmission::All,
+            eviction: EvictionPolicy::Lru,
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            max_block_size: ByteSize::mib(64),
+            reservation_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Refuse settings that cannot work.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let bad = |m: String| Err(StoreError::Config(m));
+        if self.node_id.is_empty() {
+            return bad("node_id is empty".into());
+        }
+        if self.ram_capacity.as_u64() < 4096 {
+            return bad(format!(
+                "ram_capacity {} is below one page",
+                self.ram_capacity
+            ));
+        }
+        if !(self.low_watermark > 0.0
+            && self.low_watermark <= self.high_watermark
+            && self.high_watermark <= 1.0)
+        {
+            return bad(format!(
+                "watermarks must satisfy 0 < low ({}) <= high ({}) <= 1",
+                self.low_watermark, self.high_watermark
+            ));
+        }
+        if self.max_block_size.as_u64() == 0 {
+            return bad("max_block_size is zero".into());
+        }
+        if self.disk_path.is_some() && self.disk_capacity.as_u64() < self.max_block_size.as_u64() {
+            return bad(format!(
+                "disk_capacity {} is smaller than max_block_size {}",
+                self.disk_capacity, self.max_block_size
+            ));
+        }
+        if self.reservation_timeout_ms == 0 {
+            return bad("reservation_timeout_ms is zero".into());
+        }
+        Ok(())
+    }
+
+    /// The reservation timeout as a duration.
+    pub fn reservation_timeout(&self) -> Duration {
+        Duration::from_millis(self.reservation_timeout_ms)
+    }
+
+    /// Where the disk index lives, when there is a disk tier.
+    pub fn index_path(&self) -> Option<PathBuf> {
+        self.disk_index_path.clone().or_else(|| {
+            self.disk_path.as_ref().map(|p| {
+                let mut s = p.clone().into_os_string();
+                s.push(".index");
+                PathBuf::from(s)
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_roundtrip_and_human_sizes() {
+        let d = NodeConfig::default();
+        d.validate().unwrap();
+        let json = serde_json::to_string(&d).unwrap();
+        let back: NodeConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, d);
+        let c: NodeConfig = serde_json::from_str(
+            r#"{"ram_capacity":"8GiB","eviction":"s3fifo","write_policy":"write-through",
+                "disk_admission":"seen-twice","disk_path":"/tmp/x"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.ram_capacity, ByteSize::gib(8));
+        assert_eq!(c.eviction, EvictionPolicy::S3fifo);
+        assert_eq!(c.write_policy, WritePolicy::WriteThrough);
+        assert_eq!(c.disk_admission, DiskAdmission::SeenTwice);
+        assert_eq!(c.index_path().unwrap(), PathBuf::from("/tmp/x.index"));
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_watermarks_are_refused() {
+        assert!(serde_json::from_str::<NodeConfig>(r#"{"ram_capcity":"1GiB"}"#).is_err());
+        let c = NodeConfig {
+            low_watermark: 0.9,
+            high_watermark: 0.5,
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

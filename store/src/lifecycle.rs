@@ -1,0 +1,320 @@
+//! Block lifecycle handles: `Reservation` (two-phase put: reserve -> write ->
+//! commit, revoked on drop or failure, reclaimed by the reaper after the
+//! timeout) and `ReadLease` (a RAM block that cannot be evicted or freed
+//! while the lease lives).
+//!
+//! Both are consuming/RAII types: a reservation is gone once committed or
+//! dropped; a lease releases on drop. The reservation's state word makes the
+//! owner and the zombie reaper race safely: whoever moves it from IDLE first
+//! owns the extent's fate, and nobody writes an extent after it is reclaimed.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvfabric_proto::v1::Tier;
+
+use crate::extent::Extent;
+use crate::keys::{BlockKey, KvLayout};
+use crate::metrics::OpName;
+use crate::state::{Block, RES_CLOSED, RES_IDLE, RES_WRITING};
+use crate::store::Shared;
+use crate::StoreError;
+
+/// What a put did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The key was already stored; nothing changed.
+    pub already_present: bool,
+    /// Fastest tier the block is in after the put.
+    pub tier: Tier,
+}
+
+/// Facts about one stored block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockInfo {
+    pub key: BlockKey,
+    pub layout: KvLayout,
+    pub len: u64,
+    pub checksum: u64,
+    pub tokens: u32,
+    /// Tier the read was served from (fastest holding the block).
+    pub tier: Tier,
+}
+
+/// Room reserved in the RAM arena for one block that is being written.
+pub struct Reservation {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: u64,
+    pub(crate) key: BlockKey,
+    pub(crate) extent: Extent,
+    pub(crate) len: u64,
+    pub(crate) layout: KvLayout,
+    pub(crate) tokens: u32,
+    pub(crate) durable: bool,
+    pub(crate) state: Arc<AtomicU8>,
+    pub(crate) started: Instant,
+}
+
+impl Reservation {
+    /// The block's key.
+    pub fn key(&self) -> &BlockKey {
+        &self.key
+    }
+
+    /// Exact number of bytes the block must have.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Always false: reservations hold at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Offset of the reserved bytes inside the RAM arena (the transfer segment).
+    pub fn region_offset(&self) -> u64 {
+        self.extent.offset
+    }
+
+    /// Write `data` at `offset` inside the block.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
+        let end = offset.checked_add(data.len() as u64);
+        if end.is_none_or(|e| e > self.len) {
+            return Err(StoreError::InvalidArgument(format!(
+                "write of {} bytes at {offset} exceeds the reserved size {}",
+                data.len(),
+                self.len
+            )));
+        }
+        self.with_bytes_mut(|buf| {
+            buf[offset as usize..offset as usize + data.len()].copy_from_slice(data)
+        })
+    }
+
+    /// Run `f` on the reserved bytes (exactly `len()` of them), e.g. to receive into them.
+    pub fn with_bytes_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, StoreError> {
+        if self
+            .state
+            .compare_exchange(RES_IDLE, RES_WRITING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(StoreError::ReservationExpired(format!("{:?}", self.key)));
+        }
+        // SAFETY: the extent belongs to this reservation and the WRITING state keeps the
+        // reaper from reclaiming it until we are done.
+        let buf = unsafe {
+            self.shared
+                .region
+                .slice_mut(self.extent.offset as usize, self.len as usize)
+        };
+        let out = buf.map(f).map_err(StoreError::from);
+        self.state.store(RES_IDLE, Ordering::Release);
+        out
+    }
+
+    /// Publish the block. With `checksum`, the bytes must hash to it (xxh3-64) or the
+    /// put fails and nothing is stored. A key stored meanwhile makes this a no-op success.
+    pub fn commit(self, checksum: Option<u64>) -> Result<PutOutcome, StoreError> {
+        if self
+            .state
+            .compare_exchange(RES_IDLE, RES_CLOSED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(StoreError::ReservationExpired(format!(
+                "{:?} was reclaimed before commit",
+                self.key
+            )));
+        }
+        // From here on this value alone owns the extent; Drop sees CLOSED and does nothing.
+        let shared = self.shared.clone();
+        let result = shared.commit_reservation(&self, checksum);
+        shared.metrics.observe(OpName::Put, self.started);
+        result
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self
+            .state
+            .compare_exchange(RES_IDLE, RES_CLOSED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let mut g = self.shared.inner.lock();
+            g.reservations.remove(&self.id);
+            g.ram.free(self.extent);
+        }
+    }
+}
+
+impl Shared {
+    fn commit_reservation(
+        &self,
+        r: &Reservation,
+        checksum: Option<u64>,
+    ) -> Result<PutOutcome, StoreError> {
+        // SAFETY: the reservation is CLOSED by its owner: nobody else touches the extent.
+        let bytes = unsafe { self.region.slice(r.extent.offset as usize, r.len as usize) }?;
+        let sum = xxhash_rust::xxh3::xxh3_64(bytes);
+        let mut g = self.inner.lock();
+        g.reservations.remove(&r.id);
+        if let Some(want) = checksum.filter(|&c| c != sum) {
+            g.ram.free(r.extent);
+            return Err(StoreError::InvalidArgument(format!(
+                "checksum mismatch: client said {want:#018x}, data hashes to {sum:#018x}"
+            )));
+        }
+        if g.blocks.contains_key(&r.key) {
+            g.ram.free(r.extent);
+            drop(g);
+            return self.already_present(&r.key, r.durable);
+        }
+        let block = Block {
+            layout: r.layout,
+            len: r.len,
+            checksum: sum,
+            tokens: r.tokens,
+            ram: Some(r.extent),
+            disk: None,
+            hard_pin: false,
+            soft_pin_until: None,
+            accesses: 1,
+            flushing: false,
+        };
+        let to_disk = r.durable || self.write_through(&g, &r.key, &block);
+        g.blocks.insert(r.key, block);
+        g.ram_order.insert(r.key);
+        if !to_disk {
+            return Ok(PutOutcome {
+                already_present: false,
+                tier: Tier::Ram,
+            });
+        }
+        drop(g);
+        self.flush_block(&r.key, r.durable)?;
+        Ok(PutOutcome {
+            already_present: false,
+            tier: Tier::Ram,
+        })
+    }
+
+    /// A put of a stored key: count the access and, for a durable put, make sure
+    /// the block is on disk with a synced index entry.
+    pub(crate) fn already_present(
+        &self,
+        key: &BlockKey,
+        durable: bool,
+    ) -> Result<PutOutcome, StoreError> {
+        let tier = {
+            let mut g = self.inner.lock();
+            match g.blocks.get_mut(key) {
+                Some(b) => {
+                    b.accesses = b.accesses.saturating_add(1);
+                    if b.ram.is_some() {
+                        Tier::Ram
+                    } else {
+                        Tier::Disk
+                    }
+                }
+                None => Tier::Unspecified,
+            }
+        };
+        if durable {
+            self.flush_block(key, true)?;
+        }
+        Ok(PutOutcome {
+            already_present: true,
+            tier,
+        })
+    }
+
+    /// Put `key` on disk if it is not there (synced when `durable`). Waits for a
+    /// disk write of the same block already in flight.
+    pub(crate) fn flush_block(&self, key: &BlockKey, durable: bool) -> Result<(), StoreError> {
+        let Some(disk) = self.disk.as_ref() else {
+            return Ok(());
+        };
+        loop {
+            let mut g = self.inner.lock();
+            let Some(b) = g.blocks.get_mut(key) else {
+                return Ok(());
+            };
+            if b.flushing {
+                drop(g);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                continue;
+            }
+            if b.disk.is_some() {
+                if durable {
+                    let rec = crate::disk::DiskRecord {
+                        extent: b.disk.unwrap_or(Extent { offset: 0, len: 0 }),
+                        len: b.len,
+                        checksum: b.checksum,
+                        tokens: b.tokens,
+                        layout: b.layout,
+                    };
+                    drop(g);
+                    disk.sync_data()?;
+                    disk.index_put(key, &rec, true)?;
+                }
+                return Ok(());
+            }
+            let Some(ram) = b.ram else { return Ok(()) };
+            b.flushing = true;
+            g.lease_ram(ram);
+            drop(g);
+            let written = self.write_to_disk(key, ram, durable);
+            let mut g = self.inner.lock();
+            g.unlease_ram(ram);
+            if let Some(b) = g.blocks.get_mut(key) {
+                b.flushing = false;
+            }
+            return match written {
+                Ok(true) => Ok(()),
+                Ok(false) if durable => Err(StoreError::ResourceExhausted(
+                    "disk tier full: durable put not acknowledged".into(),
+                )),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e),
+            };
+        }
+    }
+}
+
+/// A RAM-resident block held for reading: not evicted, not freed while this lives.
+pub struct ReadLease {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) extent: Extent,
+    pub(crate) info: BlockInfo,
+}
+
+impl ReadLease {
+    /// The block's bytes (exactly `info().len`).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: committed block bytes are never written, and the lease keeps the
+        // extent allocated; bounds were checked when the block was stored.
+        unsafe {
+            self.shared
+                .region
+                .slice(self.extent.offset as usize, self.info.len as usize)
+                .unwrap_or(&[])
+        }
+    }
+
+    /// Facts about the block.
+    pub fn info(&self) -> &BlockInfo {
+        &self.info
+    }
+
+    /// Offset of the block inside the RAM arena (the transfer segment).
+    pub fn region_offset(&self) -> u64 {
+        self.extent.offset
+    }
+}
+
+impl Drop for ReadLease {
+    fn drop(&mut self) {
+        self.shared.inner.lock().unlease_ram(self.extent);
+    }
+}

@@ -1,0 +1,98 @@
+//! `serve`: one node process — the gRPC CacheService (with server reflection)
+//! and the HTTP endpoints GET /metrics (Prometheus) and GET /health, both
+//! stopped by one shutdown future.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::NodeConfig;
+use crate::metrics::encode_text;
+use crate::service::CacheServer;
+use crate::store::Store;
+use crate::StoreError;
+
+/// Run a node with `cfg` until `shutdown` completes.
+pub async fn serve(
+    cfg: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StoreError> {
+    let grpc = TcpListener::bind(cfg.grpc_listen).await?;
+    let http = TcpListener::bind(cfg.http_listen).await?;
+    let (store, registry) = tokio::task::spawn_blocking(move || {
+        let mut registry = Registry::default();
+        Store::open(cfg, &mut registry).map(|s| (s, registry))
+    })
+    .await
+    .map_err(|e| StoreError::Server(format!("store open task: {e}")))??;
+    serve_store(store, registry, grpc, http, shutdown).await
+}
+
+/// Serve an opened `store` on already bound listeners (tests bind port 0).
+pub async fn serve_store(
+    store: Store,
+    registry: Registry,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), StoreError> {
+    let grpc_addr = grpc.local_addr()?;
+    let http_addr = http.local_addr()?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StoreError::Server(format!("reflection: {e}")))?;
+    let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
+    let cache = CacheServiceServer::new(CacheServer::new(store.clone(), grpc_addr.to_string()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(cache)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc),
+            stopped(stop_rx.clone()),
+        );
+
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(Arc::new((store, registry)));
+    let http_server = axum::serve(http, app).with_graceful_shutdown(stopped(stop_rx));
+
+    tracing::info!("node serving gRPC on {grpc_addr}, metrics/health on http://{http_addr}");
+    let (g, h) = tokio::join!(grpc_server, http_server);
+    g.map_err(|e| StoreError::Server(format!("grpc: {e}")))?;
+    h.map_err(|e| StoreError::Server(format!("http: {e}")))?;
+    Ok(())
+}
+
+async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoResponse {
+    let (store, registry) = &*state;
+    store.stats(); // refreshes the per-tier gauges
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        encode_text(registry),
+    )
+}

@@ -1,0 +1,296 @@
+//! `CacheServer`: kvfabric.v1.CacheService for a single node, over [`Store`].
+//!
+//! Input is validated before anything is stored (key length, layout, size
+//! limits, stream length vs header), so a bad request never damages stored
+//! blocks: a failed put drops its reservation, which frees its room. Store
+//! calls that may touch the disk run under `spawn_blocking`.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kvfabric_proto::v1::cache_service_server::CacheService;
+use kvfabric_proto::v1::{
+    ClusterStatusRequest, ClusterStatusResponse, ExistsRequest, ExistsResponse, GetHeader,
+    GetRequest, GetResponse, Holder, LookupRequest, LookupResponse, NodeStatus, PinRequest,
+    PinResponse, PutRequest, PutResponse, RemoveRequest, RemoveResponse, StatsRequest,
+    StatsResponse, UnpinRequest, UnpinResponse,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::keys::{BlockKey, KvLayout};
+use crate::store::{ReserveOutcome, Store};
+use crate::StoreError;
+
+/// Size of the data chunks of a Get stream.
+pub const GET_CHUNK: usize = 1 << 20;
+
+/// The gRPC face of one node's store.
+pub struct CacheServer {
+    store: Store,
+    grpc_addr: String,
+}
+
+impl CacheServer {
+    /// Serve `store`; `grpc_addr` is what ClusterStatus reports for this node.
+    pub fn new(store: Store, grpc_addr: String) -> Self {
+        CacheServer { store, grpc_addr }
+    }
+}
+
+fn parse_keys(keys: &[Vec<u8>]) -> Result<Vec<BlockKey>, Status> {
+    keys.iter()
+        .map(|k| BlockKey::from_slice(k).map_err(Status::from))
+        .collect()
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("store task failed: {e}")))?
+        .map_err(Status::from)
+}
+
+type GetStream = Pin<Box<dyn Stream<Item = Result<GetResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl CacheService for CacheServer {
+    async fn lookup(
+        &self,
+        req: Request<LookupRequest>,
+    ) -> Result<Response<LookupResponse>, Status> {
+        let req = req.into_inner();
+        let keys = parse_keys(&req.keys)?;
+        let found = self.store.lookup(&keys);
+        let node_id = self.store.config().node_id.clone();
+        let holders = if req.with_holders {
+            found
+                .iter()
+                .map(|i| Holder {
+                    node_id: node_id.clone(),
+                    tier: i.tier as i32,
+                    size: i.len,
+                    checksum: i.checksum,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(LookupResponse {
+            prefix_blocks: found.len() as u32,
+            holders,
+        }))
+    }
+
+    async fn exists(
+        &self,
+        req: Request<ExistsRequest>,
+    ) -> Result<Response<ExistsResponse>, Status> {
+        let keys = parse_keys(&req.into_inner().keys)?;
+        Ok(Response::new(ExistsResponse {
+            present: self.store.exists(&keys),
+        }))
+    }
+
+    async fn put(
+        &self,
+        req: Request<Streaming<PutRequest>>,
+    ) -> Result<Response<PutResponse>, Status> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty put stream"))?;
+        let header = first
+            .header
+            .ok_or_else(|| Status::invalid_argument("first put message carries no header"))?;
+        let key = BlockKey::from_slice(&header.key)?;
+        let layout_pb = header
+            .layout
+            .ok_or_else(|| Status::invalid_argument("put header has no layout"))?;
+        let layout = KvLayout::try_from(&layout_pb)?;
+        let size = header.size;
+        let max = self.store.config().max_block_size.as_u64();
+        if size == 0 || size > max {
+            return Err(Status::invalid_argument(format!(
+                "block size {size} is outside 1..={max} (max_block_size)"
+            )));
+        }
+        let too_long = |n: u64| {
+            Status::invalid_argument(format!(
+                "put data is longer than the declared size {size} ({n}+ bytes)"
+            ))
+        };
+        let short = |n: u64| {
+            Status::invalid_argument(format!("put data is {n} bytes, the header declared {size}"))
+        };
+        // Settle the common bad cases before reserving room (which may evict):
+        // an inline put is checked whole, a streamed one must have a second message.
+        let mut received = first.data.len() as u64;
+        let mut second = None;
+        if received > size {
+            return Err(too_long(received));
+        } else if received == size {
+            if let Some(m) = stream.message().await? {
+                if !m.data.is_empty() {
+                    return Err(too_long(received + m.data.len() as u64));
+                }
+            }
+        } else {
+            second = Some(stream.message().await?.ok_or_else(|| short(received))?);
+        }
+        let store = self.store.clone();
+        let (tokens, durable) = (header.tokens, header.durable);
+        let outcome = blocking(move || store.reserve(key, layout, size, tokens, durable)).await?;
+        let mut reservation = match outcome {
+            ReserveOutcome::Present(p) => {
+                // Idempotent: consume and check the stream, store nothing.
+                let mut next = second;
+                while let Some(m) = next.take() {
+                    received += m.data.len() as u64;
+                    if received > size {
+                        return Err(too_long(received));
+                    }
+                    next = stream.message().await?;
+                }
+                if received != size {
+                    return Err(short(received));
+                }
+                return Ok(Response::new(PutResponse {
+                    already_present: p.already_present,
+                    tier: p.tier as i32,
+                }));
+            }
+            ReserveOutcome::Reserved(r) => r,
+        };
+        // Dropping `reservation` on any error below revokes it.
+        reservation.write(0, &first.data)?;
+        let mut next = second;
+        while let Some(m) = next.take() {
+            let at = received;
+            received += m.data.len() as u64;
+            if received > size {
+                return Err(too_long(received));
+            }
+            reservation.write(at, &m.data)?;
+            next = stream.message().await?;
+        }
+        if received != size {
+            return Err(short(received));
+        }
+        let checksum = header.checksum;
+        let p = blocking(move || reservation.commit(checksum)).await?;
+        Ok(Response::new(PutResponse {
+            already_present: p.already_present,
+            tier: p.tier as i32,
+        }))
+    }
+
+    type GetStream = GetStream;
+
+    async fn get(&self, req: Request<GetRequest>) -> Result<Response<GetStream>, Status> {
+        let req = req.into_inner();
+        let key = BlockKey::from_slice(&req.key)?;
+        let store = self.store.clone();
+        let node_id = self.store.config().node_id.clone();
+        let messages = blocking(move || {
+            let Some(lease) = store.lease(&key)? else {
+                return Err(StoreError::NotFound(format!("block {key:?}")));
+            };
+            let bytes = lease.bytes();
+            let total = bytes.len() as u64;
+            let end = if req.length == 0 {
+                Some(total)
+            } else {
+                req.offset.checked_add(req.length)
+            };
+            let range = match end {
+                Some(end) if req.offset <= end && end <= total => req.offset as usize..end as usize,
+                _ => {
+                    return Err(StoreError::InvalidArgument(format!(
+                        "range {}+{} is outside the {total}-byte block",
+                        req.offset, req.length
+                    )))
+                }
+            };
+            let info = *lease.info();
+            let mut out = vec![GetResponse {
+                header: Some(GetHeader {
+                    size: info.len,
+                    layout: Some((&info.layout).into()),
+                    checksum: info.checksum,
+                    node_id,
+                    tier: info.tier as i32,
+                }),
+                data: Default::default(),
+            }];
+            for chunk in bytes[range].chunks(GET_CHUNK) {
+                out.push(GetResponse {
+                    header: None,
+                    data: chunk.to_vec(),
+                });
+            }
+            Ok(out)
+        })
+        .await?;
+        let s = futures::stream::iter(messages.into_iter().map(Ok)).boxed();
+        Ok(Response::new(s))
+    }
+
+    async fn remove(
+        &self,
+        req: Request<RemoveRequest>,
+    ) -> Result<Response<RemoveResponse>, Status> {
+        let keys = parse_keys(&req.into_inner().keys)?;
+        let store = self.store.clone();
+        let removed = blocking(move || store.remove(&keys)).await?;
+        Ok(Response::new(RemoveResponse {
+            removed: removed as u32,
+        }))
+    }
+
+    async fn pin(&self, req: Request<PinRequest>) -> Result<Response<PinResponse>, Status> {
+        let req = req.into_inner();
+        let keys = parse_keys(&req.keys)?;
+        let ttl = (req.ttl_ms > 0).then(|| Duration::from_millis(req.ttl_ms));
+        Ok(Response::new(PinResponse {
+            pinned: self.store.pin(&keys, ttl) as u32,
+        }))
+    }
+
+    async fn unpin(&self, req: Request<UnpinRequest>) -> Result<Response<UnpinResponse>, Status> {
+        let keys = parse_keys(&req.into_inner().keys)?;
+        Ok(Response::new(UnpinResponse {
+            unpinned: self.store.unpin(&keys) as u32,
+        }))
+    }
+
+    async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+        Ok(Response::new(self.store.stats()))
+    }
+
+    async fn cluster_status(
+        &self,
+        _req: Request<ClusterStatusRequest>,
+    ) -> Result<Response<ClusterStatusResponse>, Status> {
+        let s = self.store.stats();
+        let lookups = s.hit_blocks + s.miss_blocks;
+        let hit_ratio = if lookups == 0 {
+            0.0
+        } else {
+            s.hit_blocks as f64 / lookups as f64
+        };
+        Ok(Response::new(ClusterStatusResponse {
+            nodes: vec![NodeStatus {
+                node_id: s.node_id,
+                grpc_addr: self.grpc_addr.clone(),
+                transfer_addr: String::new(),
+                alive: true,
+                tiers: s.tiers,
+                hit_ratio,
+            }],
+        }))
+    }
+}

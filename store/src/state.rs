@@ -1,0 +1,241 @@
+//! The store's mutable state (`Inner`, behind one mutex) and its bookkeeping
+//! rules: which copies a block has, which extents are leased (being read or
+//! written to disk) and therefore must not be freed or reused yet.
+//!
+//! Critical sections are short: no I/O and no block-sized copies happen while
+//! the lock is held. Extents that are freed while leased are "doomed" and go
+//! back to their allocator when the last lease ends, so a reader never sees
+//! its bytes reused under it.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicU8;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::config::NodeConfig;
+use crate::extent::{Extent, ExtentAllocator};
+use crate::keys::{BlockKey, KvLayout};
+use crate::policy::EvictionOrder;
+
+/// One stored block and where its copies are.
+#[derive(Debug)]
+pub(crate) struct Block {
+    pub layout: KvLayout,
+    pub len: u64,
+    pub checksum: u64,
+    pub tokens: u32,
+    pub ram: Option<Extent>,
+    pub disk: Option<Extent>,
+    pub hard_pin: bool,
+    pub soft_pin_until: Option<Instant>,
+    /// Puts and reads seen (disk admission "seen-twice").
+    pub accesses: u32,
+    /// A write of this block to disk is in flight (demotion, write-through or durable put).
+    pub flushing: bool,
+}
+
+impl Block {
+    /// Hard-pinned, or soft-pinned with an unexpired TTL.
+    pub fn pinned(&self, now: Instant) -> bool {
+        self.hard_pin || self.soft_pin_until.is_some_and(|t| t > now)
+    }
+}
+
+/// A reservation's shared state word: lets the reaper and the owner race safely.
+pub(crate) const RES_IDLE: u8 = 0;
+pub(crate) const RES_WRITING: u8 = 1;
+pub(crate) const RES_CLOSED: u8 = 2;
+
+/// The store's record of an open reservation (the owner holds a `Reservation`).
+pub(crate) struct ReservationSlot {
+    pub extent: Extent,
+    pub deadline: Instant,
+    pub state: Arc<AtomicU8>,
+}
+
+/// Bounded memory of keys that were dropped from RAM without being admitted to
+/// disk, so a block seen again is admitted under "seen-twice".
+#[derive(Default)]
+pub(crate) struct SeenKeys {
+    order: VecDeque<BlockKey>,
+    set: HashSet<BlockKey>,
+}
+
+impl SeenKeys {
+    const CAP: usize = 1 << 16;
+
+    pub fn insert(&mut self, key: BlockKey) {
+        if self.set.insert(key) {
+            self.order.push_back(key);
+            while self.order.len() > Self::CAP {
+                if let Some(k) = self.order.pop_front() {
+                    self.set.remove(&k);
+                }
+            }
+        }
+    }
+
+    pub fn contains(&self, key: &BlockKey) -> bool {
+        self.set.contains(key)
+    }
+}
+
+/// Everything behind the store's mutex.
+pub(crate) struct Inner {
+    pub blocks: HashMap<BlockKey, Block>,
+    pub ram: ExtentAllocator,
+    pub ram_order: EvictionOrder,
+    pub ram_leases: HashMap<u64, u32>,
+    pub ram_doomed: HashMap<u64, Extent>,
+    pub disk: ExtentAllocator,
+    pub disk_order: EvictionOrder,
+    pub disk_reads: HashMap<u64, u32>,
+    pub disk_doomed: HashMap<u64, Extent>,
+    pub reservations: HashMap<u64, ReservationSlot>,
+    pub next_reservation: u64,
+    pub seen: SeenKeys,
+}
+
+impl Inner {
+    pub fn new(cfg: &NodeConfig, ram_capacity: u64, disk_capacity: u64, align: u64) -> Self {
+        Inner {
+            blocks: HashMap::new(),
+            ram: ExtentAllocator::new(ram_capacity, align),
+            ram_order: EvictionOrder::new(cfg.eviction),
+            ram_leases: HashMap::new(),
+            ram_doomed: HashMap::new(),
+            disk: ExtentAllocator::new(disk_capacity, align),
+            disk_order: EvictionOrder::new(cfg.eviction),
+            disk_reads: HashMap::new(),
+            disk_doomed: HashMap::new(),
+            reservations: HashMap::new(),
+            next_reservation: 0,
+            seen: SeenKeys::default(),
+        }
+    }
+
+    /// Count one more lease (reader or disk writer) on a RAM extent.
+    pub fn lease_ram(&mut self, ext: Extent) {
+        *self.ram_leases.entry(ext.offset).or_insert(0) += 1;
+    }
+
+    /// End a lease; a doomed extent goes back to the allocator with its last lease.
+    pub fn unlease_ram(&mut self, ext: Extent) {
+        if let Some(n) = self.ram_leases.get_mut(&ext.offset) {
+            *n -= 1;
+            if *n == 0 {
+                self.ram_leases.remove(&ext.offset);
+                if let Some(d) = self.ram_doomed.remove(&ext.offset) {
+                    self.ram.free(d);
+                }
+            }
+        }
+    }
+
+    /// Free a RAM extent now, or when its last lease ends.
+    pub fn release_ram(&mut self, ext: Extent) {
+        if self.ram_leases.contains_key(&ext.offset) {
+            self.ram_doomed.insert(ext.offset, ext);
+        } else {
+            self.ram.free(ext);
+        }
+    }
+
+    pub fn lease_disk(&mut self, ext: Extent) {
+        *self.disk_reads.entry(ext.offset).or_insert(0) += 1;
+    }
+
+    pub fn unlease_disk(&mut self, ext: Extent) {
+        if let Some(n) = self.disk_reads.get_mut(&ext.offset) {
+            *n -= 1;
+            if *n == 0 {
+                self.disk_reads.remove(&ext.offset);
+                if let Some(d) = self.disk_doomed.remove(&ext.offset) {
+                    self.disk.free(d);
+                }
+            }
+        }
+    }
+
+    pub fn release_disk(&mut self, ext: Extent) {
+        if self.disk_reads.contains_key(&ext.offset) {
+            self.disk_doomed.insert(ext.offset, ext);
+        } else {
+            self.disk.free(ext);
+        }
+    }
+
+    /// Drop the RAM copy of `key`; the block goes away if it had no other copy.
+    pub fn drop_ram_copy(&mut self, key: &BlockKey) {
+        let Some(b) = self.blocks.get_mut(key) else {
+            return;
+        };
+        let Some(ext) = b.ram.take() else { return };
+        let gone = b.disk.is_none();
+        self.ram_order.remove(key);
+        self.release_ram(ext);
+        if gone {
+            self.blocks.remove(key);
+        }
+    }
+
+    /// Drop the disk copy of `key` (the caller deletes the index entry).
+    pub fn drop_disk_copy(&mut self, key: &BlockKey) {
+        let Some(b) = self.blocks.get_mut(key) else {
+            return;
+        };
+        let Some(ext) = b.disk.take() else { return };
+        let gone = b.ram.is_none();
+        self.disk_order.remove(key);
+        self.release_disk(ext);
+        if gone {
+            self.blocks.remove(key);
+        }
+    }
+
+    /// Forget `key` entirely; true when it was stored.
+    pub fn remove_block(&mut self, key: &BlockKey) -> Option<Block> {
+        let b = self.blocks.remove(key)?;
+        if let Some(e) = b.ram {
+            self.ram_order.remove(key);
+            self.release_ram(e);
+        }
+        if let Some(e) = b.disk {
+            self.disk_order.remove(key);
+            self.release_disk(e);
+        }
+        Some(b)
+    }
+
+    /// A RAM-resident block that may be evicted now.
+    pub fn ram_victim(&mut self, now: Instant) -> Option<BlockKey> {
+        let Inner {
+            blocks,
+            ram_order,
+            ram_leases,
+            ..
+        } = self;
+        ram_order.victim(|k| {
+            blocks.get(k).is_some_and(|b| {
+                !b.pinned(now)
+                    && !b.flushing
+                    && b.ram.is_some_and(|e| !ram_leases.contains_key(&e.offset))
+            })
+        })
+    }
+
+    /// A disk-resident block whose disk copy may be dropped now.
+    pub fn disk_victim(&mut self, now: Instant) -> Option<BlockKey> {
+        let Inner {
+            blocks,
+            disk_order,
+            disk_reads,
+            ..
+        } = self;
+        disk_order.victim(|k| {
+            blocks.get(k).is_some_and(|b| {
+                !b.pinned(now) && b.disk.is_some_and(|e| !disk_reads.contains_key(&e.offset))
+            })
+        })
+    }
+}

@@ -1,0 +1,533 @@
+//! `Store`: one node's block cache (RAM arena + optional disk tier) and the
+//! local data path the connector uses without gRPC copies.
+//!
+//! A `Store` is a cheap clone of an `Arc`. Its methods block (disk I/O waits
+//! on the io_uring thread), so async callers run them under
+//! `tokio::task::spawn_blocking`. Puts are two-phase ([`Store::reserve`] ->
+//! [`Reservation::write`] -> [`Reservation::commit`]) or one call
+//! ([`Store::put`]); reads take a [`ReadLease`] or copy into a caller buffer.
+
+use std::sync::atomic::AtomicU8;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use kvfabric_proto::v1::{StatsResponse, Tier, TierStats};
+use kvfabric_transfer::SharedRegion;
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+
+use crate::config::NodeConfig;
+use crate::disk::{DiskTier, DISK_ALIGN};
+use crate::keys::{BlockKey, KvLayout};
+use crate::lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
+use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
+use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
+use crate::StoreError;
+
+/// State shared by every handle, lease and reservation of one store.
+pub(crate) struct Shared {
+    pub cfg: NodeConfig,
+    pub region: Arc<SharedRegion>,
+    pub disk: Option<DiskTier>,
+    pub metrics: StoreMetrics,
+    pub inner: Mutex<Inner>,
+    pub ram_high: u64,
+    pub ram_low: u64,
+    pub disk_high: u64,
+    pub disk_low: u64,
+}
+
+/// Options of a one-call put.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PutOptions {
+    /// Acknowledge only once on disk with a synced index entry.
+    pub durable: bool,
+    /// Tokens the block covers (metrics); 0 = the layout's block_tokens.
+    pub tokens: u32,
+    /// Expected xxh3-64 of the data; a mismatch fails the put.
+    pub checksum: Option<u64>,
+}
+
+/// Result of [`Store::reserve`].
+pub enum ReserveOutcome {
+    /// The key is already stored: nothing to write (idempotent put).
+    Present(PutOutcome),
+    /// Room reserved: write the bytes, then commit.
+    Reserved(Reservation),
+}
+
+/// Handle to one node's store.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Store {
+    /// Open the store: create the RAM arena, open (and recover) the disk tier,
+    /// register metrics into `registry`, start the zombie-reservation reaper.
+    pub fn open(cfg: NodeConfig, registry: &mut Registry) -> Result<Store, StoreError> {
+        cfg.validate()?;
+        let region = Arc::new(SharedRegion::create(
+            "kvfabric-ram-tier",
+            cfg.ram_capacity.as_u64() as usize,
+        )?);
+        let metrics = StoreMetrics::register(registry);
+        let (disk, records) = match (&cfg.disk_path, cfg.index_path()) {
+            (Some(path), Some(index)) => {
+                let (d, recs) = DiskTier::open(path, &index, cfg.disk_capacity.as_u64())?;
+                (Some(d), recs)
+            }
+            _ => (None, Vec::new()),
+        };
+        let ram_cap = region.len() as u64;
+        let disk_cap = disk.as_ref().map_or(0, |d| d.capacity());
+        let mut inner = Inner::new(&cfg, ram_cap, disk_cap, DISK_ALIGN);
+        let mut recovered = 0usize;
+        for (key, rec) in records {
+            if inner.disk.claim(rec.extent) {
+                inner.blocks.insert(
+                    key,
+                    Block {
+                        layout: rec.layout,
+                        len: rec.len,
+                        checksum: rec.checksum,
+                        tokens: rec.tokens,
+                        ram: None,
+                        disk: Some(rec.extent),
+                        hard_pin: false,
+                        soft_pin_until: None,
+                        accesses: 0,
+                        flushing: false,
+                    },
+                );
+                inner.disk_order.insert(key);
+                recovered += 1;
+            } else if let Some(d) = &disk {
+                tracing::warn!("disk index entry {key:?} overlaps another; dropped");
+                d.index_delete(&key)?;
+            }
+        }
+        if disk.is_some() {
+            tracing::info!("disk tier recovered {recovered} blocks");
+        }
+        let frac = |cap: u64, f: f64| ((cap as f64) * f) as u64;
+        let shared = Arc::new(Shared {
+            ram_high: frac(ram_cap, cfg.high_watermark),
+            ram_low: frac(ram_cap, cfg.low_watermark),
+            disk_high: frac(disk_cap, cfg.high_watermark),
+            disk_low: frac(disk_cap, cfg.low_watermark),
+            cfg,
+            region,
+            disk,
+            metrics,
+            inner: Mutex::new(inner),
+        });
+        spawn_reaper(Arc::downgrade(&shared));
+        Ok(Store { shared })
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &NodeConfig {
+        &self.shared.cfg
+    }
+
+    /// The RAM arena: register it as a transfer segment; leases and reservations give offsets in it.
+    pub fn region(&self) -> &Arc<SharedRegion> {
+        &self.shared.region
+    }
+
+    /// First phase of a put: validate, and reserve `len` bytes for `key` unless it is stored.
+    pub fn reserve(
+        &self,
+        key: BlockKey,
+        layout: KvLayout,
+        len: u64,
+        tokens: u32,
+        durable: bool,
+    ) -> Result<ReserveOutcome, StoreError> {
+        let started = Instant::now();
+        layout.validate()?;
+        let max = self.shared.cfg.max_block_size.as_u64();
+        if len == 0 || len > max {
+            return Err(StoreError::InvalidArgument(format!(
+                "block size {len} is outside 1..={max} (max_block_size)"
+            )));
+        }
+        if durable && self.shared.disk.is_none() {
+            return Err(StoreError::InvalidArgument(
+                "durable put needs a disk tier; this node has none".into(),
+            ));
+        }
+        self.reap_zombies();
+        if self.shared.inner.lock().blocks.contains_key(&key) {
+            return self
+                .shared
+                .already_present(&key, durable)
+                .map(ReserveOutcome::Present);
+        }
+        let extent = self.shared.alloc_ram(len)?;
+        let state = Arc::new(AtomicU8::new(RES_IDLE));
+        let id = {
+            let mut g = self.shared.inner.lock();
+            g.next_reservation += 1;
+            let id = g.next_reservation;
+            g.reservations.insert(
+                id,
+                ReservationSlot {
+                    extent,
+                    deadline: Instant::now() + self.shared.cfg.reservation_timeout(),
+                    state: state.clone(),
+                },
+            );
+            id
+        };
+        Ok(ReserveOutcome::Reserved(Reservation {
+            shared: self.shared.clone(),
+            id,
+            key,
+            extent,
+            len,
+            layout,
+            tokens: if tokens == 0 {
+                layout.block_tokens
+            } else {
+                tokens
+            },
+            durable,
+            state,
+            started,
+        }))
+    }
+
+    /// One-call put of `data` (reserve, copy, commit). Idempotent.
+    pub fn put(
+        &self,
+        key: BlockKey,
+        layout: KvLayout,
+        data: &[u8],
+        opts: PutOptions,
+    ) -> Result<PutOutcome, StoreError> {
+        match self.reserve(key, layout, data.len() as u64, opts.tokens, opts.durable)? {
+            ReserveOutcome::Present(p) => Ok(p),
+            ReserveOutcome::Reserved(mut r) => {
+                r.write(0, data)?;
+                r.commit(opts.checksum)
+            }
+        }
+    }
+
+    /// Lease `key` for reading from RAM, promoting it from disk if needed.
+    /// None = not stored (or its disk copy failed its checksum).
+    pub fn lease(&self, key: &BlockKey) -> Result<Option<ReadLease>, StoreError> {
+        let started = Instant::now();
+        let out = self.lease_inner(key);
+        self.shared.metrics.observe(OpName::Get, started);
+        out
+    }
+
+    fn lease_inner(&self, key: &BlockKey) -> Result<Option<ReadLease>, StoreError> {
+        let m = &self.shared.metrics;
+        for _ in 0..4 {
+            let mut g = self.shared.inner.lock();
+            let Some(b) = g.blocks.get_mut(key) else {
+                StoreMetrics::tier(&m.misses, TierName::Ram).inc();
+                if self.shared.disk.is_some() {
+                    StoreMetrics::tier(&m.misses, TierName::Disk).inc();
+                }
+                return Ok(None);
+            };
+            b.accesses = b.accesses.saturating_add(1);
+            let info = BlockInfo {
+                key: *key,
+                layout: b.layout,
+                len: b.len,
+                checksum: b.checksum,
+                tokens: b.tokens,
+                tier: Tier::Ram,
+            };
+            if let Some(ram) = b.ram {
+                g.lease_ram(ram);
+                g.ram_order.touch(*key);
+                StoreMetrics::tier(&m.hits, TierName::Ram).inc();
+                return Ok(Some(ReadLease {
+                    shared: self.shared.clone(),
+                    extent: ram,
+                    info,
+                }));
+            }
+            let Some(dext) = b.disk else { return Ok(None) };
+            StoreMetrics::tier(&m.misses, TierName::Ram).inc();
+            g.disk_order.touch(*key);
+            g.lease_disk(dext);
+            drop(g);
+            if self.shared.promote(key, dext)?.is_none() {
+                return Ok(None);
+            }
+            // Promoted: take the lease on the RAM copy in the next round.
+        }
+        Ok(None)
+    }
+
+    /// Copy `dst.len()` bytes of `key` starting at `offset` into `dst`.
+    /// None = not stored. A range past the block's end is an error.
+    pub fn get_into(
+        &self,
+        key: &BlockKey,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<Option<BlockInfo>, StoreError> {
+        let Some(lease) = self.lease(key)? else {
+            return Ok(None);
+        };
+        let bytes = lease.bytes();
+        let end = offset
+            .checked_add(dst.len() as u64)
+            .filter(|&e| e <= bytes.len() as u64);
+        let Some(end) = end else {
+            return Err(StoreError::InvalidArgument(format!(
+                "range {offset}+{} is outside the {}-byte block",
+                dst.len(),
+                bytes.len()
+            )));
+        };
+        dst.copy_from_slice(&bytes[offset as usize..end as usize]);
+        Ok(Some(*lease.info()))
+    }
+
+    /// Presence of each key (any tier).
+    pub fn exists(&self, keys: &[BlockKey]) -> Vec<bool> {
+        let started = Instant::now();
+        let g = self.shared.inner.lock();
+        let out = keys.iter().map(|k| g.blocks.contains_key(k)).collect();
+        drop(g);
+        self.shared.metrics.observe(OpName::Exists, started);
+        out
+    }
+
+    /// Length of the longest stored prefix of `keys` (prefix order), with the info of each.
+    pub fn lookup(&self, keys: &[BlockKey]) -> Vec<BlockInfo> {
+        let started = Instant::now();
+        let g = self.shared.inner.lock();
+        let mut found = Vec::new();
+        for k in keys {
+            let Some(b) = g.blocks.get(k) else { break };
+            found.push(BlockInfo {
+                key: *k,
+                layout: b.layout,
+                len: b.len,
+                checksum: b.checksum,
+                tokens: b.tokens,
+                tier: if b.ram.is_some() {
+                    Tier::Ram
+                } else {
+                    Tier::Disk
+                },
+            });
+        }
+        drop(g);
+        let m = &self.shared.metrics;
+        let hit_tokens: u64 = found.iter().map(|i| i.tokens as u64).sum();
+        let per_block = found.first().map_or(0, |i| i.tokens as u64);
+        let missed = (keys.len() - found.len()) as u64;
+        m.lookup_hit_blocks.inc_by(found.len() as u64);
+        m.lookup_hit_tokens.inc_by(hit_tokens);
+        m.lookup_miss_blocks.inc_by(missed);
+        m.lookup_miss_tokens.inc_by(missed * per_block);
+        m.observe(OpName::Lookup, started);
+        found
+    }
+
+    /// Drop `keys` from every tier; returns how many were stored.
+    pub fn remove(&self, keys: &[BlockKey]) -> Result<usize, StoreError> {
+        let started = Instant::now();
+        let mut dropped_disk = Vec::new();
+        let mut n = 0;
+        {
+            let mut g = self.shared.inner.lock();
+            for k in keys {
+                if let Some(b) = g.remove_block(k) {
+                    n += 1;
+                    if b.disk.is_some() {
+                        dropped_disk.push(*k);
+                    }
+                }
+            }
+        }
+        if let Some(d) = &self.shared.disk {
+            for k in &dropped_disk {
+                d.index_delete(k)?;
+            }
+        }
+        self.shared.metrics.observe(OpName::Remove, started);
+        Ok(n)
+    }
+
+    /// Pin `keys`: hard (never evicted until unpinned) with `ttl` None, soft otherwise.
+    pub fn pin(&self, keys: &[BlockKey], ttl: Option<Duration>) -> usize {
+        let now = Instant::now();
+        let mut g = self.shared.inner.lock();
+        let mut n = 0;
+        for k in keys {
+            if let Some(b) = g.blocks.get_mut(k) {
+                n += 1;
+                match ttl {
+                    None => b.hard_pin = true,
+                    Some(t) => {
+                        let until = now + t;
+                        b.soft_pin_until = Some(b.soft_pin_until.map_or(until, |u| u.max(until)));
+                    }
+                }
+            }
+        }
+        n
+    }
+
+    /// Remove hard and soft pins of `keys`; returns how many were pinned.
+    pub fn unpin(&self, keys: &[BlockKey]) -> usize {
+        let now = Instant::now();
+        let mut g = self.shared.inner.lock();
+        let mut n = 0;
+        for k in keys {
+            if let Some(b) = g.blocks.get_mut(k) {
+                if b.pinned(now) {
+                    n += 1;
+                }
+                b.hard_pin = false;
+                b.soft_pin_until = None;
+            }
+        }
+        n
+    }
+
+    /// Reclaim reservations older than the timeout; returns how many.
+    pub fn reap_zombies(&self) -> usize {
+        reap(&self.shared)
+    }
+
+    /// Per-tier gauges and counters (also refreshes the Prometheus gauges).
+    pub fn stats(&self) -> StatsResponse {
+        let s = &self.shared;
+        let (ram_used, ram_blocks, disk_used, disk_blocks) = {
+            let g = s.inner.lock();
+            let ram_blocks = g.blocks.values().filter(|b| b.ram.is_some()).count() as u64;
+            let disk_blocks = g.blocks.values().filter(|b| b.disk.is_some()).count() as u64;
+            (g.ram.used(), ram_blocks, g.disk.used(), disk_blocks)
+        };
+        let mut tiers = vec![self.tier_stats(
+            Tier::Ram,
+            TierName::Ram,
+            s.region.len() as u64,
+            ram_used,
+            ram_blocks,
+        )];
+        if let Some(d) = &s.disk {
+            tiers.push(self.tier_stats(
+                Tier::Disk,
+                TierName::Disk,
+                d.capacity(),
+                disk_used,
+                disk_blocks,
+            ));
+        }
+        let m = &s.metrics;
+        StatsResponse {
+            node_id: s.cfg.node_id.clone(),
+            tiers,
+            hit_blocks: m.lookup_hit_blocks.get(),
+            miss_blocks: m.lookup_miss_blocks.get(),
+            hit_tokens: m.lookup_hit_tokens.get(),
+            miss_tokens: m.lookup_miss_tokens.get(),
+        }
+    }
+
+    fn tier_stats(
+        &self,
+        tier: Tier,
+        name: TierName,
+        cap: u64,
+        used: u64,
+        blocks: u64,
+    ) -> TierStats {
+        let m = &self.shared.metrics;
+        let label = TierLabel { tier: name };
+        m.capacity_bytes.get_or_create(&label).set(cap as i64);
+        m.used_bytes.get_or_create(&label).set(used as i64);
+        m.blocks.get_or_create(&label).set(blocks as i64);
+        let c = |f: &prometheus_client::metrics::family::Family<
+            TierLabel,
+            prometheus_client::metrics::counter::Counter,
+        >| { f.get_or_create(&label).get() };
+        TierStats {
+            tier: tier as i32,
+            capacity_bytes: cap,
+            used_bytes: used,
+            blocks,
+            hits: c(&m.hits),
+            misses: c(&m.misses),
+            evictions: c(&m.evictions),
+            promotions: c(&m.promotions),
+            demotions: c(&m.demotions),
+            checksum_failures: c(&m.checksum_failures),
+        }
+    }
+}
+
+fn reap(s: &Shared) -> usize {
+    let now = Instant::now();
+    let mut g = s.inner.lock();
+    let expired: Vec<u64> = g
+        .reservations
+        .iter()
+        .filter(|(_, r)| r.deadline <= now)
+        .map(|(&id, _)| id)
+        .collect();
+    let mut n = 0;
+    for id in expired {
+        let Some(slot) = g.reservations.get(&id) else {
+            continue;
+        };
+        let won = slot
+            .state
+            .compare_exchange(
+                RES_IDLE,
+                RES_CLOSED,
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .is_ok();
+        if won {
+            if let Some(slot) = g.reservations.remove(&id) {
+                g.ram.free(slot.extent);
+                n += 1;
+            }
+        }
+    }
+    drop(g);
+    s.metrics.reservations_reclaimed.inc_by(n as u64);
+    if n > 0 {
+        tracing::info!("reclaimed {n} zombie reservations");
+    }
+    n
+}
+
+fn spawn_reaper(shared: Weak<Shared>) {
+    let period = shared
+        .upgrade()
+        .map(|s| s.cfg.reservation_timeout() / 4)
+        .unwrap_or_default()
+        .clamp(Duration::from_millis(10), Duration::from_millis(500));
+    let spawned = std::thread::Builder::new()
+        .name("kvfabric-reaper".into())
+        .spawn(move || loop {
+            std::thread::sleep(period);
+            match shared.upgrade() {
+                Some(s) => {
+                    reap(&s);
+                }
+                None => return,
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("no reaper thread ({e}); zombies are reclaimed on reserve only");
+    }
+}

@@ -1,0 +1,344 @@
+//! The gRPC CacheService and HTTP endpoints of a node, over loopback.
+
+use std::time::Duration;
+
+use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
+use kvfabric_proto::v1::{
+    ExistsRequest, GetRequest, KvLayout, LookupRequest, PinRequest, PutHeader, PutRequest,
+    RemoveRequest, StatsRequest, UnpinRequest,
+};
+use kvfabric_store::{serve_store, NodeConfig, Registry, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const BLOCK: usize = 2 * 2 * 1024 * 64 * 4; // layout(): 2 layers x K,V x 1024 tokens x 64 x f32
+
+fn layout() -> KvLayout {
+    KvLayout {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 64,
+        dtype: 1,
+        block_tokens: 1024,
+        order: 1,
+    }
+}
+
+fn key(i: u8) -> Vec<u8> {
+    vec![i; 32]
+}
+
+fn data(i: u8) -> Vec<u8> {
+    (0..BLOCK).map(|j| (j as u8) ^ i).collect()
+}
+
+fn put_msgs(
+    k: Vec<u8>,
+    size: u64,
+    chunks: Vec<Vec<u8>>,
+    layout: Option<KvLayout>,
+) -> Vec<PutRequest> {
+    let mut msgs = Vec::new();
+    for (n, c) in chunks.into_iter().enumerate() {
+        msgs.push(PutRequest {
+            header: (n == 0).then(|| PutHeader {
+                key: k.clone(),
+                layout,
+                size,
+                ..Default::default()
+            }),
+            data: c,
+        });
+    }
+    msgs
+}
+
+async fn start(ram_blocks: usize) -> (String, String, tokio::sync::oneshot::Sender<()>) {
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::b((ram_blocks * BLOCK) as u64),
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
+        ..Default::default()
+    };
+    let mut registry = Registry::default();
+    let store = Store::open(cfg, &mut registry).unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (g, h) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve_store(store, registry, grpc, http, async {
+        let _ = rx.await;
+    }));
+    (format!("http://{g}"), h.to_string(), tx)
+}
+
+async fn http_get(addr: &str, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn put_get_lookup_errors_and_metrics() {
+    let (url, http, stop) = start(3).await;
+    let mut c = CacheServiceClient::connect(url).await.unwrap();
+    c = c
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(8 << 20);
+
+    // Inline put, then a client-streamed put in 3 chunks.
+    let r = c
+        .put(tokio_stream::iter(put_msgs(
+            key(1),
+            BLOCK as u64,
+            vec![data(1)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.already_present);
+    let d2 = data(2);
+    let chunks = vec![
+        d2[..1000].to_vec(),
+        d2[1000..70000].to_vec(),
+        d2[70000..].to_vec(),
+    ];
+    c.put(tokio_stream::iter(put_msgs(
+        key(2),
+        BLOCK as u64,
+        chunks,
+        Some(layout()),
+    )))
+    .await
+    .unwrap();
+    // Idempotent.
+    let again = c
+        .put(tokio_stream::iter(put_msgs(
+            key(1),
+            BLOCK as u64,
+            vec![data(9)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.already_present);
+
+    // Get streams the header then the bytes; ranges work.
+    let mut s = c
+        .get(GetRequest {
+            key: key(2),
+            offset: 0,
+            length: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let first = s.message().await.unwrap().unwrap();
+    assert_eq!(first.header.unwrap().size, BLOCK as u64);
+    let mut got = first.data;
+    while let Some(m) = s.message().await.unwrap() {
+        got.extend_from_slice(&m.data);
+    }
+    assert_eq!(got, d2);
+    let mut s = c
+        .get(GetRequest {
+            key: key(2),
+            offset: 10,
+            length: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut part = Vec::new();
+    while let Some(m) = s.message().await.unwrap() {
+        part.extend_from_slice(&m.data);
+    }
+    assert_eq!(part, d2[10..15]);
+    let miss = c
+        .get(GetRequest {
+            key: key(7),
+            offset: 0,
+            length: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(miss.code(), Code::NotFound);
+
+    let ex = c
+        .exists(ExistsRequest {
+            keys: vec![key(1), key(3), key(2)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ex.present, vec![true, false, true]);
+    let lk = c
+        .lookup(LookupRequest {
+            keys: vec![key(1), key(2), key(3), key(1)],
+            with_holders: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((lk.prefix_blocks, lk.holders.len()), (2, 2));
+
+    // Bad inputs: each its status code, nothing stored damaged.
+    let bad_key = c
+        .exists(ExistsRequest {
+            keys: vec![vec![1; 31]],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_key.code(), Code::InvalidArgument);
+    let bad_put_key = c
+        .put(tokio_stream::iter(put_msgs(
+            vec![1; 33],
+            BLOCK as u64,
+            vec![data(1)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(bad_put_key.code(), Code::InvalidArgument);
+    let mut unknown = layout();
+    unknown.dtype = 42;
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(4),
+            BLOCK as u64,
+            vec![data(4)],
+            Some(unknown),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("dtype"));
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(4),
+            3 * BLOCK as u64,
+            vec![data(4)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("max_block_size"), "{e}");
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(4),
+            BLOCK as u64 + 1,
+            vec![data(4)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("declared"), "{e}");
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(4),
+            BLOCK as u64 - 1,
+            vec![data(4)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    // A wrong-size put of an existing key is refused too and changes nothing.
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(1),
+            7,
+            vec![data(1)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+
+    // Everything pinned and no room: RESOURCE_EXHAUSTED.
+    c.put(tokio_stream::iter(put_msgs(
+        key(3),
+        BLOCK as u64,
+        vec![data(3)],
+        Some(layout()),
+    )))
+    .await
+    .unwrap();
+    let p = c
+        .pin(PinRequest {
+            keys: vec![key(1), key(2), key(3)],
+            ttl_ms: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(p.into_inner().pinned, 3);
+    let e = c
+        .put(tokio_stream::iter(put_msgs(
+            key(5),
+            BLOCK as u64,
+            vec![data(5)],
+            Some(layout()),
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    for i in 1..=3u8 {
+        let mut s = c
+            .get(GetRequest {
+                key: key(i),
+                offset: 0,
+                length: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let mut got = Vec::new();
+        while let Some(m) = s.message().await.unwrap() {
+            got.extend_from_slice(&m.data);
+        }
+        assert_eq!(got, data(i), "block {i} damaged");
+    }
+    let u = c
+        .unpin(UnpinRequest {
+            keys: vec![key(1), key(2), key(3)],
+        })
+        .await
+        .unwrap();
+    assert_eq!(u.into_inner().unpinned, 3);
+    let rm = c
+        .remove(RemoveRequest {
+            keys: vec![key(3), key(8)],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(rm.removed, 1);
+
+    let st = c.stats(StatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.tiers[0].blocks, 2);
+    assert!(st.tiers[0].hits >= 5);
+
+    let health = http_get(&http, "/health").await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let metrics = http_get(&http, "/metrics").await;
+    for name in [
+        "kvfabric_store_used_bytes{tier=\"Ram\"}",
+        "kvfabric_store_hits_total",
+        "kvfabric_store_checksum_failures",
+        "kvfabric_store_op_seconds_bucket",
+        "kvfabric_store_lookup_hit_tokens_total",
+    ] {
+        assert!(metrics.contains(name), "missing {name} in\n{metrics}");
+    }
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}

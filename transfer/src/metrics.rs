@@ -1,0 +1,88 @@
+//! Prometheus metrics of the transfer engine: bytes and ops per transport and
+//! direction, errors, ops in flight. Registered into the registry the node
+//! passes in (no global singletons).
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Transport label.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum TransportLabel {
+    Tcp,
+    Shm,
+    Rdma,
+}
+
+/// Direction label: ops this node initiated (read/write) or served for a peer.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum DirectionLabel {
+    Read,
+    Write,
+    ServedRead,
+    ServedWrite,
+}
+
+/// Labels of the per-transport counters.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FlowLabels {
+    pub transport: TransportLabel,
+    pub direction: DirectionLabel,
+}
+
+/// Labels of the error counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub transport: TransportLabel,
+}
+
+/// The engine's metric handles (cheap to clone: all are shared atomics).
+#[derive(Debug, Clone, Default)]
+pub struct TransferMetrics {
+    pub bytes: Family<FlowLabels, Counter>,
+    pub ops: Family<FlowLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
+    pub in_flight_ops: Gauge,
+}
+
+impl TransferMetrics {
+    /// Create the metrics and register them under `kvfabric_transfer_*`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = TransferMetrics::default();
+        let sub = registry.sub_registry_with_prefix("kvfabric_transfer");
+        sub.register(
+            "bytes",
+            "Bytes moved, per transport and direction",
+            m.bytes.clone(),
+        );
+        sub.register(
+            "ops",
+            "Ops completed successfully, per transport and direction",
+            m.ops.clone(),
+        );
+        sub.register("errors", "Ops failed, per transport", m.errors.clone());
+        sub.register(
+            "in_flight_ops",
+            "Ops submitted and not yet completed",
+            m.in_flight_ops.clone(),
+        );
+        m
+    }
+
+    /// Count one successful op of `bytes`.
+    pub fn op_done(&self, transport: TransportLabel, direction: DirectionLabel, bytes: u64) {
+        let l = FlowLabels {
+            transport,
+            direction,
+        };
+        self.bytes.get_or_create(&l).inc_by(bytes);
+        self.ops.get_or_create(&l).inc();
+    }
+
+    /// Count one failed op.
+    pub fn op_failed(&self, transport: TransportLabel) {
+        self.errors.get_or_create(&ErrorLabels { transport }).inc();
+    }
+}

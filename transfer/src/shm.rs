@@ -1,0 +1,409 @@
+//! The shm transport (peers on the same host): the owner checks every range of
+//! a batch over a Unix socket and hands out segment memfds with SCM_RIGHTS; the
+//! initiator maps them once and then each op is one memcpy.
+//!
+//! The range check is one round trip per batch and is done by the segment's
+//! owner, so a segment unregistered there is refused even if it is still mapped
+//! here.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::engine::{Inner, PreparedOp};
+use crate::io_util::bounded;
+use crate::metrics::{DirectionLabel, TransportLabel};
+use crate::op::{Notification, OpKind};
+use crate::protocol::{checksum, MAX_NOTIFY_BYTES};
+use crate::segment::SegmentId;
+use crate::{SharedRegion, TransferError};
+
+const KIND_CHECK: u8 = 1;
+const KIND_MAP: u8 = 2;
+const KIND_NOTIFY: u8 = 3;
+const ST_OK: u8 = 0;
+const ST_UNKNOWN: u8 = 1;
+const ST_OOB: u8 = 2;
+/// Ops above this many bytes in total are copied on a blocking thread.
+const INLINE_COPY_BYTES: u64 = 1 << 20;
+
+/// The abstract socket name of an engine's shm service.
+pub(crate) fn socket_name(pid: u32, port: u16) -> String {
+    format!("kvfabric-transfer-{pid}-{port}")
+}
+
+/// Bind the shm service socket (abstract namespace: nothing to clean up).
+pub(crate) fn bind(name: &str) -> Result<UnixListener, TransferError> {
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+    std_listener.set_nonblocking(true)?;
+    Ok(UnixListener::from_std(std_listener)?)
+}
+
+/// Serve local peers until the task is aborted.
+pub(crate) async fn accept_loop(listener: UnixListener, inner: Arc<Inner>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let inner = inner.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve(stream, &inner).await {
+                        tracing::debug!(error = %e, "shm connection closed");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "shm accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve(mut s: UnixStream, inner: &Inner) -> Result<(), TransferError> {
+    let peer_pid = s.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0) as u32;
+    let timeout = inner.config.op_timeout();
+    loop {
+        let mut head = [0u8; 5];
+        if s.read_exact(&mut head).await.is_err() {
+            return Ok(());
+        }
+        let count = u32::from_le_bytes([head[1], head[2], head[3], head[4]]);
+        match head[0] {
+            KIND_CHECK => {
+                let mut body = vec![0u8; count as usize * 24];
+                bounded("shm peer", timeout, s.read_exact(&mut body)).await?;
+                let mut reply = Vec::with_capacity(count as usize * 9);
+                for r in body.chunks_exact(24) {
+                    let (seg, off, len) = (u64_at(r, 0), u64_at(r, 8), u64_at(r, 16));
+                    let (st, aux) = match inner.segments.resolve("target", seg, off, len) {
+                        Ok(_) => (ST_OK, 0),
+                        Err(TransferError::OutOfBounds { segment_len, .. }) => {
+                            (ST_OOB, segment_len)
+                        }
+                        Err(_) => (ST_UNKNOWN, 0),
+                    };
+                    reply.push(st);
+                    reply.extend_from_slice(&aux.to_le_bytes());
+                }
+                bounded("shm peer", timeout, s.write_all(&reply)).await?;
+            }
+            KIND_MAP => {
+                let mut seg = [0u8; 8];
+                bounded("shm peer", timeout, s.read_exact(&mut seg)).await?;
+                let region = inner.segments.get(SegmentId(u64::from_le_bytes(seg)));
+                let mut reply = [0u8; 9];
+                reply[0] = if region.is_some() { ST_OK } else { ST_UNKNOWN };
+                let len = region.as_ref().map_or(0, |r| r.len() as u64);
+                reply[1..].copy_from_slice(&len.to_le_bytes());
+                let fd = region.as_ref().map(|r| r.raw_fd());
+                let sock = s.as_raw_fd();
+                let sent = bounded(
+                    "shm peer",
+                    timeout,
+                    s.async_io(Interest::WRITABLE, || send_with_fd(sock, &reply, fd)),
+                )
+                .await?;
+                bounded("shm peer", timeout, s.write_all(&reply[sent..])).await?;
+            }
+            KIND_NOTIFY if u64::from(count) <= MAX_NOTIFY_BYTES => {
+                let mut payload = vec![0u8; count as usize];
+                bounded("shm peer", timeout, s.read_exact(&mut payload)).await?;
+                let _ = inner.notify_tx.send(Notification {
+                    from_pid: peer_pid,
+                    payload,
+                });
+                bounded("shm peer", timeout, s.write_all(&[ST_OK])).await?;
+            }
+            k => {
+                return Err(TransferError::InvalidArgument(format!(
+                    "bad shm request kind {k} / size {count}"
+                )))
+            }
+        }
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// An initiator's link to one local peer: the control socket and the peer
+/// segments mapped so far.
+#[derive(Debug)]
+pub(crate) struct ShmLink {
+    stream: UnixStream,
+    mapped: HashMap<u64, Arc<SharedRegion>>,
+}
+
+impl ShmLink {
+    pub(crate) fn connect(name: &str) -> Result<Self, TransferError> {
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
+        s.set_nonblocking(true)?;
+        Ok(ShmLink {
+            stream: UnixStream::from_std(s)?,
+            mapped: HashMap::new(),
+        })
+    }
+
+    async fn map(
+        &mut self,
+        inner: &Inner,
+        peer: &str,
+        seg: u64,
+    ) -> Result<Arc<SharedRegion>, TransferError> {
+        if let Some(r) = self.mapped.get(&seg) {
+            return Ok(r.clone());
+        }
+        let timeout = inner.config.op_timeout();
+        let mut req = [0u8; 13];
+        req[0] = KIND_MAP;
+        req[1..5].copy_from_slice(&1u32.to_le_bytes());
+        req[5..].copy_from_slice(&seg.to_le_bytes());
+        bounded(peer, timeout, self.stream.write_all(&req)).await?;
+        let mut reply = [0u8; 9];
+        let sock = self.stream.as_raw_fd();
+        let (n, fd) = bounded(
+            peer,
+            timeout,
+            self.stream
+                .async_io(Interest::READABLE, || recv_with_fd(sock, &mut reply)),
+        )
+        .await?;
+        if n == 0 {
+            return Err(TransferError::Connection {
+                peer: peer.into(),
+                reason: "closed".into(),
+            });
+        }
+        bounded(peer, timeout, self.stream.read_exact(&mut reply[n..])).await?;
+        let len = u64_at(&reply, 1) as usize;
+        match (reply[0], fd) {
+            (ST_OK, Some(fd)) => {
+                let region = Arc::new(SharedRegion::from_fd(fd, len)?);
+                self.mapped.insert(seg, region.clone());
+                Ok(region)
+            }
+            _ => Err(TransferError::UnknownSegment {
+                side: peer.into(),
+                segment: seg,
+            }),
+        }
+    }
+
+    /// Run a batch; `Err` means the link broke and every op failed with it.
+    pub(crate) async fn run_batch(
+        &mut self,
+        inner: &Inner,
+        peer: &str,
+        ops: Vec<PreparedOp>,
+    ) -> Result<Vec<Result<(), TransferError>>, TransferError> {
+        let timeout = inner.config.op_timeout();
+        let mut req = Vec::with_capacity(5 + ops.len() * 24);
+        req.push(KIND_CHECK);
+        req.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+        for p in &ops {
+            for v in [p.op.remote.0, p.op.remote_offset, p.op.len] {
+                req.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        bounded(peer, timeout, self.stream.write_all(&req)).await?;
+        let mut reply = vec![0u8; ops.len() * 9];
+        bounded(peer, timeout, self.stream.read_exact(&mut reply)).await?;
+        let mut results: Vec<Result<(), TransferError>> = Vec::with_capacity(ops.len());
+        let mut copies = Vec::new();
+        for (p, st) in ops.into_iter().zip(reply.chunks_exact(9)) {
+            let refused = match st[0] {
+                ST_OK => None,
+                ST_OOB => Some(TransferError::OutOfBounds {
+                    offset: p.op.remote_offset,
+                    len: p.op.len,
+                    segment_len: u64_at(st, 1),
+                }),
+                _ => Some(TransferError::UnknownSegment {
+                    side: peer.into(),
+                    segment: p.op.remote.0,
+                }),
+            };
+            if let Some(e) = refused {
+                self.mapped.remove(&p.op.remote.0);
+                results.push(Err(e));
+                continue;
+            }
+            match self.map(inner, peer, p.op.remote.0).await {
+                Ok(remote) => {
+                    copies.push((results.len(), p, remote));
+                    results.push(Ok(()));
+                }
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        let total: u64 = copies.iter().map(|(_, p, _)| p.op.len).sum();
+        let corrupt: Vec<bool> = copies
+            .iter()
+            .map(|(_, p, _)| p.op.checksum && inner.take_corruption())
+            .collect();
+        let outcomes = if total > INLINE_COPY_BYTES {
+            let work: Vec<_> = copies
+                .iter()
+                .map(|(i, p, r)| (*i, p.clone(), r.clone()))
+                .collect();
+            tokio::task::spawn_blocking(move || copy_all(&work, &corrupt))
+                .await
+                .map_err(|e| TransferError::Io(format!("copy task failed: {e}")))?
+        } else {
+            copy_all(&copies, &corrupt)
+        };
+        for ((i, p, _), outcome) in copies.iter().zip(outcomes) {
+            let (dir, bytes) = match p.op.kind {
+                OpKind::Read => (DirectionLabel::Read, p.op.len),
+                OpKind::Write => (DirectionLabel::Write, p.op.len),
+            };
+            match outcome {
+                Ok(()) => inner.metrics.op_done(TransportLabel::Shm, dir, bytes),
+                Err(ref _e) => inner.metrics.op_failed(TransportLabel::Shm),
+            }
+            results[*i] = outcome;
+        }
+        Ok(results)
+    }
+
+    /// Deliver a notification.
+    pub(crate) async fn notify(
+        &mut self,
+        inner: &Inner,
+        peer: &str,
+        payload: &[u8],
+    ) -> Result<(), TransferError> {
+        let timeout = inner.config.op_timeout();
+        let mut req = vec![KIND_NOTIFY];
+        req.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        req.extend_from_slice(payload);
+        bounded(peer, timeout, self.stream.write_all(&req)).await?;
+        let mut st = [0u8; 1];
+        bounded(peer, timeout, self.stream.read_exact(&mut st)).await?;
+        Ok(())
+    }
+}
+
+/// Copy every op (memmove: a self-transfer may overlap) and verify checksums.
+fn copy_all(
+    copies: &[(usize, PreparedOp, Arc<SharedRegion>)],
+    corrupt: &[bool],
+) -> Vec<Result<(), TransferError>> {
+    copies
+        .iter()
+        .zip(corrupt)
+        .map(|((_, p, remote), &corrupt)| {
+            let (src, src_off, dst, dst_off) = match p.op.kind {
+                OpKind::Read => (remote, p.op.remote_offset, &p.local, p.op.local_offset),
+                OpKind::Write => (&p.local, p.op.local_offset, remote, p.op.remote_offset),
+            };
+            let len = p.op.len as usize;
+            // Both ranges were checked: the local one at prepare, the remote
+            // one by its owner in this batch's CHECK round trip.
+            src.check(src_off as usize, len)?;
+            dst.check(dst_off as usize, len)?;
+            // SAFETY: ranges checked above; owners coordinate concurrent access.
+            let want =
+                p.op.checksum
+                    .then(|| checksum(unsafe { src.slice(src_off as usize, len) }.unwrap_or(&[])));
+            unsafe {
+                std::ptr::copy(
+                    src.as_ptr().add(src_off as usize),
+                    dst.as_ptr().add(dst_off as usize),
+                    len,
+                );
+                if corrupt && len > 0 {
+                    *dst.as_ptr().add(dst_off as usize) ^= 0xff;
+                }
+            }
+            if let Some(want) = want {
+                // SAFETY: as above.
+                let got = checksum(unsafe { dst.slice(dst_off as usize, len) }.unwrap_or(&[]));
+                if got != want {
+                    return Err(TransferError::Checksum {
+                        segment: p.op.remote.0,
+                        offset: p.op.remote_offset,
+                        len: p.op.len,
+                    });
+                }
+            }
+            Ok(())
+        })
+        .collect()
+}
+
+/// sendmsg with an optional fd attached (SCM_RIGHTS).
+fn send_with_fd(sock: RawFd, data: &[u8], fd: Option<RawFd>) -> std::io::Result<usize> {
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // u64 storage keeps the control buffer aligned for cmsghdr.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer in it outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: the control buffer is large enough for one fd (checked by CMSG_SPACE).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+        }
+    }
+    // SAFETY: valid socket and message.
+    let n = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// recvmsg that also takes an fd passed with SCM_RIGHTS, if any.
+fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: as in send_with_fd.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: valid socket and message buffers.
+    let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: walking the control messages the kernel filled in.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>());
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, fd))
+}

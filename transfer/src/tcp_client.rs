@@ -1,0 +1,358 @@
+//! The tcp transport's initiating side: opens pooled connections to a peer,
+//! cuts ops into slices, sprays them over several connections with a few
+//! slices in flight on each, and receives READ payloads straight into the
+//! destination segment. Any connection failure fails every unfinished op.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::engine::{Inner, PreparedOp};
+use crate::io_util::{bounded, read_message, write_all_2};
+use crate::op::OpKind;
+use crate::protocol::{
+    checksum, Hello, Request, RequestKind, Response, Status, FLAG_CHECKSUM, HELLO_BYTES,
+    RESPONSE_BYTES,
+};
+use crate::TransferError;
+
+/// Open a connection and exchange hellos.
+pub(crate) async fn connect(
+    inner: &Inner,
+    addr: &str,
+) -> Result<(TcpStream, Hello), TransferError> {
+    let timeout = inner.config.op_timeout();
+    let mut stream = bounded(addr, timeout, TcpStream::connect(addr)).await?;
+    stream.set_nodelay(true)?;
+    bounded(addr, timeout, stream.write_all(&inner.hello.encode())).await?;
+    let mut buf = [0u8; HELLO_BYTES];
+    bounded(addr, timeout, stream.read_exact(&mut buf)).await?;
+    Ok((stream, Hello::decode(&buf)?))
+}
+
+/// One slice of one op.
+struct SliceJob {
+    op: usize,
+    /// Offset of the slice from the start of its op.
+    at: u64,
+    len: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    slices_left: usize,
+    error: Option<TransferError>,
+}
+
+/// What the connections of one batch share.
+struct BatchShared {
+    inner: Arc<Inner>,
+    peer: String,
+    ops: Vec<PreparedOp>,
+    jobs: Vec<SliceJob>,
+    next_job: AtomicUsize,
+    abort: AtomicBool,
+    tallies: Mutex<Vec<Tally>>,
+}
+
+/// Run `ops` over `conns` (at least one). Returns per-op results and the
+/// connections that are still healthy (to go back to the pool).
+pub(crate) async fn run_batch(
+    inner: &Arc<Inner>,
+    peer: &str,
+    ops: Vec<PreparedOp>,
+    mut conns: Vec<TcpStream>,
+) -> (Vec<Result<(), TransferError>>, Vec<TcpStream>) {
+    let slice = inner.config.slice_bytes.max(4096) as u64;
+    let mut jobs = Vec::new();
+    let mut tallies = Vec::with_capacity(ops.len());
+    for (i, p) in ops.iter().enumerate() {
+        let mut at = 0;
+        let mut n = 0;
+        while at < p.op.len {
+            let len = slice.min(p.op.len - at);
+            jobs.push(SliceJob { op: i, at, len });
+            at += len;
+            n += 1;
+        }
+        tallies.push(Tally {
+            slices_left: n,
+            error: None,
+        });
+    }
+    conns.truncate(jobs.len().max(1));
+    let shared = Arc::new(BatchShared {
+        inner: inner.clone(),
+        peer: peer.to_string(),
+        ops,
+        jobs,
+        next_job: AtomicUsize::new(0),
+        abort: AtomicBool::new(false),
+        tallies: Mutex::new(tallies),
+    });
+    let mut healthy = Vec::new();
+    let mut conn_error = None;
+    if shared.jobs.len() == 1 && conns.len() == 1 {
+        // One slice (a small op): request then reply on this task, no
+        // channel, no join, no spawn on the latency path.
+        for mut c in conns {
+            let timeout = inner.config.op_timeout();
+            let (mut rd, mut wr) = c.split();
+            let outcome = match send_request(&shared, &mut wr, 0, timeout).await {
+                Ok(()) => receive_reply(&shared, &mut rd, 0, timeout).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => healthy.push(c),
+                Err(e) => conn_error = Some(e),
+            }
+        }
+    } else if conns.len() == 1 {
+        // Small batches: no task spawn.
+        for mut c in conns {
+            match drive_connection(&shared, &mut c).await {
+                Ok(()) => healthy.push(c),
+                Err(e) => conn_error = Some(e),
+            }
+        }
+    } else {
+        let mut set = tokio::task::JoinSet::new();
+        for mut c in conns {
+            let shared = shared.clone();
+            set.spawn(async move { drive_connection(&shared, &mut c).await.map(|()| c) });
+        }
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(c)) => healthy.push(c),
+                Ok(Err(e)) => conn_error = Some(e),
+                Err(e) => {
+                    conn_error = Some(TransferError::Connection {
+                        peer: peer.to_string(),
+                        reason: format!("connection task failed: {e}"),
+                    })
+                }
+            }
+        }
+    }
+    let tallies = std::mem::take(&mut *lock(&shared.tallies));
+    let results = tallies
+        .into_iter()
+        .map(|t| match (t.error, t.slices_left) {
+            (Some(e), _) => Err(e),
+            (None, 0) => Ok(()),
+            (None, _) => Err(conn_error
+                .clone()
+                .unwrap_or_else(|| TransferError::Connection {
+                    peer: peer.to_string(),
+                    reason: "op left unfinished".into(),
+                })),
+        })
+        .collect();
+    if conn_error.is_some() {
+        healthy.clear();
+    }
+    (results, healthy)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Pump slices through one connection: a writer sends requests (at most
+/// `pipeline_depth` ahead of the replies), a reader consumes replies in order.
+async fn drive_connection(shared: &BatchShared, conn: &mut TcpStream) -> Result<(), TransferError> {
+    let depth = shared.inner.config.pipeline_depth.max(1);
+    let timeout = shared.inner.config.op_timeout();
+    let (mut rd, mut wr) = conn.split();
+    let (tx, mut rx) = mpsc::channel::<usize>(depth);
+    let writer = async {
+        loop {
+            if shared.abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let Ok(permit) = tx.reserve().await else {
+                break;
+            };
+            let i = shared.next_job.fetch_add(1, Ordering::Relaxed);
+            if i >= shared.jobs.len() {
+                break;
+            }
+            if let Err(e) = send_request(shared, &mut wr, i, timeout).await {
+                shared.abort.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+            permit.send(i);
+        }
+        drop(tx);
+        Ok(())
+    };
+    let reader = async {
+        while let Some(i) = rx.recv().await {
+            if let Err(e) = receive_reply(shared, &mut rd, i, timeout).await {
+                shared.abort.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
+        }
+        Ok(())
+    };
+    tokio::try_join!(writer, reader).map(|_| ())
+}
+
+async fn send_request<W: AsyncWrite + Unpin>(
+    shared: &BatchShared,
+    wr: &mut W,
+    i: usize,
+    timeout: Duration,
+) -> Result<(), TransferError> {
+    let job = &shared.jobs[i];
+    let p = &shared.ops[job.op];
+    let kind = match p.op.kind {
+        OpKind::Read => RequestKind::Read,
+        OpKind::Write => RequestKind::Write,
+    };
+    let mut req = Request {
+        kind,
+        flags: if p.op.checksum { FLAG_CHECKSUM } else { 0 },
+        segment: p.op.remote.0,
+        op_offset: p.op.remote_offset,
+        op_len: p.op.len,
+        slice_offset: p.op.remote_offset.wrapping_add(job.at),
+        slice_len: job.len,
+        checksum: 0,
+    };
+    match p.op.kind {
+        OpKind::Read => bounded(&shared.peer, timeout, wr.write_all(&req.encode())).await,
+        OpKind::Write => {
+            // SAFETY: the local range was checked when the op was prepared;
+            // the caller owns it for the duration of the batch.
+            let data = unsafe {
+                p.local
+                    .slice((p.op.local_offset + job.at) as usize, job.len as usize)?
+            };
+            if p.op.checksum {
+                req.checksum = checksum(data);
+            }
+            let head = req.encode();
+            if shared.inner.take_corruption() {
+                let mut bad = data.to_vec();
+                if let Some(b) = bad.first_mut() {
+                    *b ^= 0xff;
+                }
+                bounded(&shared.peer, timeout, write_all_2(wr, &head, &bad)).await
+            } else {
+                bounded(&shared.peer, timeout, write_all_2(wr, &head, data)).await
+            }
+        }
+    }
+}
+
+async fn receive_reply<R: AsyncRead + Unpin>(
+    shared: &BatchShared,
+    rd: &mut R,
+    i: usize,
+    timeout: Duration,
+) -> Result<(), TransferError> {
+    let job = &shared.jobs[i];
+    let p = &shared.ops[job.op];
+    let peer = &shared.peer;
+    let mut head = [0u8; RESPONSE_BYTES];
+    bounded(peer, timeout, rd.read_exact(&mut head)).await?;
+    let resp = Response::decode(&head)?;
+    let outcome = match resp.status {
+        Status::Ok => match p.op.kind {
+            OpKind::Read => {
+                if resp.payload_len != job.len {
+                    return Err(TransferError::Connection {
+                        peer: peer.clone(),
+                        reason: format!(
+                            "peer sent {} bytes for a {}-byte slice",
+                            resp.payload_len, job.len
+                        ),
+                    });
+                }
+                // SAFETY: local range checked at prepare; received in place.
+                let dst = unsafe {
+                    p.local
+                        .slice_mut((p.op.local_offset + job.at) as usize, job.len as usize)?
+                };
+                bounded(peer, timeout, rd.read_exact(dst)).await?;
+                if p.op.checksum && checksum(dst) != resp.checksum {
+                    Err(TransferError::Checksum {
+                        segment: p.op.local.0,
+                        offset: p.op.local_offset + job.at,
+                        len: job.len,
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            OpKind::Write => Ok(()),
+        },
+        status => {
+            let reason = bounded(peer, timeout, read_message(rd, resp.message_len)).await?;
+            Err(match status {
+                Status::UnknownSegment => TransferError::UnknownSegment {
+                    side: peer.clone(),
+                    segment: p.op.remote.0,
+                },
+                Status::OutOfBounds => TransferError::OutOfBounds {
+                    offset: p.op.remote_offset,
+                    len: p.op.len,
+                    segment_len: resp.checksum,
+                },
+                Status::Checksum => TransferError::Checksum {
+                    segment: p.op.remote.0,
+                    offset: p.op.remote_offset.wrapping_add(job.at),
+                    len: job.len,
+                },
+                _ => TransferError::Refused {
+                    peer: peer.clone(),
+                    reason,
+                },
+            })
+        }
+    };
+    let mut tallies = lock(&shared.tallies);
+    let t = &mut tallies[job.op];
+    t.slices_left = t.slices_left.saturating_sub(1);
+    if let Err(e) = outcome {
+        t.error.get_or_insert(e);
+    }
+    Ok(())
+}
+
+/// Deliver a notification over one connection.
+pub(crate) async fn notify(
+    inner: &Inner,
+    peer: &str,
+    conn: &mut TcpStream,
+    payload: &[u8],
+) -> Result<(), TransferError> {
+    let timeout = inner.config.op_timeout();
+    let req = Request {
+        kind: RequestKind::Notify,
+        flags: 0,
+        segment: 0,
+        op_offset: 0,
+        op_len: payload.len() as u64,
+        slice_offset: 0,
+        slice_len: payload.len() as u64,
+        checksum: 0,
+    };
+    bounded(peer, timeout, write_all_2(conn, &req.encode(), payload)).await?;
+    let mut head = [0u8; RESPONSE_BYTES];
+    bounded(peer, timeout, conn.read_exact(&mut head)).await?;
+    let resp = Response::decode(&head)?;
+    if resp.status == Status::Ok {
+        return Ok(());
+    }
+    let reason = bounded(peer, timeout, read_message(conn, resp.message_len)).await?;
+    Err(TransferError::Refused {
+        peer: peer.to_string(),
+        reason,
+    })
+}
