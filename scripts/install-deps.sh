@@ -38,6 +38,14 @@ if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/d
   ${SUDO:-} systemctl stop etcd || true
 fi
 
+# Python venv for the engine's independent numpy oracle (engine/tests/model_oracle.rs).
+PYENV="${KVFABRIC_PYENV:-$HOME/.cache/kvfabric/pyenv}"
+if ! "$PYENV/bin/python" -c "import gguf, numpy" 2>/dev/null; then
+  echo "install-deps: creating the oracle venv in $PYENV"
+  python3 -m venv "$PYENV"
+  "$PYENV/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" "numpy>=1.26"
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; installing the Rust toolchain with rustup" >&2
   curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy

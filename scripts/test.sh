@@ -14,4 +14,7 @@ cargo run --quiet --bin kvfabric -- model fetch >/dev/null
 export KVFABRIC_MODEL_PATH
 KVFABRIC_MODEL_PATH="$(cargo run --quiet --bin kvfabric -- model path)"
 
+# The engine's numpy oracle runs in the venv install-deps.sh made.
+export KVFABRIC_ORACLE_PYTHON="${KVFABRIC_PYENV:-$HOME/.cache/kvfabric/pyenv}/bin/python"
+
 cargo test --workspace --no-fail-fast "$@"

@@ -43,8 +43,13 @@ where
         );
         figment = figment.merge(Figment::from(Toml::file(path)).focus(section));
     }
+    // Only this kind's keys: `KVFABRIC_NODE_ID` must not break loading `[cluster]`.
+    let keys: Vec<String> = Figment::from(Serialized::defaults(T::default()))
+        .extract::<figment::value::Dict>()
+        .map(|d| d.into_keys().collect())
+        .unwrap_or_default();
     figment = figment
-        .merge(Env::prefixed(ENV_PREFIX).ignore(&["config", "log"]))
+        .merge(Env::prefixed(ENV_PREFIX).filter(move |k| keys.iter().any(|x| k == x.as_str())))
         .merge(Serialized::defaults(flags));
     figment
         .extract()
@@ -95,6 +100,7 @@ mod tests {
             assert_eq!(got.port, 2);
 
             jail.set_env("KVFABRIC_PORT", "3");
+            jail.set_env("KVFABRIC_KEY_OF_ANOTHER_SECTION", "x");
             let got: Demo = load("demo", Some(&path), &DemoFlags::default()).unwrap();
             assert_eq!(got.port, 3, "env beats file");
 
@@ -143,6 +149,9 @@ mod tests {
     #[test]
     fn config_md_lists_every_key() {
         assert_documented::<crate::model::ModelConfig>("model");
+        assert_documented::<kvfabric_store::cluster::ClusterConfig>("cluster");
+        assert_documented::<kvfabric_store::NodeConfig>("node");
+        assert_documented::<kvfabric_engine::EngineConfig>("engine");
     }
 
     #[test]

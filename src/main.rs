@@ -4,6 +4,8 @@
 //! config through [`config::load`] (defaults < file < env < flags).
 
 mod config;
+mod ctl;
+mod engine;
 mod model;
 mod node;
 
@@ -32,14 +34,50 @@ struct Cli {
 enum Command {
     /// Fetch and locate the reference model (SmolLM2-135M-Instruct Q4_1).
     Model(ModelCmd),
-    /// Run a cache node: RAM/disk tiers, gRPC cache API, /metrics and /health.
+    /// Run a cache node: RAM/disk tiers, transfer server, cluster-wide gRPC cache API,
+    /// directory shard, /metrics and /health (`--etcd` or `--peers` to join a cluster).
     Node(NodeCmd),
+    /// Operate a cluster through any node: status, watch, lookup, pin, unpin, evict.
+    Ctl(ctl::CtlCmd),
+    /// Run the bundled engine (GGUF Llama on CPU) serving the OpenAI API.
+    Engine(EngineCmd),
+    /// Run a benchmark; each reports ratios against a peer measured in the same run.
+    Bench(BenchCmd),
+}
+
+#[derive(Args, Debug)]
+struct EngineCmd {
+    /// GGUF model file, or `smollm2` for the reference model (fetched and verified on first use).
+    #[arg(long, value_name = "PATH|smollm2", default_value = "smollm2")]
+    model: String,
+    #[command(flatten)]
+    flags: engine::EngineFlags,
+}
+
+#[derive(Args, Debug)]
+struct BenchCmd {
+    #[command(subcommand)]
+    which: BenchWhich,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchWhich {
+    /// Transfer engine: tcp vs iperf3, 4 KiB READ vs TCP ping-pong, shm vs memcpy, op-size sweep.
+    Transfer(kvfabric_benches::transfer::TransferArgs),
+    /// Node store: RAM tier vs memcpy, disk tier vs fio, get/put paths vs redis-server.
+    Store(kvfabric_benches::store::StoreArgs),
+    /// Cluster: 128-block lookup latency on 3 nodes, remote get vs transfer tcp throughput.
+    Cluster(kvfabric_benches::cluster::ClusterArgs),
+    /// Engine: prefill and decode rates, RSS against its budget.
+    Engine(kvfabric_benches::engine::EngineArgs),
 }
 
 #[derive(Args, Debug)]
 struct NodeCmd {
     #[command(flatten)]
     flags: node::NodeFlags,
+    #[command(flatten)]
+    cluster: node::ClusterFlags,
 }
 
 #[derive(Args, Debug)]
@@ -89,8 +127,27 @@ fn main() -> anyhow::Result<()> {
             let cfg: kvfabric_store::NodeConfig =
                 config::load("node", cli.config.as_deref(), &cmd.flags)?;
             cfg.validate()?;
-            tokio::runtime::Runtime::new()?.block_on(node::run(cfg))?;
+            let cluster: kvfabric_store::cluster::ClusterConfig =
+                config::load("cluster", cli.config.as_deref(), &cmd.cluster)?;
+            cluster.validate()?;
+            tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;
         }
+        Command::Ctl(cmd) => ctl::run(cmd)?,
+        Command::Engine(cmd) => {
+            let cfg: kvfabric_engine::EngineConfig =
+                config::load("engine", cli.config.as_deref(), &cmd.flags)?;
+            cfg.validate()?;
+            let model_cfg: model::ModelConfig =
+                config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
+            let path = model::resolve(&cmd.model, &model_cfg)?;
+            tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path))?;
+        }
+        Command::Bench(cmd) => match cmd.which {
+            BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a)?,
+            BenchWhich::Store(a) => kvfabric_benches::store::run(&a)?,
+            BenchWhich::Cluster(a) => kvfabric_benches::cluster::run(&a)?,
+            BenchWhich::Engine(a) => kvfabric_benches::engine::run(&a)?,
+        },
     }
     Ok(())
 }

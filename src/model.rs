@@ -26,7 +26,6 @@ pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// sha256 of the model file.
 pub const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// Short name accepted by `--model`.
-#[allow(dead_code)] // used once `kvfabric engine` lands
 pub const MODEL_ALIAS: &str = "smollm2";
 
 /// `[model]` configuration.
@@ -90,7 +89,6 @@ pub fn fetch(cfg: &ModelConfig) -> anyhow::Result<PathBuf> {
 }
 
 /// Resolve a `--model` argument (used by `kvfabric engine`): the alias fetches the reference model, anything else is a path.
-#[allow(dead_code)] // used once `kvfabric engine` lands
 pub fn resolve(arg: &str, cfg: &ModelConfig) -> anyhow::Result<PathBuf> {
     if arg == MODEL_ALIAS {
         return fetch(cfg);

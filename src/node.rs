@@ -1,7 +1,9 @@
 //! `kvfabric node`: the node daemon.
 //!
-//! Loads the `[node]` configuration (store tiers, listen addresses) and runs
-//! the node until SIGINT/SIGTERM.
+//! Loads the `[node]` configuration (store tiers, listen addresses) and the
+//! `[cluster]` configuration (membership: `--etcd` endpoints, a `--peers`
+//! static list, or neither for a single node; the transfer engine's address)
+//! and runs the node until SIGINT/SIGTERM, leaving the cluster cleanly.
 
 use clap::Args;
 use serde::Serialize;
@@ -35,10 +37,51 @@ pub struct NodeFlags {
     pub disk_capacity: Option<String>,
 }
 
+/// Flags of `[cluster]`; unset flags leave the file/env values alone.
+#[derive(Args, Debug, Serialize, Default)]
+pub struct ClusterFlags {
+    /// etcd endpoints, comma-separated (http://host:port,...): etcd membership [default: none].
+    #[arg(long, value_name = "URL,...", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<Vec<String>>,
+    /// Key prefix of this cluster in etcd [default: /kvfabric].
+    #[arg(long, value_name = "PREFIX")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_prefix: Option<String>,
+    /// etcd lease TTL in milliseconds (whole seconds) [default: 5000].
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_ms: Option<u64>,
+    /// Static peers, comma-separated, each node_id=grpc_host:port=transfer_host:port
+    /// (this node may be listed too) [default: none].
+    #[arg(long, value_name = "ID=GRPC=TRANSFER,...", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peers: Option<Vec<String>>,
+    /// Transfer engine listen address [default: 127.0.0.1:0].
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_listen: Option<String>,
+    /// Transfer transport: auto, tcp or shm [default: auto].
+    #[arg(long, value_name = "KIND")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfer_transport: Option<String>,
+    /// gRPC address peers use to reach this node [default: the bound gRPC address].
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_grpc: Option<String>,
+    /// Transfer address peers use to reach this node [default: the bound transfer address].
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_transfer: Option<String>,
+}
+
 /// Run the node until a shutdown signal.
-pub async fn run(cfg: kvfabric_store::NodeConfig) -> anyhow::Result<()> {
+pub async fn run(
+    cfg: kvfabric_store::NodeConfig,
+    cluster: kvfabric_store::cluster::ClusterConfig,
+) -> anyhow::Result<()> {
     tracing::info!(node = %cfg.node_id, grpc = %cfg.grpc_listen, http = %cfg.http_listen, "starting node");
-    kvfabric_store::serve(cfg, shutdown_signal()).await?;
+    kvfabric_store::cluster::serve_node(cfg, cluster, shutdown_signal()).await?;
     Ok(())
 }
 

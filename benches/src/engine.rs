@@ -51,9 +51,11 @@ fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
         })
         .map_or(0, |kb| kb * 1024)
 }
@@ -80,7 +82,12 @@ impl Bench {
             self.model.forward(
                 &self.cx,
                 &mut self.kv,
-                &[SeqChunk { tokens: &toks, start: 0, blocks: &table, logits: true }],
+                &[SeqChunk {
+                    tokens: &toks,
+                    start: 0,
+                    blocks: &table,
+                    logits: true,
+                }],
             )?;
             best = best.min(t.elapsed().as_secs_f64());
         }
@@ -91,19 +98,31 @@ impl Bench {
     fn decode(&mut self, batch: usize, steps: usize) -> anyhow::Result<f64> {
         let prompt = 128;
         let per = (prompt + steps).div_ceil(BT);
-        let tables: Vec<Vec<BlockId>> =
-            (0..batch).map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect()).collect();
-        let prompts: Vec<Vec<u32>> =
-            (0..batch).map(|i| tokens(10 + i as u32, prompt, self.model.config.vocab)).collect();
+        let tables: Vec<Vec<BlockId>> = (0..batch)
+            .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
+            .collect();
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|i| tokens(10 + i as u32, prompt, self.model.config.vocab))
+            .collect();
         let chunks: Vec<SeqChunk> = (0..batch)
-            .map(|i| SeqChunk { tokens: &prompts[i], start: 0, blocks: &tables[i], logits: false })
+            .map(|i| SeqChunk {
+                tokens: &prompts[i],
+                start: 0,
+                blocks: &tables[i],
+                logits: false,
+            })
             .collect();
         self.model.forward(&self.cx, &mut self.kv, &chunks)?;
         let t = Instant::now();
         for s in 0..steps {
             let toks: Vec<[u32; 1]> = (0..batch).map(|i| [prompts[i][s % prompt]]).collect();
             let chunks: Vec<SeqChunk> = (0..batch)
-                .map(|i| SeqChunk { tokens: &toks[i], start: prompt + s, blocks: &tables[i], logits: true })
+                .map(|i| SeqChunk {
+                    tokens: &toks[i],
+                    start: prompt + s,
+                    blocks: &tables[i],
+                    logits: true,
+                })
                 .collect();
             self.model.forward(&self.cx, &mut self.kv, &chunks)?;
         }
@@ -118,7 +137,10 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
         None => default_model()?,
     };
     if !path.exists() {
-        anyhow::bail!("model not found at {}: run `kvfabric model fetch`", path.display());
+        anyhow::bail!(
+            "model not found at {}: run `kvfabric model fetch`",
+            path.display()
+        );
     }
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let c = &model.config;
@@ -131,7 +153,11 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
     let kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)?;
     let budget = ((model.weight_bytes() + kv.capacity_bytes()) as f64 * 1.15) as u64;
     let isa = format!("{:?}", cx.isa);
-    let mut b = Bench { model: model.clone(), cx, kv };
+    let mut b = Bench {
+        model: model.clone(),
+        cx,
+        kv,
+    };
     let prefill512 = b.prefill(512, args.repeats)?;
     let prefill2048 = b.prefill(2048, args.repeats)?;
     let decode1 = b.decode(1, args.decode_steps)?;

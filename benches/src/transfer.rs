@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use kvfabric_transfer::{
-    SegmentId, SharedRegion, TransferConfig, TransferEngine, TransferOp, TransportChoice,
+    SegmentId, SharedRegion, TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice,
 };
 use serde_json::{json, Value};
 
@@ -105,7 +105,12 @@ async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
     let engine = TransferEngine::start(config(args, TransportChoice::Auto, listen), &mut registry)
         .await
         .context("starting the peer engine")?;
-    let region = Arc::new(SharedRegion::create("bench-peer", args.segment_bytes as usize)?);
+    let region = Arc::new(SharedRegion::create(
+        "bench-peer",
+        args.segment_bytes as usize,
+    )?);
+    // SAFETY: nothing else uses the region yet. Fault its pages in up front.
+    unsafe { region.slice_mut(0, region.len())? }.fill(3);
     let segment = engine.register(region);
     let pingpong = TcpListener::bind("127.0.0.1:0")?;
     let pingpong_addr = pingpong.local_addr()?;
@@ -114,7 +119,12 @@ async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
             std::thread::spawn(move || serve_pingpong(conn));
         }
     });
-    println!("READY {} {} {}", engine.local_addr(), segment.0, pingpong_addr);
+    println!(
+        "READY {} {} {}",
+        engine.local_addr(),
+        segment.0,
+        pingpong_addr
+    );
     std::io::stdout().flush()?;
     // Serve until the bench closes our stdin.
     tokio::task::spawn_blocking(|| {
@@ -174,7 +184,10 @@ fn spawn_peer(args: &TransferArgs) -> anyhow::Result<PeerProcess> {
         .stdout(Stdio::piped())
         .spawn()
         .context("spawning the bench peer")?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("peer has no stdout"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("peer has no stdout"))?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
     let parts: Vec<&str> = line.split_whitespace().collect();
@@ -275,7 +288,10 @@ fn pingpong_latency(addr: &str, iters: usize) -> anyhow::Result<(f64, f64)> {
 
 /// iperf3 single stream on loopback, GB/s; None when iperf3 is not installed.
 fn iperf3(seconds: u64) -> anyhow::Result<Option<f64>> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port().to_string();
+    let port = TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port()
+        .to_string();
     let server = Command::new("iperf3")
         .args(["-s", "-1", "-p", &port])
         .stdout(Stdio::null())
@@ -288,7 +304,15 @@ fn iperf3(seconds: u64) -> anyhow::Result<Option<f64>> {
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
         let o = Command::new("iperf3")
-            .args(["-c", "127.0.0.1", "-p", &port, "-J", "-t", &seconds.to_string()])
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-J",
+                "-t",
+                &seconds.to_string(),
+            ])
             .output()?;
         if o.status.success() {
             out = Some(o.stdout);
@@ -309,6 +333,8 @@ fn iperf3(seconds: u64) -> anyhow::Result<Option<f64>> {
 fn memcpy_bandwidth(len: usize, op_bytes: usize, dur: Duration) -> f64 {
     let src = vec![1u8; len];
     let mut dst = vec![0u8; len];
+    // Fault every page in before timing (calloc'd pages are mapped lazily).
+    dst.fill(2);
     let chunks = (len / op_bytes).max(1);
     let mut moved = 0u64;
     let mut i = 0;
@@ -333,21 +359,57 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
     }
     let peer = spawn_peer(args)?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let tcp = TransferEngine::start(config(args, TransportChoice::Tcp, "127.0.0.1:0"), &mut registry).await?;
+    let tcp = TransferEngine::start(
+        config(args, TransportChoice::Tcp, "127.0.0.1:0"),
+        &mut registry,
+    )
+    .await?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let shm = TransferEngine::start(config(args, TransportChoice::Shm, "127.0.0.1:0"), &mut registry).await?;
-    let region = Arc::new(SharedRegion::create("bench-local", args.segment_bytes as usize)?);
+    let shm = TransferEngine::start(
+        config(args, TransportChoice::Auto, "127.0.0.1:0"),
+        &mut registry,
+    )
+    .await?;
+    let region = Arc::new(SharedRegion::create(
+        "bench-local",
+        args.segment_bytes as usize,
+    )?);
+    // SAFETY: nothing else uses the region yet. Fault its pages in before timing.
+    unsafe { region.slice_mut(0, region.len())? }.fill(1);
     let tcp_local = tcp.register(region.clone());
     let shm_local = shm.register(region);
     let secs = Duration::from_secs(args.seconds);
     let seg = args.segment_bytes;
 
     let iperf3_gbps = iperf3(args.seconds)?;
-    let tcp_gbps = read_throughput(&tcp, &peer, tcp_local, seg, args.op_bytes, args.batch_ops, secs).await?;
-    let (small_p50_us, small_p99_us) = small_latency(&tcp, &peer, tcp_local, args.small_iters).await?;
+    let tcp_gbps = read_throughput(
+        &tcp,
+        &peer,
+        tcp_local,
+        seg,
+        args.op_bytes,
+        args.batch_ops,
+        secs,
+    )
+    .await?;
+    let (small_p50_us, small_p99_us) =
+        small_latency(&tcp, &peer, tcp_local, args.small_iters).await?;
     let (pingpong_p50_us, pingpong_p99_us) = pingpong_latency(&peer.pingpong, args.small_iters)?;
-    let shm_gbps = read_throughput(&shm, &peer, shm_local, seg, args.op_bytes, args.batch_ops, secs).await?;
-    let memcpy_gbps = memcpy_bandwidth(seg as usize, args.op_bytes as usize, secs.min(Duration::from_secs(1)));
+    let shm_gbps = read_throughput(
+        &shm,
+        &peer,
+        shm_local,
+        seg,
+        args.op_bytes,
+        args.batch_ops,
+        secs,
+    )
+    .await?;
+    // The same-host peer must have been reached over shm, chosen automatically.
+    if shm.transport_for(&peer.addr) != Some(Transport::Shm) {
+        bail!("shm was not chosen for a same-host peer");
+    }
+    let memcpy_gbps = memcpy_bandwidth(seg as usize, args.op_bytes as usize, secs);
 
     let mut sweep = serde_json::Map::new();
     for &size in &args.sweep {
@@ -380,13 +442,43 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
 }
 
 fn print_table(r: &Value) {
-    let f = |k: &str| r[k].as_f64().map_or("n/a".to_string(), |v| format!("{v:.2}"));
+    let f = |k: &str| {
+        r[k].as_f64()
+            .map_or("n/a".to_string(), |v| format!("{v:.2}"))
+    };
     println!("transfer bench (loopback, two processes; GB/s = 1e9 bytes/s)");
-    println!("{:<34} {:>10} {:>12} {:>8}", "measure", "engine", "reference", "ratio");
-    println!("{:<34} {:>10} {:>12} {:>8}", "tcp 4 MiB READ GB/s vs iperf3", f("tcp_gbps"), f("iperf3_gbps"), f("tcp_ratio"));
-    println!("{:<34} {:>10} {:>12} {:>8}", "4 KiB READ p50 us vs ping-pong", f("small_p50_us"), f("pingpong_p50_us"), f("small_ratio"));
-    println!("{:<34} {:>10} {:>12} {:>8}", "4 KiB READ p99 us vs ping-pong", f("small_p99_us"), f("pingpong_p99_us"), f("small_p99_ratio"));
-    println!("{:<34} {:>10} {:>12} {:>8}", "shm 4 MiB READ GB/s vs memcpy", f("shm_gbps"), f("memcpy_gbps"), f("shm_ratio"));
+    println!(
+        "{:<34} {:>10} {:>12} {:>8}",
+        "measure", "engine", "reference", "ratio"
+    );
+    println!(
+        "{:<34} {:>10} {:>12} {:>8}",
+        "tcp 4 MiB READ GB/s vs iperf3",
+        f("tcp_gbps"),
+        f("iperf3_gbps"),
+        f("tcp_ratio")
+    );
+    println!(
+        "{:<34} {:>10} {:>12} {:>8}",
+        "4 KiB READ p50 us vs ping-pong",
+        f("small_p50_us"),
+        f("pingpong_p50_us"),
+        f("small_ratio")
+    );
+    println!(
+        "{:<34} {:>10} {:>12} {:>8}",
+        "4 KiB READ p99 us vs ping-pong",
+        f("small_p99_us"),
+        f("pingpong_p99_us"),
+        f("small_p99_ratio")
+    );
+    println!(
+        "{:<34} {:>10} {:>12} {:>8}",
+        "shm 4 MiB READ GB/s vs memcpy",
+        f("shm_gbps"),
+        f("memcpy_gbps"),
+        f("shm_ratio")
+    );
     println!();
     println!("{:>10} {:>10} {:>10}", "op bytes", "tcp GB/s", "shm GB/s");
     if let Some(sweep) = r["sweep"].as_object() {

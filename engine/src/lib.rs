@@ -14,8 +14,8 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod request;
-pub mod scheduler;
 pub mod sampling;
+pub mod scheduler;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, Role};

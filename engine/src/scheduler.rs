@@ -298,8 +298,7 @@ impl Scheduler {
                         });
                         match victim {
                             Some(v) => {
-                                let mut s =
-                                    std::mem::take(&mut self.running[v].table);
+                                let mut s = std::mem::take(&mut self.running[v].table);
                                 for b in s.drain(..) {
                                     self.blocks.release(b);
                                 }

@@ -4,7 +4,8 @@
 //! textbook on weights dequantized by the PyPI `gguf` package (candle 0.11's
 //! quantized Llama gives wrong text for this model and its Q4_1 CPU path is
 //! scalar, see the issue; the numpy oracle shares no code with the engine).
-//! Needs `python3` with `gguf` and `numpy` (`pip install gguf numpy`).
+//! Needs a Python with `gguf` and `numpy`: `$KVFABRIC_ORACLE_PYTHON` (scripts/test.sh
+//! points it at a venv that scripts/install-deps.sh fills), else `python3`.
 
 mod common;
 
@@ -22,7 +23,8 @@ fn oracle(prompts: &[Vec<u32>], steps: usize) -> (Vec<Vec<f64>>, Vec<Vec<u32>>) 
         common::model_path().display().to_string(),
         prompts
     );
-    let mut child = Command::new("python3")
+    let python = std::env::var("KVFABRIC_ORACLE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut child = Command::new(python)
         .arg(script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

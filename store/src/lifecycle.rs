@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvfabric_proto::v1::Tier;
+use xxhash_rust::xxh3::Xxh3;
 
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
@@ -36,6 +37,7 @@ pub struct BlockInfo {
     pub key: BlockKey,
     pub layout: KvLayout,
     pub len: u64,
+    /// xxh3-64 of the bytes.
     pub checksum: u64,
     pub tokens: u32,
     /// Tier the read was served from (fastest holding the block).
@@ -54,7 +56,15 @@ pub struct Reservation {
     pub(crate) durable: bool,
     pub(crate) state: Arc<AtomicU8>,
     pub(crate) started: Instant,
+    /// Running xxh3 of the bytes written in order from offset 0 (fused with the copy,
+    /// so the checksum costs no second pass over memory); None once writes go out of order.
+    pub(crate) hasher: Option<Box<Xxh3>>,
+    /// How many leading bytes `hasher` has seen.
+    pub(crate) hashed: u64,
 }
+
+/// Copy and hash in pieces small enough to still be in cache when hashed.
+const HASH_CHUNK: usize = 64 << 10;
 
 impl Reservation {
     /// The block's key.
@@ -87,13 +97,33 @@ impl Reservation {
                 self.len
             )));
         }
-        self.with_bytes_mut(|buf| {
-            buf[offset as usize..offset as usize + data.len()].copy_from_slice(data)
-        })
+        let mut hasher = self.hasher.take().filter(|_| self.hashed == offset);
+        let out = self.raw_bytes_mut(|buf| {
+            let dst = &mut buf[offset as usize..offset as usize + data.len()];
+            match hasher.as_mut() {
+                Some(h) => {
+                    for (d, s) in dst.chunks_mut(HASH_CHUNK).zip(data.chunks(HASH_CHUNK)) {
+                        d.copy_from_slice(s);
+                        h.update(d);
+                    }
+                }
+                None => dst.copy_from_slice(data),
+            }
+        });
+        if out.is_ok() && hasher.is_some() {
+            self.hashed += data.len() as u64;
+            self.hasher = hasher;
+        }
+        out
     }
 
     /// Run `f` on the reserved bytes (exactly `len()` of them), e.g. to receive into them.
     pub fn with_bytes_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, StoreError> {
+        self.hasher = None; // arbitrary writes: hash the whole block at commit
+        self.raw_bytes_mut(f)
+    }
+
+    fn raw_bytes_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, StoreError> {
         if self
             .state
             .compare_exchange(RES_IDLE, RES_WRITING, Ordering::AcqRel, Ordering::Acquire)
@@ -128,7 +158,12 @@ impl Reservation {
         }
         // From here on this value alone owns the extent; Drop sees CLOSED and does nothing.
         let shared = self.shared.clone();
-        let result = shared.commit_reservation(&self, checksum);
+        let running = self
+            .hasher
+            .as_ref()
+            .filter(|_| self.hashed == self.len)
+            .map(|h| h.digest());
+        let result = shared.commit_reservation(&self, checksum, running);
         shared.metrics.observe(OpName::Put, self.started);
         result
     }
@@ -153,10 +188,16 @@ impl Shared {
         &self,
         r: &Reservation,
         checksum: Option<u64>,
+        running: Option<u64>,
     ) -> Result<PutOutcome, StoreError> {
-        // SAFETY: the reservation is CLOSED by its owner: nobody else touches the extent.
-        let bytes = unsafe { self.region.slice(r.extent.offset as usize, r.len as usize) }?;
-        let sum = xxhash_rust::xxh3::xxh3_64(bytes);
+        let sum = match running {
+            Some(sum) => sum,
+            None => {
+                // SAFETY: the reservation is CLOSED by its owner: nobody else touches the extent.
+                let bytes = unsafe { self.region.slice(r.extent.offset as usize, r.len as usize) }?;
+                xxhash_rust::xxh3::xxh3_64(bytes)
+            }
+        };
         let mut g = self.inner.lock();
         g.reservations.remove(&r.id);
         if let Some(want) = checksum.filter(|&c| c != sum) {
@@ -247,10 +288,12 @@ impl Shared {
             }
             if b.disk.is_some() {
                 if durable {
+                    let Some(extent) = b.disk else { return Ok(()) };
+                    let checksum = b.checksum;
                     let rec = crate::disk::DiskRecord {
-                        extent: b.disk.unwrap_or(Extent { offset: 0, len: 0 }),
+                        extent,
                         len: b.len,
-                        checksum: b.checksum,
+                        checksum,
                         tokens: b.tokens,
                         layout: b.layout,
                     };
@@ -300,6 +343,11 @@ impl ReadLease {
                 .slice(self.extent.offset as usize, self.info.len as usize)
                 .unwrap_or(&[])
         }
+    }
+
+    /// The block's xxh3-64.
+    pub fn checksum(&self) -> u64 {
+        self.info.checksum
     }
 
     /// Facts about the block.

@@ -21,6 +21,11 @@ use crate::service::CacheServer;
 use crate::store::Store;
 use crate::StoreError;
 
+/// HTTP/2 stream flow-control window of the gRPC server (clients should match it).
+pub const GRPC_STREAM_WINDOW: u32 = 16 << 20;
+/// HTTP/2 connection flow-control window of the gRPC server.
+pub const GRPC_CONNECTION_WINDOW: u32 = 64 << 20;
+
 /// Run a node with `cfg` until `shutdown` completes.
 pub async fn serve(
     cfg: NodeConfig,
@@ -64,13 +69,10 @@ pub async fn serve_store(
     let cache = CacheServiceServer::new(CacheServer::new(store.clone(), grpc_addr.to_string()))
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_server = grpc_builder()
         .add_service(cache)
         .add_service(reflection)
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            stopped(stop_rx.clone()),
-        );
+        .serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
 
     let app = Router::new()
         .route("/metrics", get(metrics))
@@ -94,5 +96,30 @@ async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoRespon
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         encode_text(registry),
+    )
+}
+
+/// The gRPC server builder every node uses. Blocks are MiBs: HTTP/2's default
+/// 64 KiB windows would stall every transfer.
+pub(crate) fn grpc_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .tcp_nodelay(true)
+}
+
+/// Accepted connections with Nagle off: the builder's `tcp_nodelay` only
+/// applies to listeners it binds itself, and small replies would wait 40 ms.
+pub(crate) fn incoming_nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            if let Ok(c) = &conn {
+                let _ = c.set_nodelay(true);
+            }
+            conn
+        },
     )
 }

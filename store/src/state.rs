@@ -22,6 +22,7 @@ use crate::policy::EvictionOrder;
 pub(crate) struct Block {
     pub layout: KvLayout,
     pub len: u64,
+    /// xxh3-64 of the bytes (computed at commit, fused with the copy).
     pub checksum: u64,
     pub tokens: u32,
     pub ram: Option<Extent>,

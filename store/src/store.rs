@@ -196,6 +196,8 @@ impl Store {
             durable,
             state,
             started,
+            hasher: Some(Box::new(xxhash_rust::xxh3::Xxh3::new())),
+            hashed: 0,
         }))
     }
 
@@ -292,6 +294,21 @@ impl Store {
         };
         dst.copy_from_slice(&bytes[offset as usize..end as usize]);
         Ok(Some(*lease.info()))
+    }
+
+    /// Facts about each key (fastest tier holding it); None = not stored.
+    /// No metrics are counted (the cluster directory uses this, not clients).
+    pub fn block_infos(&self, keys: &[BlockKey]) -> Vec<Option<BlockInfo>> {
+        let g = self.shared.inner.lock();
+        keys.iter()
+            .map(|k| g.blocks.get(k).map(|b| block_info(k, b)))
+            .collect()
+    }
+
+    /// Every stored block (fastest tier of each): what the cluster announces.
+    pub fn holdings(&self) -> Vec<BlockInfo> {
+        let g = self.shared.inner.lock();
+        g.blocks.iter().map(|(k, b)| block_info(k, b)).collect()
     }
 
     /// Presence of each key (any tier).
@@ -529,5 +546,20 @@ fn spawn_reaper(shared: Weak<Shared>) {
         });
     if let Err(e) = spawned {
         tracing::warn!("no reaper thread ({e}); zombies are reclaimed on reserve only");
+    }
+}
+
+fn block_info(key: &BlockKey, b: &crate::state::Block) -> BlockInfo {
+    BlockInfo {
+        key: *key,
+        layout: b.layout,
+        len: b.len,
+        checksum: b.checksum,
+        tokens: b.tokens,
+        tier: if b.ram.is_some() {
+            Tier::Ram
+        } else {
+            Tier::Disk
+        },
     }
 }

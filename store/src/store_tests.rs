@@ -372,3 +372,24 @@ fn lookup_counts_the_present_prefix() {
     let st = s.stats();
     assert_eq!((st.hit_blocks, st.miss_blocks, st.hit_tokens), (2, 2, 2));
 }
+
+#[test]
+fn checksum_is_right_for_in_order_and_out_of_order_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir, 4, false, |_| {});
+    let sum = |i| xxhash_rust::xxh3::xxh3_64(&data(i));
+    for (i, order) in [(1u32, [0usize, 1]), (2, [1, 0])] {
+        let ReserveOutcome::Reserved(mut r) =
+            s.reserve(key(i), layout(), BLOCK as u64, 0, false).unwrap()
+        else {
+            panic!("not reserved")
+        };
+        let d = data(i);
+        for half in order {
+            let at = half * BLOCK / 2;
+            r.write(at as u64, &d[at..at + BLOCK / 2]).unwrap();
+        }
+        r.commit(Some(sum(i))).unwrap();
+        assert_eq!(s.lease(&key(i)).unwrap().unwrap().checksum(), sum(i));
+    }
+}

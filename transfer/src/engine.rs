@@ -44,6 +44,8 @@ pub(crate) struct Inner {
     pub corrupt: AtomicU32,
     pub notify_tx: broadcast::Sender<Notification>,
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<crate::rdma::RdmaNic>,
 }
 
 impl Inner {
@@ -105,9 +107,9 @@ impl TransferEngine {
             corrupt: AtomicU32::new(0),
             notify_tx,
             peers: Mutex::new(HashMap::new()),
+            #[cfg(feature = "rdma")]
+            rdma: crate::rdma::RdmaNic::discover(),
         });
-        #[cfg(feature = "rdma")]
-        crate::rdma::log_devices_once();
         let servers = vec![
             tokio::spawn(tcp_server::accept_loop(listener, inner.clone())),
             tokio::spawn(shm::accept_loop(shm_listener, inner.clone())),
@@ -127,11 +129,22 @@ impl TransferEngine {
 
     /// Register a region; peers may then read and write inside it.
     pub fn register(&self, region: Arc<SharedRegion>) -> SegmentId {
-        self.inner.segments.register(region)
+        #[cfg(feature = "rdma")]
+        let nic_region = region.clone();
+        let id = self.inner.segments.register(region);
+        #[cfg(feature = "rdma")]
+        if let Some(nic) = &self.inner.rdma {
+            nic.register(id, nic_region);
+        }
+        id
     }
 
     /// Unregister a segment: every later op naming it is refused.
     pub fn unregister(&self, id: SegmentId) -> Result<(), TransferError> {
+        #[cfg(feature = "rdma")]
+        if let Some(nic) = &self.inner.rdma {
+            nic.unregister(id);
+        }
         self.inner
             .segments
             .unregister(id)
@@ -160,6 +173,9 @@ impl TransferEngine {
                 boot_id: self.inner.hello.boot_id.clone(),
                 pid: self.inner.hello.pid,
                 shm_socket: self.inner.hello.shm_socket.clone(),
+                #[cfg(feature = "rdma")]
+                rdma: self.inner.rdma.as_ref().and_then(|nic| nic.key(id)),
+                #[cfg(not(feature = "rdma"))]
                 rdma: None,
             },
         })

@@ -57,6 +57,64 @@ fn errno_err(what: &str, errno: i32) -> TransferError {
     ))
 }
 
+/// The engine's NIC: the device opened at start (if any) and the NIC
+/// registration of every segment, whose rkeys go into segment metadata.
+pub struct RdmaNic {
+    device: Arc<RdmaDevice>,
+    memory: std::sync::Mutex<std::collections::HashMap<crate::SegmentId, RdmaMemory>>,
+}
+
+impl RdmaNic {
+    /// Discover devices (logging once) and open the first; None without one.
+    pub fn discover() -> Option<Self> {
+        log_devices_once();
+        if device_names().is_empty() {
+            return None;
+        }
+        match RdmaDevice::open(None) {
+            Ok(device) => Some(RdmaNic {
+                device,
+                memory: Default::default(),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "RDMA device present but unusable; using tcp");
+                None
+            }
+        }
+    }
+
+    /// Register a segment with the NIC; failure is logged and leaves the
+    /// segment reachable over tcp/shm only.
+    pub fn register(&self, id: crate::SegmentId, region: Arc<SharedRegion>) {
+        match self.device.register(region) {
+            Ok(mem) => {
+                self.memory
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, mem);
+            }
+            Err(e) => tracing::warn!(segment = %id, error = %e, "RDMA registration failed"),
+        }
+    }
+
+    /// Drop a segment's NIC registration.
+    pub fn unregister(&self, id: crate::SegmentId) {
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
+    /// The segment's RDMA key, when registered with the NIC.
+    pub fn key(&self, id: crate::SegmentId) -> Option<RdmaKey> {
+        self.memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .map(RdmaMemory::key)
+    }
+}
+
 /// A reaped work completion: its `wr_id` and outcome.
 pub type Completion = (u64, Result<(), TransferError>);
 

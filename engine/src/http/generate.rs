@@ -22,9 +22,8 @@ use crate::request::{
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Capacity of a request's event channel: the scheduler never waits on a
-/// client that reads a little slower than it generates.
-const EVENT_CHANNEL_CAPACITY: usize = 256;
+/// Events beyond the tokens: `Finished` or `Error`, with slack.
+const EVENT_CHANNEL_SLACK: usize = 2;
 
 /// What the HTTP layer needs to start one generation.
 #[derive(Debug)]
@@ -75,7 +74,10 @@ impl Generation {
         metrics: EngineMetrics,
         plan: GenerationPlan,
     ) -> Result<Generation, ApiError> {
-        let (events_tx, events_rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        // Room for every event the request can produce, so the scheduler (which
+        // sends with `blocking_send`) never blocks its whole batch on one slow
+        // client. tokio allocates the channel lazily, so this reserves nothing.
+        let (events_tx, events_rx) = mpsc::channel(plan.max_tokens + EVENT_CHANNEL_SLACK);
         let prompt_tokens = plan.prompt.len();
         engine
             .submit(GenerationRequest {

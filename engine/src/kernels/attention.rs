@@ -302,10 +302,7 @@ mod tests {
                         s64[j] / tot * unsafe { *row_ptr(&blocks, &g, 1, j, true).add(d) } as f64
                     })
                     .sum();
-                assert!(
-                    (r - *w as f64).abs() < 1e-5,
-                    "ctx {ctx} d {d}: {r} vs {w}"
-                );
+                assert!((r - *w as f64).abs() < 1e-5, "ctx {ctx} d {d}: {r} vs {w}");
             }
             for isa in [Isa::Avx2, Isa::Avx512] {
                 if Isa::detect() == Isa::Scalar

@@ -231,15 +231,36 @@ impl PackedMatrix {
         self.data.len()
     }
 
-    /// Dequantize output row `row` of W (K values) — for embeddings lookups and tests.
+    /// Dequantize output row `row` of W (K values) — for embedding lookups and tests.
+    /// Gives the same values as the matmul's dequantization.
     pub fn row(&self, row: usize, out: &mut [f32]) {
         let kbs = self.k / CHUNK_K;
         let (tile, c) = (row / TILE_N, row % TILE_N);
-        let mut scratch = [0f32; CHUNK_K * TILE_N];
         for kb in 0..kbs {
-            dequant_scalar(self.format, self.chunk(tile, kb), &mut scratch);
-            for j in 0..CHUNK_K {
-                out[kb * CHUNK_K + j] = scratch[j * TILE_N + c];
+            let ch = self.chunk(tile, kb);
+            let h = |i: usize| f16_to_f32(u16::from_le_bytes([ch[2 * i], ch[2 * i + 1]]));
+            let o = &mut out[kb * CHUNK_K..(kb + 1) * CHUNK_K];
+            match self.format {
+                PackedFormat::Q4_1 => {
+                    let (d, mn) = (h(c), h(TILE_N + c));
+                    for p in 0..16 {
+                        let b = ch[256 + p * TILE_N + c];
+                        o[2 * p] = ((b & 0x0f) as f32) * d + mn;
+                        o[2 * p + 1] = ((b >> 4) as f32) * d + mn;
+                    }
+                }
+                PackedFormat::Q8_0 => {
+                    let d = h(c);
+                    for (j, v) in o.iter_mut().enumerate() {
+                        *v = (ch[128 + j * TILE_N + c] as i8 as f32) * d;
+                    }
+                }
+                PackedFormat::F32 => {
+                    for (j, v) in o.iter_mut().enumerate() {
+                        let p = (j * TILE_N + c) * 4;
+                        *v = f32::from_le_bytes([ch[p], ch[p + 1], ch[p + 2], ch[p + 3]]);
+                    }
+                }
             }
         }
     }

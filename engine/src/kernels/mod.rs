@@ -137,7 +137,23 @@ pub fn exp_det(x: f32) -> f32 {
 }
 
 /// RMSNorm of one row: `x / sqrt(mean(x^2) + eps) * w`, sequential sum.
-pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub fn rms_norm(isa: Isa, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: non-scalar ISAs imply FMA and AVX2 (checked at detection).
+        Isa::Avx512 | Isa::Avx2 => unsafe { rms_norm_fma(x, w, eps, out) },
+        _ => rms_norm_body(x, w, eps, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rms_norm_fma(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_body(x, w, eps, out)
+}
+
+#[inline(always)]
+fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let mut ss = 0.0f32;
     for v in x {
         ss = v.mul_add(*v, ss);
@@ -149,7 +165,23 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// SwiGLU on a row holding `[gate | up]`: out = silu(gate) * up.
-pub fn swiglu(gate_up: &[f32], out: &mut [f32]) {
+pub fn swiglu(isa: Isa, gate_up: &[f32], out: &mut [f32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for rms_norm.
+        Isa::Avx512 | Isa::Avx2 => unsafe { swiglu_fma(gate_up, out) },
+        _ => swiglu_body(gate_up, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_fma(gate_up: &[f32], out: &mut [f32]) {
+    swiglu_body(gate_up, out)
+}
+
+#[inline(always)]
+fn swiglu_body(gate_up: &[f32], out: &mut [f32]) {
     let n = out.len();
     let (gate, up) = gate_up.split_at(n);
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
@@ -170,6 +202,24 @@ mod tests {
         assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
         assert_eq!(f16_to_f32(0x7bff), 65504.0);
         assert!(f16_to_f32(0x7c00).is_infinite());
+    }
+
+    #[test]
+    fn norm_and_swiglu_are_isa_independent() {
+        let x: Vec<f32> = (0..576)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let w: Vec<f32> = (0..576).map(|i| 1.0 + (i % 13) as f32 / 10.0).collect();
+        let (mut a, mut b) = (vec![0f32; 576], vec![0f32; 576]);
+        rms_norm(Isa::Scalar, &x, &w, 1e-5, &mut a);
+        rms_norm(Isa::detect(), &x, &w, 1e-5, &mut b);
+        assert_eq!(a, b);
+        let (mut a, mut b) = (vec![0f32; 288], vec![0f32; 288]);
+        swiglu(Isa::Scalar, &x, &mut a);
+        swiglu(Isa::detect(), &x, &mut b);
+        assert_eq!(a, b);
+        let want = x[3] / (1.0 + (-x[3] as f64).exp() as f32) * x[291];
+        assert!((a[3] - want).abs() < 1e-4 * want.abs().max(1.0));
     }
 
     #[test]

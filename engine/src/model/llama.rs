@@ -33,6 +33,9 @@ pub struct SeqChunk<'a> {
 /// Logits per chunk (`Some` where asked for).
 pub type ForwardOutput = Vec<Option<Vec<f32>>>;
 
+/// Rows per FFN slice.
+const FFN_ROWS: usize = 256;
+
 struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
 unsafe impl Sync for SendPtr {}
@@ -105,8 +108,8 @@ impl LlamaModel {
         let mut qkv = vec![0f32; t * qkv_n];
         let mut att = vec![0f32; t * qn];
         let mut tmp = vec![0f32; t * h];
-        let mut gu = vec![0f32; t * 2 * c.ffn];
-        let mut act = vec![0f32; t * c.ffn];
+        let mut gu = vec![0f32; t.min(FFN_ROWS) * 2 * c.ffn];
+        let mut act = vec![0f32; t.min(FFN_ROWS) * c.ffn];
         let geom = AttnGeometry {
             block_tokens: bt,
             kv_heads: nkv,
@@ -117,6 +120,7 @@ impl LlamaModel {
         for (l, lw) in self.layers.iter().enumerate() {
             for r in 0..t {
                 rms_norm(
+                    cx.isa,
                     &x[r * h..(r + 1) * h],
                     &lw.attn_norm,
                     c.rms_eps,
@@ -181,20 +185,31 @@ impl LlamaModel {
             }
             for r in 0..t {
                 rms_norm(
+                    cx.isa,
                     &x[r * h..(r + 1) * h],
                     &lw.ffn_norm,
                     c.rms_eps,
                     &mut hn[r * h..(r + 1) * h],
                 );
             }
-            lw.gate_up.matmul(&cx.pool, cx.isa, &hn, t, &mut gu);
-            for r in 0..t {
-                swiglu(
-                    &gu[r * 2 * c.ffn..(r + 1) * 2 * c.ffn],
-                    &mut act[r * c.ffn..(r + 1) * c.ffn],
+            // The FFN runs in row slices to bound the activation memory (rows are independent).
+            for r0 in (0..t).step_by(FFN_ROWS) {
+                let rows = (t - r0).min(FFN_ROWS);
+                let gu = &mut gu[..rows * 2 * c.ffn];
+                let act = &mut act[..rows * c.ffn];
+                lw.gate_up
+                    .matmul(&cx.pool, cx.isa, &hn[r0 * h..(r0 + rows) * h], rows, gu);
+                for (g, a) in gu.chunks_exact(2 * c.ffn).zip(act.chunks_exact_mut(c.ffn)) {
+                    swiglu(cx.isa, g, a);
+                }
+                lw.down.matmul(
+                    &cx.pool,
+                    cx.isa,
+                    act,
+                    rows,
+                    &mut tmp[r0 * h..(r0 + rows) * h],
                 );
             }
-            lw.down.matmul(&cx.pool, cx.isa, &act, t, &mut tmp);
             for (a, b) in x.iter_mut().zip(&tmp) {
                 *a += *b;
             }
@@ -215,6 +230,7 @@ impl LlamaModel {
         let mut normed = vec![0f32; m * h];
         for (i, &(_, r)) in want.iter().enumerate() {
             rms_norm(
+                cx.isa,
                 &x[r * h..(r + 1) * h],
                 &self.output_norm,
                 c.rms_eps,

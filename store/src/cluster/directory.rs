@@ -101,7 +101,12 @@ mod tests {
     }
 
     fn e(node: &str, tier: HolderTier) -> HolderEntry {
-        HolderEntry { node_id: node.into(), tier, size: 10, checksum: 1 }
+        HolderEntry {
+            node_id: node.into(),
+            tier,
+            size: 10,
+            checksum: 1,
+        }
     }
 
     #[test]

@@ -62,14 +62,29 @@ impl EtcdProcess {
         let child = Command::new(bin)
             .args(["--name", "kvfabric-test", "--data-dir"])
             .arg(self.data.path())
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
             .arg("--initial-cluster")
             .arg(format!("kvfabric-test={peer}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start etcd (install etcd-server): {e}")))?;
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start etcd (install etcd-server): {e}"),
+                )
+            })?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

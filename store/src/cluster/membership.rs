@@ -91,17 +91,38 @@ impl Membership {
         let (stop_tx, stop_rx) = oneshot::channel();
         let task = match source {
             MembershipSource::Single => None,
-            MembershipSource::Static { peers, probe_interval, failure_timeout } => {
-                Some(tokio::spawn(run_static(me, peers, probe_interval, failure_timeout, tx, stop_rx)))
-            }
-            MembershipSource::Etcd { endpoints, prefix, ttl } => {
+            MembershipSource::Static {
+                peers,
+                probe_interval,
+                failure_timeout,
+            } => Some(tokio::spawn(run_static(
+                me,
+                peers,
+                probe_interval,
+                failure_timeout,
+                tx,
+                stop_rx,
+            ))),
+            MembershipSource::Etcd {
+                endpoints,
+                prefix,
+                ttl,
+            } => {
                 if endpoints.is_empty() {
-                    return Err(StoreError::InvalidArgument("etcd membership needs at least one endpoint".into()));
+                    return Err(StoreError::InvalidArgument(
+                        "etcd membership needs at least one endpoint".into(),
+                    ));
                 }
-                Some(tokio::spawn(run_etcd(me, endpoints, prefix, ttl, tx, stop_rx)))
+                Some(tokio::spawn(run_etcd(
+                    me, endpoints, prefix, ttl, tx, stop_rx,
+                )))
             }
         };
-        Ok(Membership { view: rx, stop: Some(stop_tx), task })
+        Ok(Membership {
+            view: rx,
+            stop: Some(stop_tx),
+            task,
+        })
     }
 
     /// The current view.
@@ -157,7 +178,10 @@ async fn run_static(
     tx: watch::Sender<Arc<MembershipView>>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let peers: Vec<NodeInfo> = peers.into_iter().filter(|p| p.node_id != me.node_id).collect();
+    let peers: Vec<NodeInfo> = peers
+        .into_iter()
+        .filter(|p| p.node_id != me.node_id)
+        .collect();
     let mut last_seen: Vec<Option<Instant>> = vec![None; peers.len()];
     let mut tick = tokio::time::interval(probe_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -166,7 +190,9 @@ async fn run_static(
             _ = &mut stop => return,
             _ = tick.tick() => {}
         }
-        let probes = peers.iter().map(|p| probe(&p.grpc_addr, probe_interval.min(Duration::from_secs(1))));
+        let probes = peers
+            .iter()
+            .map(|p| probe(&p.grpc_addr, probe_interval.min(Duration::from_secs(1))));
         let results = futures::future::join_all(probes).await;
         let now = Instant::now();
         let mut view = MembershipView::default();
@@ -234,13 +260,23 @@ async fn etcd_session(
     let opts = etcd_client::ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(1))
         .with_timeout(Duration::from_secs(2));
-    let mut client = Client::connect(endpoints, Some(opts)).await.map_err(|x| e("connect", x))?;
+    let mut client = Client::connect(endpoints, Some(opts))
+        .await
+        .map_err(|x| e("connect", x))?;
     let ttl_s = ttl.as_secs().max(1) as i64;
-    let lease = client.lease_grant(ttl_s, None).await.map_err(|x| e("lease grant", x))?.id();
+    let lease = client
+        .lease_grant(ttl_s, None)
+        .await
+        .map_err(|x| e("lease grant", x))?
+        .id();
     let me_key = format!("{nodes_prefix}{}", me.node_id);
     let me_json = serde_json::to_string(me).map_err(|x| x.to_string())?;
     client
-        .put(me_key.clone(), me_json, Some(PutOptions::new().with_lease(lease)))
+        .put(
+            me_key.clone(),
+            me_json,
+            Some(PutOptions::new().with_lease(lease)),
+        )
         .await
         .map_err(|x| e("register", x))?;
     let listing = client
@@ -255,16 +291,28 @@ async fn etcd_session(
         }
     }
     nodes.insert(me.node_id.clone(), me.clone());
-    publish(tx, MembershipView { nodes: nodes.clone() });
+    publish(
+        tx,
+        MembershipView {
+            nodes: nodes.clone(),
+        },
+    );
 
     let mut watch_stream = client
         .watch(
             nodes_prefix,
-            Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1)),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(revision + 1),
+            ),
         )
         .await
         .map_err(|x| e("watch", x))?;
-    let (mut keeper, mut keep_stream) = client.lease_keep_alive(lease).await.map_err(|x| e("keepalive", x))?;
+    let (mut keeper, mut keep_stream) = client
+        .lease_keep_alive(lease)
+        .await
+        .map_err(|x| e("keepalive", x))?;
     let mut tick = tokio::time::interval(ttl / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ack = Instant::now();
@@ -340,7 +388,12 @@ mod tests {
         }
     }
 
-    async fn wait_for(m: &Membership, what: &str, f: impl Fn(&MembershipView) -> bool, within: Duration) -> Duration {
+    async fn wait_for(
+        m: &Membership,
+        what: &str,
+        f: impl Fn(&MembershipView) -> bool,
+        within: Duration,
+    ) -> Duration {
         let start = Instant::now();
         let mut rx = m.subscribe();
         loop {
@@ -349,22 +402,41 @@ mod tests {
             }
             match tokio::time::timeout(within.saturating_sub(start.elapsed()), rx.changed()).await {
                 Ok(Ok(())) => {}
-                _ => panic!("timed out after {within:?} waiting for {what}; view {:?}", rx.borrow().nodes.keys()),
+                _ => panic!(
+                    "timed out after {within:?} waiting for {what}; view {:?}",
+                    rx.borrow().nodes.keys()
+                ),
             }
         }
     }
 
     fn etcd(endpoint: String) -> MembershipSource {
-        MembershipSource::Etcd { endpoints: vec![endpoint], prefix: "/kvfabric-test".into(), ttl: Duration::from_secs(2) }
+        MembershipSource::Etcd {
+            endpoints: vec![endpoint],
+            prefix: "/kvfabric-test".into(),
+            ttl: Duration::from_secs(2),
+        }
     }
 
     #[tokio::test]
     async fn etcd_join_crash_and_clean_leave() {
         let etcd_proc = EtcdProcess::start().unwrap();
-        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint())).await.unwrap();
-        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint())).await.unwrap();
-        let c = Membership::start(node("c", 3000), etcd(etcd_proc.endpoint())).await.unwrap();
-        wait_for(&a, "a sees b and c", |v| v.contains("b") && v.contains("c"), Duration::from_secs(5)).await;
+        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint()))
+            .await
+            .unwrap();
+        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint()))
+            .await
+            .unwrap();
+        let c = Membership::start(node("c", 3000), etcd(etcd_proc.endpoint()))
+            .await
+            .unwrap();
+        wait_for(
+            &a,
+            "a sees b and c",
+            |v| v.contains("b") && v.contains("c"),
+            Duration::from_secs(5),
+        )
+        .await;
 
         // Crash: b's task dies without revoking its lease; a sees it go within TTL + 1 s.
         let mut b = b;
@@ -372,8 +444,17 @@ mod tests {
             t.abort();
         }
         b.stop.take();
-        let took = wait_for(&a, "b expires", |v| !v.contains("b"), Duration::from_secs(6)).await;
-        assert!(took <= Duration::from_secs(3) + Duration::from_millis(500), "took {took:?}");
+        let took = wait_for(
+            &a,
+            "b expires",
+            |v| !v.contains("b"),
+            Duration::from_secs(6),
+        )
+        .await;
+        assert!(
+            took <= Duration::from_secs(3) + Duration::from_millis(500),
+            "took {took:?}"
+        );
 
         // Clean leave: c revokes its lease; a sees it at once.
         c.leave().await;
@@ -385,24 +466,47 @@ mod tests {
     #[tokio::test]
     async fn etcd_outage_keeps_view_then_rejoins() {
         let mut etcd_proc = EtcdProcess::start().unwrap();
-        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint())).await.unwrap();
-        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint())).await.unwrap();
+        let a = Membership::start(node("a", 1000), etcd(etcd_proc.endpoint()))
+            .await
+            .unwrap();
+        let b = Membership::start(node("b", 2000), etcd(etcd_proc.endpoint()))
+            .await
+            .unwrap();
         wait_for(&a, "a sees b", |v| v.contains("b"), Duration::from_secs(5)).await;
         etcd_proc.stop();
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert!(a.view().contains("b"), "the last view is kept while etcd is down");
+        assert!(
+            a.view().contains("b"),
+            "the last view is kept while etcd is down"
+        );
         etcd_proc.restart().unwrap();
         // After etcd returns, the old leases are gone; both re-register.
         tokio::time::sleep(Duration::from_secs(4)).await;
-        wait_for(&a, "a sees b again", |v| v.contains("b"), Duration::from_secs(8)).await;
-        wait_for(&b, "b sees a again", |v| v.contains("a"), Duration::from_secs(8)).await;
+        wait_for(
+            &a,
+            "a sees b again",
+            |v| v.contains("b"),
+            Duration::from_secs(8),
+        )
+        .await;
+        wait_for(
+            &b,
+            "b sees a again",
+            |v| v.contains("a"),
+            Duration::from_secs(8),
+        )
+        .await;
     }
 
     #[tokio::test]
     async fn static_peers_probe_liveness() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let peer = NodeInfo { node_id: "p".into(), grpc_addr: format!("127.0.0.1:{port}"), transfer_addr: String::new() };
+        let peer = NodeInfo {
+            node_id: "p".into(),
+            grpc_addr: format!("127.0.0.1:{port}"),
+            transfer_addr: String::new(),
+        };
         let src = MembershipSource::Static {
             peers: vec![peer, node("me", 1)],
             probe_interval: Duration::from_millis(200),
@@ -411,16 +515,31 @@ mod tests {
         let m = Membership::start(node("me", 1), src).await.unwrap();
         wait_for(&m, "peer up", |v| v.contains("p"), Duration::from_secs(3)).await;
         drop(listener);
-        wait_for(&m, "peer down", |v| !v.contains("p"), Duration::from_secs(3)).await;
+        wait_for(
+            &m,
+            "peer down",
+            |v| !v.contains("p"),
+            Duration::from_secs(3),
+        )
+        .await;
         assert!(m.view().contains("me"));
     }
 
     #[tokio::test]
     async fn single_and_bad_config() {
-        let m = Membership::start(node("solo", 1), MembershipSource::Single).await.unwrap();
+        let m = Membership::start(node("solo", 1), MembershipSource::Single)
+            .await
+            .unwrap();
         let key = BlockKey([3; 32]);
-        assert_eq!(m.view().owner(&key).map(|n| n.node_id.as_str()), Some("solo"));
-        let bad = MembershipSource::Etcd { endpoints: vec![], prefix: "/x".into(), ttl: Duration::from_secs(5) };
+        assert_eq!(
+            m.view().owner(&key).map(|n| n.node_id.as_str()),
+            Some("solo")
+        );
+        let bad = MembershipSource::Etcd {
+            endpoints: vec![],
+            prefix: "/x".into(),
+            ttl: Duration::from_secs(5),
+        };
         assert!(Membership::start(node("x", 1), bad).await.is_err());
     }
 }

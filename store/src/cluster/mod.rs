@@ -1,14 +1,32 @@
-//! Cluster: membership, key ownership and directory shards.
+//! Cluster: membership, key ownership, directory shards, cross-node reads.
 //!
 //! - [`membership`]: which nodes are alive (single, static peers, or etcd).
 //! - [`rendezvous`]: which live node owns a key's directory entry.
 //! - [`directory`]: the entries a node owns (who holds which block, where).
+//! - [`config`]: the `[cluster]` section.
+//! - [`client`]: a CacheService client for tools and tests.
+//! - [`node`]: a node's cluster side (announce, locate, remote reads).
+//! - [`service`], [`rpc`], [`server`]: the cluster-wide CacheService, the
+//!   internal Directory/Holder services, and the node process that serves them.
 
+mod announce;
+pub mod client;
+pub mod config;
 pub mod directory;
-pub mod membership;
-pub mod rendezvous;
 #[doc(hidden)]
 pub mod etcd_process;
+pub mod membership;
+pub mod node;
+mod read;
+pub mod rendezvous;
+pub mod rpc;
+pub mod server;
+pub mod service;
+pub mod staging;
 
+pub use config::{parse_peer, ClusterConfig};
 pub use directory::{DirectoryShard, HolderEntry, HolderTier};
 pub use membership::{Membership, MembershipSource, MembershipView, NodeInfo};
+pub use node::{ClusterNode, FetchedBlock, ReadTarget};
+pub use server::{serve_cluster, serve_cluster_node, serve_node};
+pub use service::{ClusterCacheService, LOCAL_ONLY_HEADER};

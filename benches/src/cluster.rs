@@ -1,0 +1,406 @@
+//! `kvfabric bench cluster`: a 3-node cluster in this process (static peers
+//! on loopback, each node with its own gRPC server, directory shard and
+//! transfer engine over tcp), measuring
+//! - `lookup128_p50_us` / `lookup128_p99_us`: a 128-block prefix Lookup sent
+//!   to node C through its gRPC API, blocks held by A, entries spread over the
+//!   three owners (one batched Locate per owner, in parallel);
+//! - `remote_get_gbps`: C reading 1.5 MiB blocks held by A through the fabric
+//!   path ([`ClusterNode::get_into`]: locate at the owner, lease at the
+//!   holder, transfer READ into a registered destination, xxh3 verify in
+//!   place, release), `--concurrency` in flight;
+//! - `tcp_gbps`: the same engines moving the same 1.5 MiB ranges of A's RAM
+//!   arena with plain transfer READs, same concurrency, in the same run;
+//! - `remote_get_ratio` = remote_get_gbps / tcp_gbps (target >= 0.8).
+//!
+//! Bandwidths are GB/s (1e9 bytes/s).
+
+use std::net::TcpListener as StdListener;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use futures::StreamExt;
+use kvfabric_store::cluster::{client, serve_cluster_node, ClusterConfig, ClusterNode, ReadTarget};
+use kvfabric_store::{
+    BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, PutOptions,
+    Registry, Store,
+};
+use kvfabric_transfer::{SharedRegion, TransferOp};
+use serde_json::{json, Value};
+
+/// Arguments of `kvfabric bench cluster`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Lookups of the 128-block prefix measured.
+    #[arg(long, default_value_t = 500)]
+    pub lookups: usize,
+    /// Bytes per block in the remote get run (default 1.5 MiB).
+    #[arg(long, default_value_t = 3 << 19)]
+    pub block_bytes: usize,
+    /// Distinct blocks A holds for the remote get run.
+    #[arg(long, default_value_t = 64)]
+    pub blocks: usize,
+    /// Reads in flight in the remote get and tcp runs.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+}
+
+/// Run the bench and print its report.
+pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
+    let args = args.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let report = rt.block_on(measure(&args))?;
+        if args.json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print_table(&report);
+        }
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow!("bench thread panicked"))?
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn layout(block_bytes: usize) -> KvLayout {
+    // 2 layers x K,V x 64 tokens x 1 head x head_dim f16 = block_bytes.
+    KvLayout {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: (block_bytes / (2 * 2 * 64 * 2)).max(1) as u32,
+        dtype: DType::F16,
+        block_tokens: 64,
+        order: BlockOrder::LayerKvTokenHead,
+    }
+}
+
+struct Started {
+    nodes: Vec<Arc<ClusterNode>>,
+}
+
+async fn start_cluster(ram: u64) -> anyhow::Result<Started> {
+    let ids = ["a", "b", "c"];
+    let mut ports = Vec::new();
+    for _ in &ids {
+        ports.push((free_port()?, free_port()?));
+    }
+    let peers: Vec<String> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, (g, t))| format!("{id}=127.0.0.1:{g}=127.0.0.1:{t}"))
+        .collect();
+    let mut nodes = Vec::new();
+    for (id, (g, t)) in ids.iter().zip(&ports) {
+        let cfg = NodeConfig {
+            node_id: (*id).into(),
+            ram_capacity: bytesize::ByteSize::b(ram),
+            ..NodeConfig::default()
+        };
+        let mut registry = Registry::default();
+        let store = Store::open(cfg, &mut registry)?;
+        let cluster = ClusterConfig {
+            peers: peers.clone(),
+            transfer_listen: format!("127.0.0.1:{t}"),
+            transfer_transport: "tcp".into(),
+            probe_interval_ms: 200,
+            ..ClusterConfig::default()
+        };
+        let grpc = tokio::net::TcpListener::bind(("127.0.0.1", *g)).await?;
+        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let node = ClusterNode::start(store, cluster, grpc.local_addr()?, &mut registry).await?;
+        tokio::spawn(serve_cluster_node(
+            node.clone(),
+            registry,
+            grpc,
+            http,
+            futures::future::pending(),
+        ));
+        nodes.push(node);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while nodes.iter().any(|n| n.view().nodes.len() < 3) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the 3 nodes did not see each other within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(Started { nodes })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
+    let ram = ((args.blocks * args.block_bytes) as u64 * 2).max(256 << 20);
+    let cluster = start_cluster(ram).await?;
+    let (a, c) = (cluster.nodes[0].clone(), cluster.nodes[2].clone());
+
+    // 128-block prefix held by A; directory entries spread over a, b, c.
+    let small = KvLayout {
+        head_dim: 16,
+        ..layout(4096)
+    };
+    let chain = KeyChain::new(b"bench", &ModelFingerprint::new(&[1; 32], "llama"), &small);
+    let tokens: Vec<u32> = (0..128 * 64).collect();
+    let prefix = chain.keys(&tokens);
+    let small_block = vec![7u8; small.block_bytes()];
+    for k in &prefix {
+        a.store()
+            .put(*k, small, &small_block, PutOptions::default())?;
+    }
+    a.sync(false).await;
+    let mut cc = client::connect(&c.info().grpc_addr, Duration::from_secs(5)).await?;
+    let req = kvfabric_proto::v1::LookupRequest {
+        keys: prefix.iter().map(|k| k.as_bytes().to_vec()).collect(),
+        with_holders: true,
+    };
+    let mut lat = Vec::with_capacity(args.lookups);
+    for i in 0..args.lookups + 20 {
+        let t = Instant::now();
+        let r = cc
+            .lookup(req.clone())
+            .await
+            .map_err(|s| anyhow!("lookup: {s}"))?
+            .into_inner();
+        let us = t.elapsed().as_secs_f64() * 1e6;
+        anyhow::ensure!(
+            r.prefix_blocks == 128,
+            "lookup found {} of 128 blocks",
+            r.prefix_blocks
+        );
+        if i >= 20 {
+            lat.push(us);
+        }
+    }
+    lat.sort_by(|x, y| x.total_cmp(y));
+
+    // Remote gets of 1.5 MiB blocks held by A, read by C.
+    let big = layout(args.block_bytes);
+    let block_bytes = big.block_bytes();
+    let bchain = KeyChain::new(
+        b"bench-get",
+        &ModelFingerprint::new(&[2; 32], "llama"),
+        &big,
+    );
+    let btokens: Vec<u32> = (0..(args.blocks * 64) as u32).collect();
+    let keys = bchain.keys(&btokens);
+    let mut data = vec![0u8; block_bytes];
+    for (i, k) in keys.iter().enumerate() {
+        data.iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = (i * 31 + j) as u8);
+        a.store().put(*k, big, &data, PutOptions::default())?;
+    }
+    a.sync(false).await;
+    let secs = Duration::from_secs(args.seconds);
+    // Warm-up: every block once (also checks they are all remote reads from A).
+    for k in &keys {
+        let b = c
+            .get(k)
+            .await?
+            .ok_or_else(|| anyhow!("block {k:?} not found from C"))?;
+        anyhow::ensure!(
+            b.node_id == "a" && b.data.len() == block_bytes,
+            "unexpected read: {} {}",
+            b.node_id,
+            b.data.len()
+        );
+    }
+    // Destination: a region registered with C's engine, one slot per read in
+    // flight (the same destination the tcp baseline below reads into).
+    let slots_n = args.concurrency.max(1);
+    let dest = Arc::new(SharedRegion::create("bench-dest", block_bytes * slots_n)?);
+    let seg = c.transfer().register(dest.clone());
+    let slots = Arc::new(tokio::sync::Mutex::new(
+        (0..slots_n).collect::<Vec<usize>>(),
+    ));
+    let remote_gbps = throughput(secs, args.concurrency, &keys, |k: BlockKey| {
+        let (c, dest, slots) = (c.clone(), dest.clone(), slots.clone());
+        async move {
+            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
+            let target = ReadTarget {
+                region: &dest,
+                segment: seg,
+                offset: (slot * block_bytes) as u64,
+                capacity: block_bytes as u64,
+            };
+            let r = c.get_into(&k, &target).await;
+            slots.lock().await.push(slot);
+            match r {
+                Ok(Some((b, len))) if b.node_id == "a" => Ok(len),
+                Ok(Some((b, _))) => Err(anyhow!("read served by {} instead of a", b.node_id)),
+                Ok(None) => Err(anyhow!("remote get missed")),
+                Err(e) => Err(e.into()),
+            }
+        }
+    })
+    .await?;
+
+    // Plain transfer READs of the same ranges of A's RAM arena, same engines.
+    let offsets: Vec<u64> = {
+        let mut v = Vec::new();
+        for k in &keys {
+            let off = a
+                .store()
+                .lease(k)?
+                .map(|l| l.region_offset())
+                .ok_or_else(|| anyhow!("block vanished from A"))?;
+            v.push(off);
+        }
+        v
+    };
+    let remote_seg = a.ram_segment();
+    let peer = a.info().transfer_addr.clone();
+    let tcp_gbps = throughput(secs, args.concurrency, &offsets, |off: u64| {
+        let (c, peer, slots) = (c.clone(), peer.clone(), slots.clone());
+        async move {
+            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
+            let op = TransferOp::read(
+                seg,
+                (slot * block_bytes) as u64,
+                remote_seg,
+                off,
+                block_bytes as u64,
+            );
+            let r = c.transfer().batch(&peer, vec![op]).await;
+            slots.lock().await.push(slot);
+            match r.into_iter().next() {
+                Some(Ok(())) => Ok(block_bytes as u64),
+                Some(Err(e)) => Err(anyhow!("transfer: {e}")),
+                None => Err(anyhow!("no result")),
+            }
+        }
+    })
+    .await
+    .context("tcp baseline")?;
+
+    Ok(json!({
+        "nodes": 3,
+        "lookup_blocks": 128,
+        "lookup128_p50_us": percentile(&lat, 0.50),
+        "lookup128_p99_us": percentile(&lat, 0.99),
+        "block_bytes": block_bytes,
+        "concurrency": args.concurrency,
+        "remote_get_gbps": remote_gbps,
+        "tcp_gbps": tcp_gbps,
+        "remote_get_ratio": if tcp_gbps > 0.0 { remote_gbps / tcp_gbps } else { 0.0 },
+        "transport": "tcp",
+    }))
+}
+
+/// Run `op` over `items` round-robin with `concurrency` in flight for `dur`; GB/s.
+async fn throughput<T, F, Fut>(
+    dur: Duration,
+    concurrency: usize,
+    items: &[T],
+    op: F,
+) -> anyhow::Result<f64>
+where
+    T: Copy,
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<u64>>,
+{
+    anyhow::ensure!(!items.is_empty(), "nothing to read");
+    let start = Instant::now();
+    let mut bytes = 0u64;
+    let mut next = 0usize;
+    let mut inflight = futures::stream::FuturesUnordered::new();
+    loop {
+        while inflight.len() < concurrency.max(1) && start.elapsed() < dur {
+            inflight.push(op(items[next % items.len()]));
+            next += 1;
+        }
+        match inflight.next().await {
+            Some(r) => bytes += r?,
+            None => break,
+        }
+    }
+    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
+}
+
+fn print_table(r: &Value) {
+    println!("kvfabric bench cluster (3 nodes in-process, loopback, tcp transport)");
+    for k in [
+        "lookup128_p50_us",
+        "lookup128_p99_us",
+        "remote_get_gbps",
+        "tcp_gbps",
+        "remote_get_ratio",
+    ] {
+        println!("{k:<20} {:>10.3}", r[k].as_f64().unwrap_or(0.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(seconds: u64, blocks: usize, lookups: usize) -> ClusterArgs {
+        ClusterArgs {
+            json: true,
+            lookups,
+            block_bytes: 3 << 19,
+            blocks,
+            concurrency: 4,
+            seconds,
+        }
+    }
+
+    fn check(r: &Value) {
+        for k in [
+            "lookup128_p50_us",
+            "lookup128_p99_us",
+            "remote_get_gbps",
+            "tcp_gbps",
+            "remote_get_ratio",
+        ] {
+            let v = r[k].as_f64().unwrap_or(-1.0);
+            assert!(v > 0.0, "{k} = {v} in {r}");
+        }
+        assert!(r["lookup128_p99_us"].as_f64() >= r["lookup128_p50_us"].as_f64());
+    }
+
+    /// Smoke run: every figure is measured and positive (no timing asserted).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_bench_measures_every_figure() {
+        let r = measure(&args(1, 8, 50)).await.unwrap();
+        println!("{r}");
+        check(&r);
+    }
+
+    /// The full bench with default arguments (`-- --ignored --nocapture` prints the report).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore]
+    async fn cluster_bench_full() {
+        let d = ClusterArgs {
+            json: true,
+            lookups: 500,
+            block_bytes: 3 << 19,
+            blocks: 64,
+            concurrency: 4,
+            seconds: 3,
+        };
+        let r = measure(&d).await.unwrap();
+        println!("{r}");
+        check(&r);
+    }
+}

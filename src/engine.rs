@@ -1,0 +1,54 @@
+//! `kvfabric engine`: the bundled engine serving the OpenAI API.
+//!
+//! Loads the `[engine]` configuration, resolves `--model` (a GGUF path, or
+//! `smollm2` for the reference model, fetched and verified on first use) and
+//! runs the engine until SIGINT/SIGTERM.
+
+use std::path::Path;
+
+use clap::Args;
+use serde::Serialize;
+
+/// Flags of `[engine]`; unset flags leave the file/env values alone.
+#[derive(Args, Debug, Serialize, Default)]
+pub struct EngineFlags {
+    /// Kernel threads, 0 = one per core [env: KVFABRIC_THREADS] [default: 0].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    /// Tokens per KV block, the unit shared with the fabric [env: KVFABRIC_BLOCK_TOKENS] [default: 64].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_tokens: Option<usize>,
+    /// Memory of the paged KV pool, e.g. 1GiB [env: KVFABRIC_KV_POOL] [default: 512MiB].
+    #[arg(long, value_name = "SIZE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_pool: Option<String>,
+    /// Most tokens in one forward step [env: KVFABRIC_MAX_BATCH_TOKENS] [default: 2048].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_batch_tokens: Option<usize>,
+    /// Most sequences running at once [env: KVFABRIC_MAX_SEQS] [default: 16].
+    #[arg(long, value_name = "N")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_seqs: Option<usize>,
+    /// both | prefill | decode [env: KVFABRIC_ROLE] [default: both].
+    #[arg(long, value_name = "ROLE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// HTTP listen address of the OpenAI API [env: KVFABRIC_LISTEN] [default: 127.0.0.1:8000].
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Model id the API answers to [env: KVFABRIC_MODEL_NAME] [default: smollm2].
+    #[arg(long, value_name = "NAME")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_name: Option<String>,
+}
+
+/// Run the engine on `model` until a shutdown signal.
+pub async fn run(cfg: kvfabric_engine::EngineConfig, model: &Path) -> anyhow::Result<()> {
+    tracing::info!(listen = %cfg.listen, model = %model.display(), "starting engine");
+    kvfabric_engine::run(cfg, model, crate::node::shutdown_signal()).await?;
+    Ok(())
+}

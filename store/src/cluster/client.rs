@@ -1,0 +1,105 @@
+//! A small client of a node's CacheService for tools and tests (`kvfabric
+//! ctl`, the cluster tests and bench): connect with a timeout, put a whole
+//! block, get a whole block. Callers need no gRPC crates of their own.
+
+use std::time::Duration;
+
+use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
+use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::keys::{BlockKey, KvLayout};
+use crate::StoreError;
+
+/// A CacheService client on one channel.
+pub type CacheClient = CacheServiceClient<Channel>;
+
+/// Size of the data chunks a put streams.
+const PUT_CHUNK: usize = 1 << 20;
+
+/// Connect to the node at `addr` (`host:port` or `http://host:port`).
+pub async fn connect(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
+    let url = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    let ep = Endpoint::from_shared(url)
+        .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .tcp_nodelay(true);
+    let ch = ep
+        .connect()
+        .await
+        .map_err(|e| StoreError::Server(format!("connect {addr}: {e}")))?;
+    Ok(CacheServiceClient::new(ch)
+        .max_decoding_message_size(256 << 20)
+        .max_encoding_message_size(256 << 20))
+}
+
+/// Put one whole block (streamed in 1 MiB chunks).
+pub async fn put_block(
+    client: &mut CacheClient,
+    key: &BlockKey,
+    layout: &KvLayout,
+    data: &[u8],
+    durable: bool,
+) -> Result<PutResponse, tonic::Status> {
+    let header = PutHeader {
+        key: key.as_bytes().to_vec(),
+        layout: Some(layout.into()),
+        size: data.len() as u64,
+        checksum: None,
+        durable,
+        tokens: 0,
+    };
+    let mut msgs = Vec::with_capacity(data.len() / PUT_CHUNK + 1);
+    let mut chunks = data.chunks(PUT_CHUNK);
+    msgs.push(PutRequest {
+        header: Some(header),
+        data: chunks.next().map(<[u8]>::to_vec).unwrap_or_default(),
+    });
+    for c in chunks {
+        msgs.push(PutRequest {
+            header: None,
+            data: c.to_vec(),
+        });
+    }
+    Ok(client.put(futures::stream::iter(msgs)).await?.into_inner())
+}
+
+/// Get one whole block: None when no node holds it (NOT_FOUND).
+pub async fn get_block(
+    client: &mut CacheClient,
+    key: &BlockKey,
+) -> Result<Option<(GetHeader, Vec<u8>)>, tonic::Status> {
+    let req = GetRequest {
+        key: key.as_bytes().to_vec(),
+        offset: 0,
+        length: 0,
+    };
+    let mut stream = match client.get(req).await {
+        Ok(s) => s.into_inner(),
+        Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
+        Err(s) => return Err(s),
+    };
+    let mut header = None;
+    let mut data = Vec::new();
+    while let Some(m) = stream.message().await? {
+        if let Some(h) = m.header {
+            data.reserve(h.size as usize);
+            header = Some(h);
+        }
+        data.extend_from_slice(&m.data);
+    }
+    match header {
+        Some(h) => Ok(Some((h, data))),
+        None => Err(tonic::Status::internal("get stream carried no header")),
+    }
+}
+
+/// True when `status` is a miss (NOT_FOUND), as opposed to a failed request.
+pub fn is_miss(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::NotFound
+}

@@ -1,0 +1,206 @@
+//! `ClusterConfig`: how a node joins a cluster (`[cluster]` section).
+//!
+//! Membership is etcd when `etcd` lists endpoints, a static peer list when
+//! `peers` is set, and a single embedded node otherwise. The transfer engine
+//! listens on `transfer_listen`; what peers are told (`advertise_*`) defaults
+//! to the addresses actually bound. Unknown keys are refused, like `[node]`.
+
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::membership::{MembershipSource, NodeInfo};
+use crate::StoreError;
+
+/// Configuration of a node's cluster side (`[cluster]` section).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd endpoints (`http://host:port`); non-empty = etcd membership. Default: none.
+    pub etcd: Vec<String>,
+    /// Key prefix of this cluster in etcd. Default: "/kvfabric".
+    pub etcd_prefix: String,
+    /// etcd lease TTL in milliseconds (rounded up to whole seconds). Default: 5000.
+    pub lease_ttl_ms: u64,
+    /// Static peers, each `node_id=grpc_host:port=transfer_host:port`. Default: none.
+    pub peers: Vec<String>,
+    /// Static peers: liveness probe period in milliseconds. Default: 500.
+    pub probe_interval_ms: u64,
+    /// Static peers: a peer silent this long leaves the view. Default: 2000.
+    pub failure_timeout_ms: u64,
+    /// Transfer engine listen address. Default: 127.0.0.1:0 (an ephemeral port).
+    pub transfer_listen: String,
+    /// Transfer transport: auto, tcp or shm. Default: auto.
+    pub transfer_transport: String,
+    /// gRPC address peers use for this node. Default: the bound gRPC address.
+    pub advertise_grpc: Option<String>,
+    /// Transfer address peers use for this node. Default: the bound transfer address.
+    pub advertise_transfer: Option<String>,
+    /// Timeout of one node-to-node RPC (Locate, Announce, Stats, ...). Default: 1000.
+    pub rpc_timeout_ms: u64,
+    /// Timeout of one remote block read (lease + transfer). Default: 3000.
+    pub remote_read_timeout_ms: u64,
+    /// Period of the holdings reconciliation (announce new, withdraw gone blocks). Default: 1000.
+    pub reconcile_interval_ms: u64,
+    /// Size of the staging region remote reads land in. Default: 64MiB.
+    pub staging_capacity: ByteSize,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            etcd: Vec::new(),
+            etcd_prefix: "/kvfabric".into(),
+            lease_ttl_ms: 5000,
+            peers: Vec::new(),
+            probe_interval_ms: 500,
+            failure_timeout_ms: 2000,
+            transfer_listen: "127.0.0.1:0".into(),
+            transfer_transport: "auto".into(),
+            advertise_grpc: None,
+            advertise_transfer: None,
+            rpc_timeout_ms: 1000,
+            remote_read_timeout_ms: 3000,
+            reconcile_interval_ms: 1000,
+            staging_capacity: ByteSize::mib(64),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Refuse settings that cannot work.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let bad = |m: String| Err(StoreError::Config(m));
+        if !self.etcd.is_empty() && !self.peers.is_empty() {
+            return bad("give either etcd endpoints or static peers, not both".into());
+        }
+        for p in &self.peers {
+            parse_peer(p)?;
+        }
+        for (name, v) in [
+            ("lease_ttl_ms", self.lease_ttl_ms),
+            ("probe_interval_ms", self.probe_interval_ms),
+            ("failure_timeout_ms", self.failure_timeout_ms),
+            ("rpc_timeout_ms", self.rpc_timeout_ms),
+            ("remote_read_timeout_ms", self.remote_read_timeout_ms),
+            ("reconcile_interval_ms", self.reconcile_interval_ms),
+        ] {
+            if v == 0 {
+                return bad(format!("{name} is zero"));
+            }
+        }
+        self.transport()?;
+        if self.staging_capacity.as_u64() < 4096 {
+            return bad("staging_capacity is below one page".into());
+        }
+        Ok(())
+    }
+
+    /// The transfer transport to use.
+    pub fn transport(&self) -> Result<kvfabric_transfer::TransportChoice, StoreError> {
+        use kvfabric_transfer::TransportChoice;
+        match self.transfer_transport.as_str() {
+            "auto" => Ok(TransportChoice::Auto),
+            "tcp" => Ok(TransportChoice::Tcp),
+            "shm" => Ok(TransportChoice::Shm),
+            other => Err(StoreError::Config(format!(
+                "transfer_transport {other:?} is not auto, tcp or shm"
+            ))),
+        }
+    }
+
+    /// The membership source these settings describe.
+    pub fn membership_source(&self) -> Result<MembershipSource, StoreError> {
+        if !self.etcd.is_empty() {
+            return Ok(MembershipSource::Etcd {
+                endpoints: self.etcd.clone(),
+                prefix: self.etcd_prefix.clone(),
+                ttl: Duration::from_millis(self.lease_ttl_ms),
+            });
+        }
+        if !self.peers.is_empty() {
+            let peers = self
+                .peers
+                .iter()
+                .map(|p| parse_peer(p))
+                .collect::<Result<_, _>>()?;
+            return Ok(MembershipSource::Static {
+                peers,
+                probe_interval: Duration::from_millis(self.probe_interval_ms),
+                failure_timeout: Duration::from_millis(self.failure_timeout_ms),
+            });
+        }
+        Ok(MembershipSource::Single)
+    }
+
+    /// RPC timeout as a duration.
+    pub fn rpc_timeout(&self) -> Duration {
+        Duration::from_millis(self.rpc_timeout_ms)
+    }
+
+    /// Remote read timeout as a duration.
+    pub fn remote_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.remote_read_timeout_ms)
+    }
+}
+
+/// Parse one static peer, `node_id=grpc_host:port=transfer_host:port`.
+pub fn parse_peer(s: &str) -> Result<NodeInfo, StoreError> {
+    let parts: Vec<&str> = s.split('=').collect();
+    match parts.as_slice() {
+        [id, grpc, transfer] if !id.is_empty() && !grpc.is_empty() && !transfer.is_empty() => {
+            Ok(NodeInfo {
+                node_id: (*id).to_string(),
+                grpc_addr: (*grpc).to_string(),
+                transfer_addr: (*transfer).to_string(),
+            })
+        }
+        _ => Err(StoreError::Config(format!(
+            "peer {s:?} is not node_id=grpc_host:port=transfer_host:port"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_and_peer_syntax() {
+        let c = ClusterConfig::default();
+        c.validate().unwrap();
+        assert!(matches!(
+            c.membership_source().unwrap(),
+            MembershipSource::Single
+        ));
+        let c = ClusterConfig {
+            peers: vec!["a=127.0.0.1:1=127.0.0.1:2".into()],
+            ..Default::default()
+        };
+        match c.membership_source().unwrap() {
+            MembershipSource::Static { peers, .. } => {
+                assert_eq!(peers[0].node_id, "a");
+                assert_eq!(peers[0].transfer_addr, "127.0.0.1:2");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = ClusterConfig {
+            peers: vec!["a=127.0.0.1:1".into()],
+            ..Default::default()
+        };
+        assert!(bad.validate().is_err());
+        let both = ClusterConfig {
+            etcd: vec!["http://x:1".into()],
+            peers: vec!["a=b=c".into()],
+            ..Default::default()
+        };
+        assert!(both.validate().is_err());
+        let tr = ClusterConfig {
+            transfer_transport: "udp".into(),
+            ..Default::default()
+        };
+        assert!(tr.validate().is_err());
+        assert!(serde_json::from_str::<ClusterConfig>(r#"{"etcdd":[]}"#).is_err());
+    }
+}

@@ -1,0 +1,439 @@
+//! `ClusterNode`: one node's cluster side — membership, its directory shard,
+//! the transfer engine with the RAM arena registered, and the cluster-wide
+//! read path (locate at owners, read from the best holder).
+//!
+//! Whole-block reads (local, else remote holders) live in `read.rs`;
+//! announcements and membership handling in `announce.rs`.
+//!
+//! Directory entries are soft state kept in step with what the store holds by
+//! [`ClusterNode::sync`]: it diffs the store's holdings against what was last
+//! announced and sends one batched Announce / Withdraw per owner. It runs
+//! after every put through the gRPC API, on every membership change (keys
+//! whose owner changed are re-announced; owners drop entries of nodes that
+//! left and keys they no longer own), and periodically (evictions; a full
+//! refresh every 30 periods re-seeds an owner that restarted unseen).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
+use kvfabric_proto::internal::v1::LocateRequest;
+use kvfabric_proto::v1::{Holder, Tier};
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferConfig, TransferEngine};
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use tokio::sync::{watch, Notify};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster::config::ClusterConfig;
+use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
+use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
+pub use crate::cluster::read::{FetchedBlock, ReadTarget};
+use crate::cluster::staging::Staging;
+use crate::keys::BlockKey;
+use crate::lifecycle::{BlockInfo, ReadLease};
+use crate::store::Store;
+use crate::StoreError;
+
+/// Longest a holder keeps a block leased for a reader.
+const MAX_LEASE: Duration = Duration::from_secs(60);
+
+/// A lease a holder keeps for a remote reader until Release or expiry.
+pub(super) struct HeldLease {
+    _lease: ReadLease,
+    deadline: Instant,
+}
+
+/// One node's cluster state.
+pub struct ClusterNode {
+    pub(super) me: NodeInfo,
+    pub(super) cfg: ClusterConfig,
+    pub(super) store: Store,
+    pub(super) membership: Mutex<Option<Membership>>,
+    pub(super) view_rx: watch::Receiver<Arc<MembershipView>>,
+    pub(super) transfer: TransferEngine,
+    pub(super) ram_segment: SegmentId,
+    pub(super) staging: Arc<Staging>,
+    pub(super) shard: Mutex<DirectoryShard>,
+    pub(super) channels: Mutex<HashMap<String, Channel>>,
+    pub(super) leases: Mutex<HashMap<u64, HeldLease>>,
+    pub(super) next_lease: AtomicU64,
+    /// key -> (owner it was announced to, entry announced)
+    pub(super) announced: tokio::sync::Mutex<HashMap<BlockKey, (String, HolderEntry)>>,
+    pub(super) kick: Notify,
+}
+
+pub(crate) fn tier_of(t: Tier) -> HolderTier {
+    match t {
+        Tier::Vram => HolderTier::Vram,
+        Tier::Disk => HolderTier::Disk,
+        _ => HolderTier::Ram,
+    }
+}
+
+pub(crate) fn tier_pb(t: HolderTier) -> Tier {
+    match t {
+        HolderTier::Vram => Tier::Vram,
+        HolderTier::Ram => Tier::Ram,
+        HolderTier::Disk => Tier::Disk,
+    }
+}
+
+pub(crate) fn holder_pb(e: &HolderEntry) -> Holder {
+    Holder {
+        node_id: e.node_id.clone(),
+        tier: tier_pb(e.tier) as i32,
+        size: e.size,
+        checksum: e.checksum,
+    }
+}
+
+pub(crate) fn holder_entry(h: &Holder) -> HolderEntry {
+    HolderEntry {
+        node_id: h.node_id.clone(),
+        tier: tier_of(Tier::try_from(h.tier).unwrap_or(Tier::Ram)),
+        size: h.size,
+        checksum: h.checksum,
+    }
+}
+
+impl ClusterNode {
+    /// Start the transfer engine (RAM arena registered), the staging region and
+    /// membership; `grpc_addr` is the bound gRPC address (advertised unless
+    /// `advertise_grpc` says otherwise).
+    pub async fn start(
+        store: Store,
+        cfg: ClusterConfig,
+        grpc_addr: SocketAddr,
+        registry: &mut Registry,
+    ) -> Result<Arc<Self>, StoreError> {
+        cfg.validate()?;
+        let node_id = store.config().node_id.clone();
+        let tcfg = TransferConfig {
+            listen: cfg.transfer_listen.clone(),
+            transport: cfg.transport()?,
+            node_name: Some(node_id.clone()),
+            op_timeout_ms: cfg.remote_read_timeout_ms,
+            ..TransferConfig::default()
+        };
+        let transfer = TransferEngine::start(tcfg, registry).await?;
+        let ram_segment = transfer.register(store.region().clone());
+        let staging_region = Arc::new(SharedRegion::create(
+            "kvfabric-staging",
+            cfg.staging_capacity.as_u64() as usize,
+        )?);
+        let staging = Staging::new(staging_region.clone(), transfer.register(staging_region));
+        let me = NodeInfo {
+            node_id,
+            grpc_addr: cfg
+                .advertise_grpc
+                .clone()
+                .unwrap_or_else(|| grpc_addr.to_string()),
+            transfer_addr: cfg
+                .advertise_transfer
+                .clone()
+                .unwrap_or_else(|| transfer.local_addr().to_string()),
+        };
+        let membership = Membership::start(me.clone(), cfg.membership_source()?).await?;
+        let view_rx = membership.subscribe();
+        tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
+        let node = Arc::new(ClusterNode {
+            me,
+            cfg,
+            store,
+            membership: Mutex::new(Some(membership)),
+            view_rx,
+            transfer,
+            ram_segment,
+            staging,
+            shard: Mutex::new(DirectoryShard::default()),
+            channels: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(1),
+            announced: tokio::sync::Mutex::new(HashMap::new()),
+            kick: Notify::new(),
+        });
+        tokio::spawn(crate::cluster::announce::background(
+            Arc::downgrade(&node),
+            node.view_rx.clone(),
+        ));
+        Ok(node)
+    }
+
+    /// This node as peers see it.
+    pub fn info(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// The local store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The cluster settings.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// The transfer engine (its RAM arena is registered).
+    pub fn transfer(&self) -> &TransferEngine {
+        &self.transfer
+    }
+
+    /// The transfer segment id of this node's RAM arena.
+    pub fn ram_segment(&self) -> SegmentId {
+        self.ram_segment
+    }
+
+    /// The current membership view.
+    pub fn view(&self) -> Arc<MembershipView> {
+        self.view_rx.borrow().clone()
+    }
+
+    /// Leave the cluster cleanly (etcd: the lease is revoked, peers see it at once).
+    pub async fn leave(&self) {
+        let m = self.membership.lock().take();
+        if let Some(m) = m {
+            m.leave().await;
+        }
+    }
+
+    /// Ask for a reconcile soon (e.g. after a put that bypassed the gRPC API).
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, StoreError> {
+        if let Some(c) = self.channels.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let ep = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| StoreError::Config(format!("peer address {addr:?}: {e}")))?
+            .connect_timeout(self.cfg.rpc_timeout())
+            .tcp_nodelay(true);
+        let ch = ep.connect_lazy();
+        self.channels.lock().insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    pub(super) fn directory_client(
+        &self,
+        addr: &str,
+    ) -> Result<DirectoryServiceClient<Channel>, StoreError> {
+        let limit = 256 << 20;
+        Ok(DirectoryServiceClient::new(self.channel(addr)?)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit))
+    }
+
+    // ---- directory shard (owner side) ----
+
+    pub(crate) fn shard_announce(&self, entries: Vec<(BlockKey, HolderEntry)>) -> usize {
+        let mut shard = self.shard.lock();
+        let n = entries.len();
+        for (k, e) in entries {
+            shard.announce(k, e);
+        }
+        n
+    }
+
+    pub(crate) fn shard_withdraw(&self, node_id: &str, keys: &[BlockKey]) -> usize {
+        let mut shard = self.shard.lock();
+        keys.iter().filter(|k| shard.withdraw(node_id, k)).count()
+    }
+
+    /// Holders of `keys` in this node's shard, best first, live nodes only.
+    /// Entries naming this node for blocks it no longer stores are dropped.
+    pub(crate) fn shard_locate(&self, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        let view = self.view();
+        let mut out: Vec<Vec<HolderEntry>> = {
+            let shard = self.shard.lock();
+            keys.iter()
+                .map(|k| {
+                    shard
+                        .locate(k)
+                        .iter()
+                        .filter(|h| view.contains(&h.node_id))
+                        .cloned()
+                        .collect()
+                })
+                .collect()
+        };
+        let mine: Vec<usize> = (0..keys.len())
+            .filter(|&i| out[i].iter().any(|h| h.node_id == self.me.node_id))
+            .collect();
+        if !mine.is_empty() {
+            let probe: Vec<BlockKey> = mine.iter().map(|&i| keys[i]).collect();
+            let present = self.store.exists(&probe);
+            let mut gone = Vec::new();
+            for (&i, here) in mine.iter().zip(present) {
+                if !here {
+                    out[i].retain(|h| h.node_id != self.me.node_id);
+                    gone.push(keys[i]);
+                }
+            }
+            self.shard_withdraw(&self.me.node_id.clone(), &gone);
+        }
+        out
+    }
+
+    // ---- cluster-wide reads ----
+
+    /// Holders of each key anywhere in the cluster, best first (this node
+    /// first, then remote RAM, then remote disk). One Locate per owner, in
+    /// parallel; an owner that fails to answer yields no holders (misses).
+    pub async fn locate(&self, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        let view = self.view();
+        let local = self.store.block_infos(keys);
+        let mut out: Vec<Vec<HolderEntry>> = local
+            .iter()
+            .map(|i| {
+                i.iter()
+                    .map(|i| HolderEntry {
+                        node_id: self.me.node_id.clone(),
+                        tier: tier_of(i.tier),
+                        size: i.len,
+                        checksum: i.checksum,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut by_owner: HashMap<String, (NodeInfo, Vec<usize>)> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(owner) = view.owner(k) {
+                by_owner
+                    .entry(owner.node_id.clone())
+                    .or_insert_with(|| (owner.clone(), Vec::new()))
+                    .1
+                    .push(i);
+            }
+        }
+        let asks = by_owner.into_values().map(|(owner, idx)| async move {
+            let ks: Vec<BlockKey> = idx.iter().map(|&i| keys[i]).collect();
+            let found = if owner.node_id == self.me.node_id {
+                self.shard_locate(&ks)
+            } else {
+                self.remote_locate(&owner, &ks).await
+            };
+            (idx, found)
+        });
+        for (idx, found) in futures::future::join_all(asks).await {
+            for (i, holders) in idx.into_iter().zip(found) {
+                for h in holders {
+                    if h.node_id != self.me.node_id && view.contains(&h.node_id) {
+                        out[i].push(h);
+                    }
+                }
+            }
+        }
+        for holders in &mut out {
+            if holders.len() > 2 {
+                holders[1..]
+                    .sort_by(|a, b| a.tier.cmp(&b.tier).then_with(|| a.node_id.cmp(&b.node_id)));
+            }
+        }
+        out
+    }
+
+    async fn remote_locate(&self, owner: &NodeInfo, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        let req = LocateRequest {
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+        };
+        let call = async {
+            let mut c = self.directory_client(&owner.grpc_addr)?;
+            c.locate(req)
+                .await
+                .map_err(|s| StoreError::Server(format!("locate at {}: {s}", owner.node_id)))
+        };
+        match tokio::time::timeout(self.cfg.rpc_timeout(), call).await {
+            Ok(Ok(resp)) => {
+                let located = resp.into_inner().located;
+                if located.len() != keys.len() {
+                    tracing::warn!(owner = %owner.node_id, "locate answered {} of {} keys", located.len(), keys.len());
+                    return vec![Vec::new(); keys.len()];
+                }
+                located
+                    .iter()
+                    .map(|l| l.holders.iter().map(holder_entry).collect())
+                    .collect()
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "locate failed: counted as misses");
+                vec![Vec::new(); keys.len()]
+            }
+            Err(_) => {
+                tracing::debug!(owner = %owner.node_id, "locate timed out: counted as misses");
+                vec![Vec::new(); keys.len()]
+            }
+        }
+    }
+
+    /// Longest prefix of `keys` present anywhere, with the best holder of each
+    /// of its blocks. Counts the hits and misses in the node's lookup metrics.
+    pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
+        let located = self.locate(keys).await;
+        let prefix: Vec<HolderEntry> = located
+            .into_iter()
+            .map_while(|mut h| (!h.is_empty()).then(|| h.swap_remove(0)))
+            .collect();
+        let m = &self.store.shared.metrics;
+        m.lookup_hit_blocks.inc_by(prefix.len() as u64);
+        m.lookup_miss_blocks
+            .inc_by((keys.len() - prefix.len()) as u64);
+        prefix
+    }
+
+    /// Presence of each key anywhere in the cluster.
+    pub async fn exists(&self, keys: &[BlockKey]) -> Vec<bool> {
+        self.locate(keys)
+            .await
+            .into_iter()
+            .map(|h| !h.is_empty())
+            .collect()
+    }
+
+    // ---- holder side ----
+
+    /// Lease `key` for a remote reader (promoting it from disk if needed):
+    /// (lease id, RAM segment, offset, info); None when not stored here.
+    pub(crate) async fn lease_for_peer(
+        &self,
+        key: BlockKey,
+        ttl: Duration,
+    ) -> Result<Option<(u64, SegmentId, u64, BlockInfo)>, StoreError> {
+        let in_ram = self.store.block_infos(std::slice::from_ref(&key))[0]
+            .is_some_and(|i| i.tier == Tier::Ram);
+        let lease = if in_ram {
+            // A RAM block leases under the store lock alone: no blocking hop.
+            self.store.lease(&key)?
+        } else {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.lease(&key))
+                .await
+                .map_err(|e| StoreError::Server(format!("lease task: {e}")))??
+        };
+        let Some(lease) = lease else { return Ok(None) };
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let (offset, info) = (lease.region_offset(), *lease.info());
+        self.leases.lock().insert(
+            id,
+            HeldLease {
+                _lease: lease,
+                deadline: Instant::now() + ttl.min(MAX_LEASE),
+            },
+        );
+        Ok(Some((id, self.ram_segment, offset, info)))
+    }
+
+    pub(crate) fn release_lease(&self, id: u64) {
+        self.leases.lock().remove(&id);
+    }
+
+    pub(super) fn reap_leases(&self) {
+        let now = Instant::now();
+        self.leases.lock().retain(|_, l| l.deadline > now);
+    }
+}

@@ -1,0 +1,126 @@
+//! The internal gRPC services a cluster node serves to its peers:
+//! `DirectoryService` (its directory shard: Announce, Withdraw, Locate,
+//! ReportStale) and `HolderService` (read leases for remote reads).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvfabric_proto::internal::v1::directory_service_server::DirectoryService;
+use kvfabric_proto::internal::v1::holder_service_server::HolderService;
+use kvfabric_proto::internal::v1::{
+    AnnounceRequest, AnnounceResponse, LeaseRequest, LeaseResponse, LocateRequest, LocateResponse,
+    Located, ReleaseRequest, ReleaseResponse, StaleRequest, StaleResponse, WithdrawRequest,
+    WithdrawResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::cluster::node::{holder_entry, holder_pb, ClusterNode};
+use crate::keys::BlockKey;
+
+fn parse_keys(keys: &[Vec<u8>]) -> Result<Vec<BlockKey>, Status> {
+    keys.iter()
+        .map(|k| BlockKey::from_slice(k).map_err(Status::from))
+        .collect()
+}
+
+/// `DirectoryService` over a node's shard.
+pub struct DirectoryRpc(pub Arc<ClusterNode>);
+
+#[tonic::async_trait]
+impl DirectoryService for DirectoryRpc {
+    async fn announce(
+        &self,
+        req: Request<AnnounceRequest>,
+    ) -> Result<Response<AnnounceResponse>, Status> {
+        let req = req.into_inner();
+        let mut entries = Vec::with_capacity(req.entries.len());
+        for e in &req.entries {
+            let key = BlockKey::from_slice(&e.key)?;
+            let holder = e
+                .holder
+                .as_ref()
+                .ok_or_else(|| Status::invalid_argument("directory entry without holder"))?;
+            if holder.node_id != req.node_id {
+                return Err(Status::invalid_argument(format!(
+                    "{} announced a block for {}",
+                    req.node_id, holder.node_id
+                )));
+            }
+            entries.push((key, holder_entry(holder)));
+        }
+        // Accepted even when this node's view does not (yet) make it the owner:
+        // views converge, and the next view change trims what it does not own.
+        let accepted = self.0.shard_announce(entries) as u32;
+        Ok(Response::new(AnnounceResponse { accepted }))
+    }
+
+    async fn withdraw(
+        &self,
+        req: Request<WithdrawRequest>,
+    ) -> Result<Response<WithdrawResponse>, Status> {
+        let req = req.into_inner();
+        let keys = parse_keys(&req.keys)?;
+        let removed = self.0.shard_withdraw(&req.node_id, &keys) as u32;
+        Ok(Response::new(WithdrawResponse { removed }))
+    }
+
+    async fn locate(
+        &self,
+        req: Request<LocateRequest>,
+    ) -> Result<Response<LocateResponse>, Status> {
+        let keys = parse_keys(&req.into_inner().keys)?;
+        let located = self
+            .0
+            .shard_locate(&keys)
+            .into_iter()
+            .map(|hs| Located {
+                holders: hs.iter().map(holder_pb).collect(),
+            })
+            .collect();
+        Ok(Response::new(LocateResponse { located }))
+    }
+
+    async fn report_stale(
+        &self,
+        req: Request<StaleRequest>,
+    ) -> Result<Response<StaleResponse>, Status> {
+        let req = req.into_inner();
+        let keys = parse_keys(&req.keys)?;
+        let n = self.0.shard_withdraw(&req.node_id, &keys);
+        tracing::info!(holder = %req.node_id, entries = n, "stale directory entries dropped");
+        Ok(Response::new(StaleResponse {}))
+    }
+}
+
+/// `HolderService`: leases blocks of this node's RAM arena for remote readers.
+pub struct HolderRpc(pub Arc<ClusterNode>);
+
+#[tonic::async_trait]
+impl HolderService for HolderRpc {
+    async fn lease(&self, req: Request<LeaseRequest>) -> Result<Response<LeaseResponse>, Status> {
+        let req = req.into_inner();
+        let key = BlockKey::from_slice(&req.key)?;
+        let ttl = Duration::from_millis(req.ttl_ms.max(1));
+        let leased = self.0.lease_for_peer(key, ttl).await?;
+        let resp = match leased {
+            None => LeaseResponse::default(),
+            Some((lease_id, segment, offset, info)) => LeaseResponse {
+                lease_id,
+                segment_id: segment.0,
+                offset,
+                size: info.len,
+                checksum: info.checksum,
+                layout: Some((&info.layout).into()),
+            },
+        };
+        Ok(Response::new(resp))
+    }
+
+    async fn release(
+        &self,
+        req: Request<ReleaseRequest>,
+    ) -> Result<Response<ReleaseResponse>, Status> {
+        self.0.release_lease(req.into_inner().lease_id);
+        Ok(Response::new(ReleaseResponse {}))
+    }
+}

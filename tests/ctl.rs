@@ -1,0 +1,161 @@
+//! `kvfabric ctl` against a real 2-node cluster (static peers, loopback):
+//! status, watch, lookup of a token file, pin/unpin, evict, and its errors.
+
+mod cluster_support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use cluster_support::*;
+use kvfabric_store::ModelFingerprint;
+
+fn ctl(addr: &str, args: &[&str]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvfabric"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVFABRIC_") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .args(["ctl", "--addr", addr, "--timeout-ms", "3000"])
+        .args(args)
+        .output()
+        .expect("run kvfabric ctl");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(addr: &str, args: &[&str]) -> String {
+    let (success, out, err) = ctl(addr, args);
+    assert!(success, "ctl {args:?} failed: {err}");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctl_status_lookup_pin_evict_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let peers: Vec<String> = ["a", "b"]
+        .iter()
+        .zip(&ports)
+        .map(|(id, (g, t))| format!("{id}=127.0.0.1:{g}=127.0.0.1:{t}"))
+        .collect();
+    let flags = vec!["--peers".to_string(), peers.join(",")];
+    let a = NodeProc::start_on("a", dir.path(), &flags, false, ports[0].0, ports[0].1);
+    let b = NodeProc::start_on("b", dir.path(), &flags, false, ports[1].0, ports[1].1);
+    wait_members(&b, &["a", "b"], Duration::from_secs(15)).await;
+    wait_members(&a, &["a", "b"], Duration::from_secs(15)).await;
+
+    // A 6-block prompt, the first 4 blocks stored on A.
+    let seed = 40;
+    let ks = keys(seed, 6);
+    put_all(&mut a.client().await, &ks[..4], false).await;
+    let tokens: Vec<String> = (0..(6 * 16) as u32)
+        .map(|t| t.wrapping_mul(31).wrapping_add(seed).to_string())
+        .collect();
+    let token_file = dir.path().join("prompt.tokens");
+    std::fs::write(&token_file, tokens.join(" ")).unwrap();
+    let fp: String = ModelFingerprint::new(&[7; 32], "llama")
+        .0
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let tf = token_file.display().to_string();
+    let sel = [
+        "--tokens",
+        tf.as_str(),
+        "--model-fingerprint",
+        fp.as_str(),
+        "--namespace",
+        "cluster-test",
+        "--layers",
+        "2",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "16",
+        "--dtype",
+        "f16",
+        "--block-tokens",
+        "16",
+    ];
+    let addr = b.grpc.as_str();
+
+    let status: serde_json::Value = serde_json::from_str(&ok(addr, &["status", "--json"])).unwrap();
+    let nodes = status["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{status}");
+    let node_a = nodes.iter().find(|n| n["node_id"] == "a").unwrap();
+    assert_eq!(node_a["alive"], true);
+    assert_eq!(node_a["tiers"][0]["tier"], "ram");
+    assert_eq!(node_a["tiers"][0]["blocks"], 4);
+    assert!(node_a["tiers"][0]["capacity_bytes"].as_u64().unwrap() >= 32 << 20);
+    let table = ok(addr, &["status"]);
+    assert!(
+        table.contains("hit ratio") && table.contains('a') && table.contains("ram"),
+        "{table}"
+    );
+
+    let lookup = |json: bool| {
+        let mut args = vec!["lookup"];
+        args.extend(sel);
+        if json {
+            args.push("--json");
+        }
+        ok(addr, &args)
+    };
+    let r: serde_json::Value = serde_json::from_str(&lookup(true)).unwrap();
+    assert_eq!(r["blocks"], 6, "{r}");
+    assert_eq!(r["cached_blocks"], 4, "{r}");
+    assert_eq!(r["cached_tokens"], 64, "{r}");
+    assert_eq!(r["tokens"], 96, "{r}");
+    assert!(
+        r["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["node"] == "a"),
+        "{r}"
+    );
+    assert!(lookup(false).contains("cached: 64 of 96 tokens"));
+
+    let mut args = vec!["pin"];
+    args.extend(sel);
+    assert!(
+        ok(addr, &args).contains("pinned 4 "),
+        "pin reaches the holder A"
+    );
+    let mut args = vec!["unpin"];
+    args.extend(sel);
+    assert!(ok(addr, &args).contains("unpinned 4 "));
+    let mut args = vec!["evict"];
+    args.extend(sel);
+    assert!(ok(addr, &args).contains("evicted 4 "));
+    let r: serde_json::Value = serde_json::from_str(&lookup(true)).unwrap();
+    assert_eq!(r["cached_blocks"], 0, "evicted everywhere: {r}");
+
+    let watch = ok(
+        addr,
+        &["watch", "--count", "2", "--interval-ms", "100", "--json"],
+    );
+    assert_eq!(watch.lines().count(), 2, "{watch}");
+    for line in watch.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["nodes"].as_array().unwrap().len(), 2);
+    }
+    drop(a);
+}
+
+#[test]
+fn ctl_errors_are_reported_not_panics() {
+    let dead = format!("127.0.0.1:{}", free_port());
+    let (success, _, err) = ctl(&dead, &["status"]);
+    assert!(!success);
+    assert!(err.contains("cannot reach a node"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (success, _, err) = ctl(&dead, &["lookup", "--prompt", "hello"]);
+    assert!(!success);
+    assert!(!err.contains("panicked"), "{err}");
+}
