@@ -61,10 +61,7 @@ pub async fn serve_store(
         let _ = rx.wait_for(|s| *s).await;
     };
 
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StoreError::Server(format!("reflection: {e}")))?;
+    let reflection = crate::server::reflection_service()?;
     let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
     let cache = CacheServiceServer::new(CacheServer::new(store.clone(), grpc_addr.to_string()))
         .max_decoding_message_size(limit)
@@ -122,4 +119,17 @@ pub(crate) fn incoming_nodelay(
             conn
         },
     )
+}
+
+/// gRPC server reflection over every kvfabric proto, so `grpcurl` works against a node.
+pub(crate) fn reflection_service() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    StoreError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StoreError::Server(format!("reflection: {e}")))
 }

@@ -200,21 +200,7 @@ impl CacheService for CacheServer {
                 return Err(StoreError::NotFound(format!("block {key:?}")));
             };
             let bytes = lease.bytes();
-            let total = bytes.len() as u64;
-            let end = if req.length == 0 {
-                Some(total)
-            } else {
-                req.offset.checked_add(req.length)
-            };
-            let range = match end {
-                Some(end) if req.offset <= end && end <= total => req.offset as usize..end as usize,
-                _ => {
-                    return Err(StoreError::InvalidArgument(format!(
-                        "range {}+{} is outside the {total}-byte block",
-                        req.offset, req.length
-                    )))
-                }
-            };
+            let range = get_range(req.offset, req.length, bytes.len() as u64)?;
             let info = *lease.info();
             let mut out = vec![GetResponse {
                 header: Some(GetHeader {
@@ -292,5 +278,25 @@ impl CacheService for CacheServer {
                 hit_ratio,
             }],
         }))
+    }
+}
+
+/// The byte range a GetRequest asks for (`length` 0 = to the end), checked
+/// against the block's size.
+pub(crate) fn get_range(
+    offset: u64,
+    length: u64,
+    total: u64,
+) -> Result<std::ops::Range<usize>, StoreError> {
+    let end = if length == 0 {
+        Some(total)
+    } else {
+        offset.checked_add(length)
+    };
+    match end {
+        Some(end) if offset <= end && end <= total => Ok(offset as usize..end as usize),
+        _ => Err(StoreError::InvalidArgument(format!(
+            "range {offset}+{length} is outside the {total}-byte block"
+        ))),
     }
 }

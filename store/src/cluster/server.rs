@@ -85,10 +85,7 @@ pub async fn serve_cluster_node(
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StoreError::Server(format!("reflection: {e}")))?;
+    let reflection = crate::server::reflection_service()?;
     let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
     let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
     let cache = CacheServiceServer::new(ClusterCacheService::new(local, node.clone()))

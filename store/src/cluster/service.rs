@@ -158,20 +158,7 @@ impl CacheService for ClusterCacheService {
             )));
         };
         let total = block.data.len() as u64;
-        let end = if req.length == 0 {
-            Some(total)
-        } else {
-            req.offset.checked_add(req.length)
-        };
-        let range = match end {
-            Some(end) if req.offset <= end && end <= total => req.offset as usize..end as usize,
-            _ => {
-                return Err(Status::invalid_argument(format!(
-                    "range {}+{} is outside the {total}-byte block",
-                    req.offset, req.length
-                )))
-            }
-        };
+        let range = crate::service::get_range(req.offset, req.length, total)?;
         let mut out = vec![GetResponse {
             header: Some(GetHeader {
                 size: total,
