@@ -30,6 +30,15 @@ pub struct RunningEngine {
 
 /// Start a scheduler for `model` with `cfg`'s threads, pool and batching limits.
 pub fn start(model: Arc<LlamaModel>, cfg: &EngineConfig) -> Result<RunningEngine, EngineError> {
+    start_with_metrics(model, cfg, EngineMetrics::new())
+}
+
+/// [`start`], reporting the scheduler's metrics into `metrics`.
+pub fn start_with_metrics(
+    model: Arc<LlamaModel>,
+    cfg: &EngineConfig,
+    metrics: EngineMetrics,
+) -> Result<RunningEngine, EngineError> {
     cfg.validate()?;
     let c = &model.config;
     let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens);
@@ -43,6 +52,7 @@ pub fn start(model: Arc<LlamaModel>, cfg: &EngineConfig) -> Result<RunningEngine
             max_batch_tokens: cfg.max_batch_tokens,
             max_seqs: cfg.max_seqs,
             role: cfg.role,
+            metrics,
         },
     );
     let (handle, thread) = sched.spawn(256)?;
@@ -91,8 +101,8 @@ pub async fn run(
         weights_bytes = model.weight_bytes(),
         "model loaded"
     );
-    let engine = start(model, &cfg)?;
     let metrics = EngineMetrics::new();
+    let engine = start_with_metrics(model, &cfg, metrics.clone())?;
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let state = HttpState::new(

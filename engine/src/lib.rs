@@ -19,7 +19,7 @@ pub mod scheduler;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, Role};
-pub use engine::{run, start, RunningEngine};
+pub use engine::{run, start, start_with_metrics, RunningEngine};
 pub use error::EngineError;
 pub use request::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,

@@ -19,6 +19,7 @@ use kvfabric_store::keys::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
 use crate::config::Role;
+use crate::http::EngineMetrics;
 use crate::kernels::Compute;
 use crate::kv::{BlockId, BlockManager, KvPool};
 use crate::model::{LlamaModel, SeqChunk};
@@ -35,6 +36,9 @@ pub struct SchedulerConfig {
     pub max_seqs: usize,
     /// both | prefill (finish after the first token, KV left cached) | decode.
     pub role: Role,
+    /// Where the scheduler reports batch size, queue lengths and KV pool use
+    /// (the HTTP layer reports latency and token counts into the same series).
+    pub metrics: EngineMetrics,
 }
 
 struct Seq {
@@ -109,6 +113,18 @@ impl Scheduler {
             }
             self.step();
         }
+    }
+
+    /// Publish this step's batch size, queue lengths and KV pool use.
+    fn report(&self, batch: usize) {
+        let m = &self.cfg.metrics;
+        m.batch_size.observe(batch as f64);
+        m.running_requests.set(self.running.len() as i64);
+        m.waiting_requests.set(self.waiting.len() as i64);
+        let total = self.kv.blocks();
+        m.kv_blocks_total.set(total as i64);
+        m.kv_blocks_used
+            .set(total.saturating_sub(self.blocks.available()) as i64);
     }
 
     fn accept(&mut self, r: GenerationRequest) {
@@ -232,6 +248,7 @@ impl Scheduler {
                 }
             })
             .collect();
+        self.report(chunks.len());
         let result = self.model.forward(&self.cx, &mut self.kv, &chunks);
         drop(chunks);
         let mut done = Vec::new();

@@ -170,3 +170,37 @@ fn cancel_frees_blocks_and_bad_requests_fail() {
     assert_eq!(o.3.completion_tokens, 1);
     stop(e);
 }
+
+#[test]
+fn scheduler_reports_batch_size_and_kv_pool_use() {
+    let model = shared_model();
+    let metrics = kvfabric_engine::http::EngineMetrics::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let c = &model.config;
+    let block_bytes = c.layers * 2 * BT * c.kv_heads * c.head_dim * 4;
+    let cfg = EngineConfig {
+        threads: 2,
+        block_tokens: BT,
+        kv_pool: ByteSize::b((32 * block_bytes) as u64),
+        ..EngineConfig::default()
+    };
+    let e =
+        kvfabric_engine::start_with_metrics(model.clone(), &cfg, metrics.clone()).expect("start");
+    let rx = submit(&e, &prompt(3, 40), 4);
+    collect(rx);
+    stop(e);
+    assert_eq!(metrics.kv_blocks_total.get(), 32);
+    // Reported at the last step: 40 prompt + 3 generated tokens in 16-token blocks.
+    assert_eq!(metrics.kv_blocks_used.get(), 3);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let steps = text
+        .lines()
+        .find(|l| l.starts_with("kvfabric_engine_batch_size_count"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("batch_size histogram in /metrics");
+    // One prefill step of 40 tokens, then a decode step per further token.
+    assert!(steps >= 4, "{steps} steps observed\n{text}");
+}
