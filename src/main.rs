@@ -146,7 +146,14 @@ fn main() -> anyhow::Result<()> {
             BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a)?,
             BenchWhich::Store(a) => kvfabric_benches::store::run(&a)?,
             BenchWhich::Cluster(a) => kvfabric_benches::cluster::run(&a)?,
-            BenchWhich::Engine(a) => kvfabric_benches::engine::run(&a)?,
+            BenchWhich::Engine(mut a) => {
+                if a.model.is_none() {
+                    let model_cfg: model::ModelConfig =
+                        config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
+                    a.model = Some(model::fetch(&model_cfg)?);
+                }
+                kvfabric_benches::engine::run(&a)?
+            }
         },
     }
     Ok(())

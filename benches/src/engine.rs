@@ -39,14 +39,6 @@ pub struct EngineArgs {
 
 const BT: usize = 64;
 
-fn default_model() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("KVFABRIC_MODEL_PATH") {
-        return Ok(PathBuf::from(p));
-    }
-    let home = std::env::var_os("HOME").ok_or_else(|| anyhow!("HOME is not set"))?;
-    Ok(PathBuf::from(home).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
-}
-
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -132,10 +124,11 @@ impl Bench {
 
 /// Run the benchmark and print the report.
 pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => default_model()?,
-    };
+    // `kvfabric bench engine` fills this with the fetched reference model.
+    let path = args
+        .model
+        .clone()
+        .ok_or_else(|| anyhow!("no model given (--model PATH)"))?;
     if !path.exists() {
         anyhow::bail!(
             "model not found at {}: run `kvfabric model fetch`",

@@ -4,9 +4,10 @@
 //! identical; a stop sequence cuts the answer and the engine keeps serving;
 //! the same seed gives the same sampled completion.
 
+mod common;
 mod http_support;
 
-use std::path::PathBuf;
+use common::model_path;
 use std::sync::Arc;
 
 use bytesize::ByteSize;
@@ -21,21 +22,6 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 
 const MODEL_NAME: &str = "smollm2";
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("KVFABRIC_MODEL_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model file {} is missing: run `kvfabric model fetch`",
-        path.display()
-    );
-    path
-}
 
 fn streamed_content(sse: &str) -> String {
     let data = sse_data(sse);

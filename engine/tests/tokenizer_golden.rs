@@ -8,26 +8,13 @@
 //! and the token_type 3 tokens added as special tokens. The model file is
 //! found via `KVFABRIC_MODEL_PATH` or the default cache path.
 
-use std::path::PathBuf;
+mod common;
+
+use common::model_path;
 
 use kvfabric_engine::chat::{ChatMessage, ChatTemplate};
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::tokenizer::{PreTokenizerKind, StreamDecoder, Tokenizer};
-
-fn model_path() -> PathBuf {
-    let path = std::env::var_os("KVFABRIC_MODEL_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").unwrap_or_default();
-            PathBuf::from(home).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    assert!(
-        path.exists(),
-        "model file {} is missing: run `kvfabric model fetch`",
-        path.display()
-    );
-    path
-}
 
 fn load() -> (GgufFile, Tokenizer) {
     let gguf = GgufFile::open(&model_path()).expect("reference GGUF opens");

@@ -5,8 +5,9 @@
 //! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
 //!
 //! Entry points: [`Store`] (the in-process data path: put/lease/get_into,
-//! lookup, exists, pin, remove, stats) and [`serve`] (a node: gRPC
-//! CacheService + `/metrics` + `/health`).
+//! lookup, exists, pin, remove, stats), [`cluster::serve_node`] (what
+//! `kvfabric node` runs: gRPC CacheService + directory + transfer server +
+//! `/metrics` + `/health`) and [`serve_store`] (a standalone single node).
 
 pub mod cluster;
 mod config;
@@ -30,7 +31,7 @@ pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
-pub use server::{serve, serve_store, GRPC_CONNECTION_WINDOW, GRPC_STREAM_WINDOW};
+pub use server::{serve_store, GRPC_CONNECTION_WINDOW, GRPC_STREAM_WINDOW};
 pub use service::CacheServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 

@@ -1,6 +1,7 @@
-//! `serve`: one node process — the gRPC CacheService (with server reflection)
-//! and the HTTP endpoints GET /metrics (Prometheus) and GET /health, both
-//! stopped by one shutdown future.
+//! Serving pieces shared by every node: the gRPC builder (large HTTP/2
+//! windows, TCP_NODELAY), server reflection, and [`serve_store`], a standalone
+//! single node (gRPC CacheService + GET /metrics + GET /health) stopped by one
+//! shutdown future.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::NodeConfig;
 use crate::metrics::encode_text;
 use crate::service::CacheServer;
 use crate::store::Store;
@@ -26,23 +26,9 @@ pub const GRPC_STREAM_WINDOW: u32 = 16 << 20;
 /// HTTP/2 connection flow-control window of the gRPC server.
 pub const GRPC_CONNECTION_WINDOW: u32 = 64 << 20;
 
-/// Run a node with `cfg` until `shutdown` completes.
-pub async fn serve(
-    cfg: NodeConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), StoreError> {
-    let grpc = TcpListener::bind(cfg.grpc_listen).await?;
-    let http = TcpListener::bind(cfg.http_listen).await?;
-    let (store, registry) = tokio::task::spawn_blocking(move || {
-        let mut registry = Registry::default();
-        Store::open(cfg, &mut registry).map(|s| (s, registry))
-    })
-    .await
-    .map_err(|e| StoreError::Server(format!("store open task: {e}")))??;
-    serve_store(store, registry, grpc, http, shutdown).await
-}
-
-/// Serve an opened `store` on already bound listeners (tests bind port 0).
+/// Serve an opened `store` as a standalone single node (no directory, no
+/// transfer server) on already bound listeners; tests and the store bench
+/// use it. `kvfabric node` runs [`crate::cluster::serve_node`].
 pub async fn serve_store(
     store: Store,
     registry: Registry,
