@@ -2,7 +2,10 @@
 //!
 //! Loads the `[engine]` configuration, resolves `--model` (a GGUF path, or
 //! `smollm2` for the reference model, fetched and verified on first use) and
-//! runs the engine until SIGINT/SIGTERM.
+//! runs the engine until SIGINT/SIGTERM. With `[connector] mode = embedded`
+//! (the default) the process is also a fabric node (`[node]`, `[cluster]`):
+//! the engine reuses prefixes any node of the cluster computed and saves its
+//! own blocks into the fabric.
 
 use std::path::Path;
 
@@ -44,11 +47,54 @@ pub struct EngineFlags {
     #[arg(long, value_name = "NAME")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_name: Option<String>,
+    /// Reuse blocks of earlier requests in this engine's pool [env: KVFABRIC_PREFIX_CACHE] [default: true].
+    #[arg(long, value_name = "BOOL")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<bool>,
 }
 
-/// Run the engine on `model` until a shutdown signal.
-pub async fn run(cfg: kvfabric_engine::EngineConfig, model: &Path) -> anyhow::Result<()> {
-    tracing::info!(listen = %cfg.listen, model = %model.display(), "starting engine");
-    kvfabric_engine::run(cfg, model, crate::node::shutdown_signal()).await?;
+/// Flags of `[connector]`; unset flags leave the file/env values alone.
+#[derive(Args, Debug, Serialize, Default)]
+pub struct ConnectorFlags {
+    /// embedded (this process is a fabric node) or off [env: KVFABRIC_MODE] [default: embedded].
+    #[arg(long = "fabric", value_name = "MODE")]
+    #[serde(rename = "mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// Save computed blocks into the fabric [env: KVFABRIC_SAVE] [default: true].
+    #[arg(long = "fabric-save", value_name = "BOOL")]
+    #[serde(rename = "save", skip_serializing_if = "Option::is_none")]
+    pub save: Option<bool>,
+}
+
+/// The fabric side of an engine process.
+pub struct FabricSettings {
+    pub node: kvfabric_store::NodeConfig,
+    pub cluster: kvfabric_store::cluster::ClusterConfig,
+    pub connector: kvfabric_connector::ConnectorConfig,
+}
+
+/// Run the engine on `model` (with its embedded fabric node unless the
+/// connector is off) until a shutdown signal.
+pub async fn run(
+    cfg: kvfabric_engine::EngineConfig,
+    model: &Path,
+    fabric: FabricSettings,
+) -> anyhow::Result<()> {
+    tracing::info!(listen = %cfg.listen, model = %model.display(), fabric = %fabric.connector.mode, "starting engine");
+    let embedded = if fabric.connector.enabled() {
+        let node = kvfabric_connector::EmbeddedNode::start(fabric.node, fabric.cluster).await?;
+        tracing::info!(node = %node.node().info().node_id, grpc = %node.grpc_addr(), metrics = %node.http_addr(), "embedded fabric node started");
+        Some(node)
+    } else {
+        None
+    };
+    let connect = embedded.as_ref().map(|e| {
+        kvfabric_connector::FabricConnector::connect_fn(e.node().clone(), fabric.connector.clone())
+    });
+    let served = kvfabric_engine::run(cfg, model, connect, crate::node::shutdown_signal()).await;
+    if let Some(e) = embedded {
+        e.stop().await;
+    }
+    served?;
     Ok(())
 }

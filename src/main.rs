@@ -40,7 +40,7 @@ enum Command {
     /// Operate a cluster through any node: status, watch, lookup, pin, unpin, evict.
     Ctl(ctl::CtlCmd),
     /// Run the bundled engine (GGUF Llama on CPU) serving the OpenAI API.
-    Engine(EngineCmd),
+    Engine(Box<EngineCmd>),
     /// Run a benchmark; each reports ratios against a peer measured in the same run.
     Bench(BenchCmd),
 }
@@ -52,6 +52,12 @@ struct EngineCmd {
     model: String,
     #[command(flatten)]
     flags: engine::EngineFlags,
+    #[command(flatten)]
+    connector: engine::ConnectorFlags,
+    #[command(flatten)]
+    node: node::NodeFlags,
+    #[command(flatten)]
+    cluster: node::ClusterFlags,
 }
 
 #[derive(Args, Debug)]
@@ -140,7 +146,15 @@ fn main() -> anyhow::Result<()> {
             let model_cfg: model::ModelConfig =
                 config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
             let path = model::resolve(&cmd.model, &model_cfg)?;
-            tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path))?;
+            let fabric = engine::FabricSettings {
+                node: config::load("node", cli.config.as_deref(), &cmd.node)?,
+                cluster: config::load("cluster", cli.config.as_deref(), &cmd.cluster)?,
+                connector: config::load("connector", cli.config.as_deref(), &cmd.connector)?,
+            };
+            fabric.node.validate()?;
+            fabric.cluster.validate()?;
+            fabric.connector.validate()?;
+            tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path, fabric))?;
         }
         Command::Bench(cmd) => match cmd.which {
             BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a)?,

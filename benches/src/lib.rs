@@ -7,6 +7,7 @@
 //! `--json` a readable table. This crate sits on top of the others and, like a
 //! binary, reports errors with `anyhow`.
 
+pub mod agentic;
 pub mod cluster;
 pub mod engine;
 pub mod store;

@@ -1,5 +1,167 @@
 //! kvfabric-connector: what the engine sees of the fabric.
 //!
-//! Scheduler side (how many tokens the fabric holds beyond the local cache,
-//! reserve, finish) and worker side (load into engine blocks layer by layer,
-//! save finished blocks write-behind). See docs/ARCHITECTURE.md, "Data flows".
+//! The engine's scheduler runs on its own OS thread and must never wait on
+//! the network for longer than a lookup; everything else is asynchronous.
+//! The [`KvConnector`] trait is that boundary, shaped after vLLM's KV
+//! connector v1:
+//!
+//! | here                          | vLLM v1                                   |
+//! |-------------------------------|-------------------------------------------|
+//! | [`KvConnector::lookup`]       | `get_num_new_matched_tokens`              |
+//! | [`KvConnector::start_load`]   | `update_state_after_alloc` + `start_load_kv` |
+//! | [`PendingLoad::wait`]         | `wait_for_layer_load` (whole blocks here) |
+//! | [`KvConnector::save`]         | `save_kv_layer` (whole blocks, write-behind) |
+//! | [`KvConnector::finished_saves`] | `get_finished` / `wait_for_save`        |
+//!
+//! The engine's KV pool lives in one shared-memory region ([`KvMemory`]),
+//! registered with the node's transfer engine, so remote blocks land straight
+//! in engine blocks and saves copy straight out of them. A block being loaded
+//! or saved is owned by the connector until the engine hears back; the
+//! scheduler keeps it out of every forward pass (loading) or unchanged
+//! (saving, the block is pinned by an extra reference).
+//!
+//! [`FabricConnector`] implements the trait over a [`ClusterNode`] embedded in
+//! the engine process ([`EmbeddedNode`]).
+//!
+//! [`ClusterNode`]: kvfabric_store::cluster::ClusterNode
+
+mod config;
+mod embedded;
+mod error;
+mod fabric;
+mod metrics;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvfabric_store::keys::{BlockKey, KvLayout};
+use kvfabric_transfer::SharedRegion;
+
+pub use config::ConnectorConfig;
+pub use embedded::EmbeddedNode;
+pub use error::ConnectorError;
+pub use fabric::FabricConnector;
+pub use metrics::ConnectorStats;
+
+/// Index of a block in the engine's KV pool.
+pub type BlockId = u32;
+
+/// The engine's KV pool as the connector sees it: `blocks` blocks of
+/// `layout.block_bytes()` bytes, back to back from offset 0 of `region`.
+#[derive(Clone, Debug)]
+pub struct KvMemory {
+    pub region: Arc<SharedRegion>,
+    pub layout: KvLayout,
+    pub blocks: usize,
+}
+
+impl KvMemory {
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> usize {
+        self.layout.block_bytes()
+    }
+
+    /// Byte offset of `block` in the region.
+    pub fn block_offset(&self, block: BlockId) -> u64 {
+        block as u64 * self.block_bytes() as u64
+    }
+}
+
+/// A computed block handed over for write-behind saving.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveBlock {
+    pub key: BlockKey,
+    pub block: BlockId,
+    /// Tokens in the block (a full block).
+    pub tokens: u32,
+    /// The engine's tag (its sequence id), echoed in [`SaveDone`].
+    pub tag: u64,
+}
+
+/// A save that ended; the block is the engine's again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaveDone {
+    pub key: BlockKey,
+    pub block: BlockId,
+    pub tag: u64,
+    /// The key is in the fabric now (stored by this save, or already present).
+    pub stored: bool,
+}
+
+/// An in-flight load of consecutive prefix blocks.
+///
+/// Until it ends (`try_finish`/`wait` returns Some), the connector may write
+/// into every block of the load: the engine must not compute into them,
+/// reuse them or free them.
+#[derive(Debug)]
+pub struct PendingLoad {
+    done: crossbeam::channel::Receiver<usize>,
+    blocks: usize,
+}
+
+impl PendingLoad {
+    /// A load of `blocks` blocks that reports on `done`.
+    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>, blocks: usize) -> PendingLoad {
+        PendingLoad { done, blocks }
+    }
+
+    /// Blocks in the load.
+    pub fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Without waiting: Some(n) once the load ended, n = leading blocks that
+    /// arrived with a matching checksum (the rest must be recomputed).
+    pub fn try_finish(&self) -> Option<usize> {
+        match self.done.try_recv() {
+            Ok(n) => Some(n.min(self.blocks)),
+            Err(crossbeam::channel::TryRecvError::Empty) => None,
+            // The load task is gone without a report: nothing usable, nothing in flight.
+            Err(crossbeam::channel::TryRecvError::Disconnected) => Some(0),
+        }
+    }
+
+    /// Like [`Self::try_finish`], waiting up to `timeout`.
+    pub fn wait(&self, timeout: Duration) -> Option<usize> {
+        match self.done.recv_timeout(timeout) {
+            Ok(n) => Some(n.min(self.blocks)),
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) => None,
+            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Some(0),
+        }
+    }
+}
+
+/// The engine's view of the fabric. Every method is called from the
+/// scheduler thread and returns without waiting on the network, except
+/// `lookup` (bounded by its timeout) and `flush`.
+pub trait KvConnector: Send + Sync + std::fmt::Debug {
+    /// How many leading `keys` the fabric holds (any node), 0 on timeout.
+    fn lookup(&self, keys: &[BlockKey]) -> usize;
+    /// Start reading `blocks` (key -> engine block, consecutive prefix
+    /// blocks in order) into the engine's KV memory, checksums verified.
+    fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad;
+    /// Queue a computed block for saving; false = dropped under backpressure
+    /// (counted; the block was not taken). When true, the block must stay
+    /// unchanged until it comes back from [`Self::finished_saves`].
+    fn save(&self, block: SaveBlock) -> bool;
+    /// Saves that ended since the last call, waiting up to `wait` for the
+    /// first one when none has (`Duration::ZERO`: no waiting).
+    fn finished_saves(&self, wait: Duration) -> Vec<SaveDone>;
+    /// Block until every queued save ended and is visible cluster-wide;
+    /// false if `timeout` passed first.
+    fn flush(&self, timeout: Duration) -> bool;
+    /// The fabric node blocks are saved to (named in transfer params).
+    fn holder(&self) -> String;
+    /// Counters since start.
+    fn stats(&self) -> ConnectorStats;
+}
+
+/// How an engine attaches its connector once its KV pool exists: given the
+/// pool's memory and the engine's metrics registry, return the connector.
+pub type ConnectFn = Box<
+    dyn FnOnce(
+            KvMemory,
+            &mut prometheus_client::registry::Registry,
+        ) -> Result<Arc<dyn KvConnector>, ConnectorError>
+        + Send,
+>;

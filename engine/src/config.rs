@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub listen: SocketAddr,
     /// Model id the API answers to. Default: "smollm2".
     pub model_name: String,
+    /// Reuse blocks of earlier requests held in this engine's KV pool. Default: true.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +56,7 @@ impl Default for EngineConfig {
             role: Role::Both,
             listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
             model_name: "smollm2".into(),
+            prefix_cache: true,
         }
     }
 }

@@ -8,6 +8,9 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
+use kvfabric_connector::{ConnectFn, KvConnector, KvMemory};
+use prometheus_client::registry::Registry;
+
 use crate::chat::ChatTemplate;
 use crate::config::EngineConfig;
 use crate::gguf::GgufFile;
@@ -26,6 +29,8 @@ pub struct RunningEngine {
     pub thread: std::thread::JoinHandle<()>,
     /// Bytes reserved for the KV pool.
     pub kv_pool_bytes: usize,
+    /// The fabric connector, when the engine has one.
+    pub connector: Option<Arc<dyn KvConnector>>,
 }
 
 /// Start a scheduler for `model` with `cfg`'s threads, pool and batching limits.
@@ -39,11 +44,34 @@ pub fn start_with_metrics(
     cfg: &EngineConfig,
     metrics: EngineMetrics,
 ) -> Result<RunningEngine, EngineError> {
+    start_with_connector(model, cfg, metrics, &mut Registry::default(), None)
+}
+
+/// [`start_with_metrics`], with the fabric connector `connect` builds over
+/// the engine's KV pool (its metrics go into `registry`).
+pub fn start_with_connector(
+    model: Arc<LlamaModel>,
+    cfg: &EngineConfig,
+    metrics: EngineMetrics,
+    registry: &mut Registry,
+    connect: Option<ConnectFn>,
+) -> Result<RunningEngine, EngineError> {
     cfg.validate()?;
     let c = &model.config;
     let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens);
     let kv = KvPool::with_bytes(layout, cfg.kv_pool.as_u64())?;
     let kv_pool_bytes = kv.capacity_bytes();
+    let connector = match connect {
+        Some(connect) => {
+            let memory = KvMemory {
+                region: kv.region().clone(),
+                layout,
+                blocks: kv.blocks(),
+            };
+            Some(connect(memory, registry).map_err(|e| EngineError::Model(e.to_string()))?)
+        }
+        None => None,
+    };
     let sched = Scheduler::new(
         model,
         Compute::new(cfg.threads),
@@ -53,13 +81,16 @@ pub fn start_with_metrics(
             max_seqs: cfg.max_seqs,
             role: cfg.role,
             metrics,
+            prefix_cache: cfg.prefix_cache,
         },
+        connector.clone(),
     );
     let (handle, thread) = sched.spawn(256)?;
     Ok(RunningEngine {
         handle,
         thread,
         kv_pool_bytes,
+        connector,
     })
 }
 
@@ -79,10 +110,12 @@ pub fn load_with_progress(model_path: &Path) -> Result<LlamaModel, EngineError> 
     model
 }
 
-/// Serve `model_path` with `cfg` until `shutdown` resolves.
+/// Serve `model_path` with `cfg` until `shutdown` resolves; with `connect`,
+/// the engine reuses and saves KV through the fabric.
 pub async fn run(
     cfg: EngineConfig,
     model_path: &Path,
+    connect: Option<ConnectFn>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), EngineError> {
     cfg.validate()?;
@@ -102,8 +135,8 @@ pub async fn run(
         "model loaded"
     );
     let metrics = EngineMetrics::new();
-    let engine = start_with_metrics(model, &cfg, metrics.clone())?;
-    let mut registry = prometheus_client::registry::Registry::default();
+    let mut registry = Registry::default();
+    let engine = start_with_connector(model, &cfg, metrics.clone(), &mut registry, connect)?;
     metrics.register(&mut registry);
     let state = HttpState::new(
         engine.handle.clone(),

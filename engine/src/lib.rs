@@ -19,8 +19,9 @@ pub mod scheduler;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, Role};
-pub use engine::{run, start, start_with_metrics, RunningEngine};
+pub use engine::{run, start, start_with_connector, start_with_metrics, RunningEngine};
 pub use error::EngineError;
 pub use request::{
-    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,
+    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
+    Usage,
 };

@@ -70,11 +70,26 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+/// What a prefill-role engine hands to the decode side (OpenAI
+/// `kv_transfer_params`): the prompt's full blocks, saved in the fabric.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransferParams {
+    /// Node of the fabric that saved them (the embedded node of this engine).
+    pub holder: String,
+    /// Keys of the prompt's leading full blocks, in order, all saved.
+    pub block_keys: Vec<kvfabric_store::keys::BlockKey>,
+    /// Tokens per block.
+    pub block_tokens: usize,
+}
+
 /// What the scheduler streams back.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenerationEvent {
     /// One generated token (the stop token itself is not sent).
     Token { id: u32, logits: Option<Vec<f32>> },
+    /// Prefill role only, sent just before `Finished`: the prompt's blocks
+    /// are saved in the fabric and visible cluster-wide.
+    Saved(TransferParams),
     /// Generation ended normally.
     Finished { reason: FinishReason, usage: Usage },
     /// The request failed (e.g. prompt longer than the context).

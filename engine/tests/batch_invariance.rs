@@ -24,7 +24,8 @@ fn kv_bytes(kv: &KvPool, table: &[BlockId], tokens: usize) -> Vec<u8> {
         let filled = tokens.saturating_sub(bi * BT).min(BT);
         for l in 0..layout.layers as usize {
             let r = kv.layer_range(b, l);
-            let bytes = &kv.as_bytes()[r];
+            let start = kv.block_range(b).start;
+            let bytes = &kv.block_bytes(b)[r.start - start..r.end - start];
             let half = layout.half_layer_bytes();
             out.extend_from_slice(&bytes[..filled * row]);
             out.extend_from_slice(&bytes[half..half + filled * row]);

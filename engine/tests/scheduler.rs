@@ -76,6 +76,7 @@ fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Outcome {
             }
             GenerationEvent::Finished { reason, usage } => return (toks, logits, reason, usage),
             GenerationEvent::Error(e) => panic!("request failed: {e}"),
+            GenerationEvent::Saved(_) => {}
         }
     }
     panic!("event stream ended without Finished");

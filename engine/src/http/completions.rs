@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use super::generate::{Generation, GenerationPlan, Step};
 use super::openai::{convert_messages, parse_body, ApiError, CompletionBody, PromptIn};
 use super::{unix_now, HttpState};
-use crate::request::{SamplingParams, Usage};
+use crate::request::{SamplingParams, TransferParams, Usage};
 use crate::EngineError;
 
 /// At most this many stop strings per request.
@@ -122,6 +122,26 @@ impl ResponseMeta {
     }
 }
 
+/// The `kv_transfer_params` object of a prefill engine's response: where the
+/// prompt's KV blocks were saved, for the router to hand to a decode engine.
+/// `block_keys` are lower-case hex; `cached_tokens` repeats the usage value
+/// (prompt tokens the prefill side did not have to compute).
+fn kv_transfer_params_json(params: &TransferParams, usage: &Usage) -> Value {
+    json!({
+        "holder": params.holder,
+        "block_keys": params.block_keys.iter().map(|k| k.to_hex()).collect::<Vec<_>>(),
+        "block_tokens": params.block_tokens,
+        "cached_tokens": usage.cached_tokens,
+    })
+}
+
+/// Add `kv_transfer_params` to a response object when the engine saved blocks.
+fn attach_transfer(v: &mut Value, params: Option<&TransferParams>, usage: &Usage) {
+    if let Some(params) = params {
+        v["kv_transfer_params"] = kv_transfer_params_json(params, usage);
+    }
+}
+
 fn usage_json(usage: &Usage) -> Value {
     json!({
         "prompt_tokens": usage.prompt_tokens,
@@ -188,6 +208,11 @@ async fn run(
             .with_status(e.status())
     })?;
     let req: CompletionBody = parse_body(&body)?;
+    if let Some(params) = &req.kv_transfer_params {
+        // A hint from the router: the decode side finds saved blocks by itself.
+        let params = Value::Object(params.clone());
+        tracing::debug!(request_id = %meta.id, kv_transfer_params = %params, "kv_transfer_params received");
+    }
     let stream = req.stream;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let plan = plan(state, req, meta.api, arrived)?;
@@ -382,9 +407,9 @@ async fn collect_response(
                 finish_reason,
                 usage,
             } => {
-                return Ok(
-                    axum::Json(meta.full_response(&text, finish_reason, &usage)).into_response()
-                )
+                let mut v = meta.full_response(&text, finish_reason, &usage);
+                attach_transfer(&mut v, generation.transfer_params(), &usage);
+                return Ok(axum::Json(v).into_response());
             }
             Step::Failed(message) => {
                 return Err(ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, message))
@@ -438,10 +463,15 @@ fn sse_response(generation: Generation, meta: ResponseMeta, include_usage: bool)
                     finish_reason,
                     usage,
                 }) => {
-                    s.outbox.push_back(data(&s.meta.final_chunk(finish_reason)));
+                    // The last chunk before [DONE] carries kv_transfer_params.
+                    let transfer = s.generation.transfer_params();
+                    let mut last = s.meta.final_chunk(finish_reason);
                     if s.include_usage {
-                        s.outbox.push_back(data(&s.meta.usage_chunk(&usage)));
+                        s.outbox.push_back(data(&last));
+                        last = s.meta.usage_chunk(&usage);
                     }
+                    attach_transfer(&mut last, transfer, &usage);
+                    s.outbox.push_back(data(&last));
                     s.outbox.push_back(Event::default().data("[DONE]"));
                     s.ended = true;
                 }
@@ -466,4 +496,178 @@ fn sse_response(generation: Generation, meta: ResponseMeta, include_usage: bool)
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{EngineHandle, FinishReason, GenerationEvent};
+    use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerSpec};
+    use kvfabric_store::keys::BlockKey;
+    use tokio::sync::mpsc;
+
+    fn meta(api: Api) -> ResponseMeta {
+        ResponseMeta {
+            api,
+            id: "cmpl-1".into(),
+            created: 1,
+            model: "m".into(),
+        }
+    }
+
+    fn params() -> TransferParams {
+        TransferParams {
+            holder: "node-a".into(),
+            block_keys: vec![BlockKey([0xab; 32]), BlockKey([0x01; 32])],
+            block_tokens: 64,
+        }
+    }
+
+    const USAGE: Usage = Usage {
+        prompt_tokens: 130,
+        completion_tokens: 1,
+        cached_tokens: 64,
+    };
+
+    fn expected_params() -> Value {
+        json!({
+            "holder": "node-a",
+            "block_keys": ["ab".repeat(32), "01".repeat(32)],
+            "block_tokens": 64,
+            "cached_tokens": 64,
+        })
+    }
+
+    #[test]
+    fn kv_transfer_params_json_shape() {
+        for api in [Api::Completion, Api::Chat] {
+            let mut v = meta(api).full_response("x", "length", &USAGE);
+            attach_transfer(&mut v, Some(&params()), &USAGE);
+            assert_eq!(v["kv_transfer_params"], expected_params());
+            assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 64);
+            let mut v = meta(api).full_response("x", "length", &USAGE);
+            attach_transfer(&mut v, None, &USAGE);
+            assert!(v.get("kv_transfer_params").is_none(), "absent without saved blocks");
+        }
+    }
+
+    /// Every byte one token (ids 0..256), enough to decode what the fake scheduler sends.
+    fn byte_tokenizer() -> Tokenizer {
+        let mut tokens = Vec::new();
+        let mut n = 0u32;
+        for b in 0u32..256 {
+            let printable = (0x21..=0x7E).contains(&b)
+                || (0xA1..=0xAC).contains(&b)
+                || (0xAE..=0xFF).contains(&b);
+            let c = if printable {
+                b
+            } else {
+                n += 1;
+                255 + n
+            };
+            tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
+        }
+        Tokenizer::from_spec(TokenizerSpec {
+            token_types: vec![1; tokens.len()],
+            tokens,
+            merges: Vec::new(),
+            pre: Some(PreTokenizerKind::Smollm),
+            bos_id: None,
+            eos_id: None,
+            unknown_id: None,
+            add_bos: false,
+        })
+        .expect("byte tokenizer")
+    }
+
+    /// A generation served by a fake prefill scheduler: one token `A`, then
+    /// `Saved`, then `Finished`.
+    async fn prefill_generation() -> Generation {
+        let (submit, mut intake) = mpsc::channel::<crate::request::GenerationRequest>(1);
+        tokio::spawn(async move {
+            if let Some(req) = intake.recv().await {
+                let _ = req
+                    .events
+                    .send(GenerationEvent::Token {
+                        id: u32::from(b'A'),
+                        logits: None,
+                    })
+                    .await;
+                let _ = req.events.send(GenerationEvent::Saved(params())).await;
+                let _ = req
+                    .events
+                    .send(GenerationEvent::Finished {
+                        reason: FinishReason::Length,
+                        usage: USAGE,
+                    })
+                    .await;
+            }
+        });
+        let plan = GenerationPlan {
+            prompt: vec![u32::from(b'x'); 130],
+            max_tokens: 1,
+            sampling: SamplingParams::default(),
+            stop_strings: Vec::new(),
+            stop_token_ids: Vec::new(),
+            arrived: Instant::now(),
+        };
+        Generation::start(
+            &EngineHandle::new(submit),
+            Arc::new(byte_tokenizer()),
+            crate::http::EngineMetrics::new(),
+            plan,
+        )
+        .await
+        .expect("submitted")
+    }
+
+    async fn sse_events(response: Response) -> Vec<Value> {
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let text = String::from_utf8(bytes.to_vec()).expect("utf8");
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+        data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).expect("json chunk"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn saved_blocks_reach_the_non_streamed_answer() {
+        let response = collect_response(prefill_generation().await, meta(Api::Completion))
+            .await
+            .expect("answer");
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let v: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(v["choices"][0]["text"], "A");
+        assert_eq!(v["kv_transfer_params"], expected_params());
+    }
+
+    #[tokio::test]
+    async fn saved_blocks_ride_on_the_last_streamed_chunk() {
+        // With include_usage: the usage chunk is last and carries them.
+        let response = sse_response(prefill_generation().await, meta(Api::Chat), true);
+        let events = sse_events(response).await;
+        let last = events.last().expect("chunks");
+        assert_eq!(last["usage"]["prompt_tokens"], 130);
+        assert_eq!(last["kv_transfer_params"], expected_params());
+        let carrying = events
+            .iter()
+            .filter(|e| e.get("kv_transfer_params").is_some())
+            .count();
+        assert_eq!(carrying, 1);
+        // Without: the finish_reason chunk is last and carries them.
+        let response = sse_response(prefill_generation().await, meta(Api::Completion), false);
+        let events = sse_events(response).await;
+        let last = events.last().expect("chunks");
+        assert_eq!(last["choices"][0]["finish_reason"], "length");
+        assert_eq!(last["kv_transfer_params"], expected_params());
+    }
 }

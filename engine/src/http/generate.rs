@@ -18,7 +18,8 @@ use super::metrics::EngineMetrics;
 use super::openai::ApiError;
 use super::stop::StopMatcher;
 use crate::request::{
-    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,
+    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
+    Usage,
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -64,6 +65,8 @@ pub(crate) struct Generation {
     completion_tokens: usize,
     queue: VecDeque<Step>,
     outcome_recorded: bool,
+    /// Set by a prefill-role engine before it finishes.
+    transfer: Option<TransferParams>,
 }
 
 impl Generation {
@@ -103,6 +106,7 @@ impl Generation {
             completion_tokens: 0,
             queue: VecDeque::new(),
             outcome_recorded: false,
+            transfer: None,
         })
     }
 
@@ -119,9 +123,15 @@ impl Generation {
                     self.on_finished(reason, usage)
                 }
                 Some(GenerationEvent::Error(message)) => self.fail(message),
+                Some(GenerationEvent::Saved(params)) => self.transfer = Some(params),
                 None => self.fail("the engine dropped the request before finishing it".into()),
             }
         }
+    }
+
+    /// The prompt's saved blocks, once a prefill-role engine reported them.
+    pub(crate) fn transfer_params(&self) -> Option<&TransferParams> {
+        self.transfer.as_ref()
     }
 
     fn on_token(&mut self, id: u32) {

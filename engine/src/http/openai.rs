@@ -126,6 +126,12 @@ pub struct CompletionBody {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u64>,
+    /// Disaggregated serving (vLLM's field): a JSON object the router adds.
+    /// A prefill engine gets `{"do_remote_decode": true}`; a decode engine
+    /// gets the prefill response's `kv_transfer_params`. Only logged: a
+    /// decode engine finds the saved blocks itself, from the prompt's block
+    /// keys, so the hint changes nothing in what is computed.
+    pub kv_transfer_params: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A chat message as sent: `content` is a string, a list of parts, or null.
@@ -250,5 +256,21 @@ mod tests {
         assert!(matches!(c.prompt, Some(PromptIn::Tokens(ref t)) if t == &[1, 2, 3]));
         let c: CompletionBody = parse_body(br#"{"model":"m","prompt":["hi"]}"#).expect("valid");
         assert!(matches!(c.prompt, Some(PromptIn::Texts(ref t)) if t.len() == 1));
+    }
+
+    #[test]
+    fn kv_transfer_params_must_be_an_object() {
+        let c: CompletionBody = parse_body(
+            br#"{"model":"m","prompt":"hi","kv_transfer_params":{"do_remote_decode":true}}"#,
+        )
+        .expect("object accepted");
+        let params = c.kv_transfer_params.expect("kept");
+        assert_eq!(params["do_remote_decode"], json!(true));
+        let e =
+            parse_body::<CompletionBody>(br#"{"model":"m","prompt":"hi","kv_transfer_params":7}"#)
+                .expect_err("a number is not transfer params");
+        assert_eq!(e.param.as_deref(), Some("kv_transfer_params"), "{e:?}");
+        let c: CompletionBody = parse_body(br#"{"model":"m","prompt":"hi"}"#).expect("absent");
+        assert!(c.kv_transfer_params.is_none());
     }
 }

@@ -5,23 +5,31 @@
 //! `BlockOrder::LayerKvTokenHead`: per layer K then V, each
 //! `[block_tokens][kv_heads][head_dim]` f32. So one block (or one layer of a
 //! block) is one contiguous byte range the connector can copy to or from the
-//! fabric. The pool is zero-allocated lazily by the OS (untouched blocks cost
-//! no resident memory).
+//! fabric. The pool is one memfd-backed shared region (zero pages until
+//! touched, so untouched blocks cost no resident memory) that the connector
+//! registers with the fabric's transfer engine: remote blocks are read
+//! straight into engine blocks.
+//!
+//! The pool hands out raw pointers rather than slices of the whole region
+//! because the connector reads and writes other blocks concurrently (blocks
+//! being loaded or saved), which the scheduler keeps out of forward passes.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use kvfabric_store::keys::{BlockOrder, DType, KvLayout};
+use kvfabric_transfer::SharedRegion;
 
 use crate::EngineError;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
 
-/// Fixed-size KV blocks in one contiguous f32 allocation.
+/// Fixed-size KV blocks in one contiguous f32 shared region.
 pub struct KvPool {
     layout: KvLayout,
     blocks: usize,
-    data: Vec<f32>,
+    region: Arc<SharedRegion>,
 }
 
 impl std::fmt::Debug for KvPool {
@@ -68,11 +76,12 @@ impl KvPool {
                 layout.block_bytes()
             )));
         }
-        let floats = blocks * layout.block_bytes() / 4;
+        let region = SharedRegion::create("kvfabric-kv-pool", blocks * layout.block_bytes())
+            .map_err(|e| EngineError::Model(format!("KV pool: {e}")))?;
         Ok(KvPool {
             layout,
             blocks,
-            data: vec![0f32; floats],
+            region: Arc::new(region),
         })
     }
 
@@ -88,50 +97,44 @@ impl KvPool {
 
     /// Bytes reserved for all blocks.
     pub fn capacity_bytes(&self) -> usize {
-        self.data.len() * 4
+        self.blocks * self.layout.block_bytes()
+    }
+
+    /// The shared region holding every block (block `b` at `block_range(b)`).
+    pub fn region(&self) -> &Arc<SharedRegion> {
+        &self.region
+    }
+
+    fn floats(&self) -> *mut f32 {
+        self.region.as_ptr() as *mut f32
     }
 
     fn block_floats(&self) -> usize {
         self.layout.block_bytes() / 4
     }
 
-    /// Byte range of `block` inside [`KvPool::as_bytes`].
+    /// Byte range of `block` in the pool's region.
     pub fn block_range(&self, block: BlockId) -> Range<usize> {
         let n = self.layout.block_bytes();
         block as usize * n..(block as usize + 1) * n
     }
 
-    /// Byte range of one layer (K then V) of `block` inside [`KvPool::as_bytes`].
+    /// Byte range of one layer (K then V) of `block` in the pool's region.
     pub fn layer_range(&self, block: BlockId, layer: usize) -> Range<usize> {
         let base = self.block_range(block).start;
         let r = self.layout.layer_range(layer);
         base + r.start..base + r.end
     }
 
-    /// The whole pool as bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        // SAFETY: f32 has no invalid bit patterns and u8 has alignment 1.
-        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 4) }
-    }
-
-    /// The whole pool as mutable bytes (the connector loads blocks through this).
-    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: any byte pattern is a valid f32.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.data.as_mut_ptr() as *mut u8, self.data.len() * 4)
-        }
-    }
-
-    /// One block's bytes.
+    /// One block's bytes (the caller makes sure nobody writes it meanwhile).
     pub fn block_bytes(&self, block: BlockId) -> &[u8] {
+        assert!(
+            (block as usize) < self.blocks,
+            "block {block} out of the pool"
+        );
         let r = self.block_range(block);
-        &self.as_bytes()[r]
-    }
-
-    /// One block's bytes, mutable.
-    pub fn block_bytes_mut(&mut self, block: BlockId) -> &mut [u8] {
-        let r = self.block_range(block);
-        &mut self.as_bytes_mut()[r]
+        // SAFETY: in bounds; writers of this block are excluded by the scheduler.
+        unsafe { std::slice::from_raw_parts(self.region.as_ptr().add(r.start), r.len()) }
     }
 
     /// Offset (in floats) of K (`v == false`) or V of `layer` in `block`.
@@ -142,25 +145,30 @@ impl KvPool {
 
     /// Base pointer of K or V of one layer of one block (for the attention kernel).
     pub fn half_ptr(&self, block: BlockId, layer: usize, v: bool) -> *const f32 {
-        // SAFETY: the offset is inside the allocation for a valid block/layer.
-        unsafe { self.data.as_ptr().add(self.half_offset(block, layer, v)) }
+        // SAFETY: the offset is inside the region for a valid block/layer.
+        unsafe { self.floats().add(self.half_offset(block, layer, v)) }
     }
 
     /// Mutable base pointer (the forward pass writes new K/V through it).
     pub fn half_ptr_mut(&mut self, block: BlockId, layer: usize, v: bool) -> *mut f32 {
         let off = self.half_offset(block, layer, v);
         // SAFETY: as above.
-        unsafe { self.data.as_mut_ptr().add(off) }
+        unsafe { self.floats().add(off) }
     }
 
     /// Copy one token's K and V (each `kv_heads*head_dim`) into a block slot.
     pub fn write_token(&mut self, block: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let row = (self.layout.kv_heads * self.layout.head_dim) as usize;
         assert!(slot < self.layout.block_tokens as usize && k.len() == row && v.len() == row);
+        assert!((block as usize) < self.blocks && layer < self.layout.layers as usize);
         let ko = self.half_offset(block, layer, false) + slot * row;
         let vo = self.half_offset(block, layer, true) + slot * row;
-        self.data[ko..ko + row].copy_from_slice(k);
-        self.data[vo..vo + row].copy_from_slice(v);
+        // SAFETY: both rows are inside the block's layer, checked above; the
+        // scheduler gives this block to one sequence's forward pass only.
+        unsafe {
+            std::ptr::copy_nonoverlapping(k.as_ptr(), self.floats().add(ko), row);
+            std::ptr::copy_nonoverlapping(v.as_ptr(), self.floats().add(vo), row);
+        }
     }
 }
 
@@ -184,7 +192,8 @@ mod tests {
         let v = [2.0f32; 8];
         pool.write_token(2, 1, 3, &k, &v);
         let lr = pool.layer_range(2, 1);
-        let bytes = &pool.as_bytes()[lr];
+        let start = pool.block_range(2).start;
+        let bytes = &pool.block_bytes(2)[lr.start - start..lr.end - start];
         let f = |o: usize| f32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
         assert_eq!(f(3 * 8 * 4), 1.0);
         assert_eq!(f(layout.half_layer_bytes() + 3 * 8 * 4), 2.0);

@@ -86,6 +86,14 @@ impl BlockManager {
         hits
     }
 
+    /// Take one more reference to a block in use (the connector pins a
+    /// block this way while it saves it).
+    pub fn retain(&mut self, block: BlockId) {
+        let m = &mut self.meta[block as usize];
+        debug_assert!(m.refs > 0, "retain of an unreferenced block");
+        m.refs += 1;
+    }
+
     /// Name a fully computed block; a key already held by another block is left as is.
     pub fn register(&mut self, block: BlockId, key: BlockKey) {
         if self.by_key.contains_key(&key) || self.meta[block as usize].key.is_some() {

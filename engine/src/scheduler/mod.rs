@@ -11,12 +11,22 @@
 //! When the pool runs out, the most recently admitted sequence is preempted
 //! (its blocks released to the cache, recomputed later, mostly from cache hits).
 //! A closed event channel cancels a request and frees its blocks.
+//!
+//! With a fabric connector (see `fabric.rs`), admission also asks the fabric
+//! for the blocks after the local prefix and loads them into the pool while
+//! the sequence waits (it runs once they arrived, or recomputes what did
+//! not), and every block a sequence completes is queued for saving.
+
+mod fabric;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use kvfabric_connector::{KvConnector, PendingLoad};
 use kvfabric_store::keys::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
+
+use fabric::FabricState;
 
 use crate::config::Role;
 use crate::http::EngineMetrics;
@@ -39,9 +49,13 @@ pub struct SchedulerConfig {
     /// Where the scheduler reports batch size, queue lengths and KV pool use
     /// (the HTTP layer reports latency and token counts into the same series).
     pub metrics: EngineMetrics,
+    /// Reuse blocks of earlier requests held in the pool.
+    pub prefix_cache: bool,
 }
 
 struct Seq {
+    /// Unique per scheduler; tags this sequence's saves.
+    id: u64,
     events: mpsc::Sender<GenerationEvent>,
     /// Prompt then generated tokens.
     tokens: Vec<u32>,
@@ -59,6 +73,18 @@ struct Seq {
     stop: Vec<u32>,
     return_logits: bool,
     cached_tokens: Option<usize>,
+    /// Fabric state of each registered block (empty without a connector).
+    fabric: Vec<FabricState>,
+    /// Prefill role: how the request ended, sent once its saves are done.
+    finished: Option<(FinishReason, Usage)>,
+}
+
+/// A sequence waiting for blocks the fabric is loading into `blocks`.
+struct Loading {
+    seq: Seq,
+    load: PendingLoad,
+    blocks: Vec<BlockId>,
+    keys: Vec<BlockKey>,
 }
 
 /// The scheduler's state; [`Scheduler::spawn`] runs it on a dedicated thread.
@@ -70,11 +96,23 @@ pub struct Scheduler {
     cfg: SchedulerConfig,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    connector: Option<Arc<dyn KvConnector>>,
+    loading: Vec<Loading>,
+    /// Prefill role: finished sequences waiting for their saves.
+    flushing: Vec<Seq>,
+    next_id: u64,
 }
 
 impl Scheduler {
-    /// A scheduler over `kv` (its layout must match the model).
-    pub fn new(model: Arc<LlamaModel>, cx: Compute, kv: KvPool, cfg: SchedulerConfig) -> Scheduler {
+    /// A scheduler over `kv` (its layout must match the model), with the
+    /// fabric behind `connector` if any.
+    pub fn new(
+        model: Arc<LlamaModel>,
+        cx: Compute,
+        kv: KvPool,
+        cfg: SchedulerConfig,
+        connector: Option<Arc<dyn KvConnector>>,
+    ) -> Scheduler {
         let blocks = BlockManager::new(kv.blocks());
         Scheduler {
             model,
@@ -84,7 +122,19 @@ impl Scheduler {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            connector,
+            loading: Vec::new(),
+            flushing: Vec::new(),
+            next_id: 0,
         }
+    }
+
+    /// Nothing to run, load or flush.
+    fn idle(&self) -> bool {
+        self.running.is_empty()
+            && self.waiting.is_empty()
+            && self.loading.is_empty()
+            && self.flushing.is_empty()
     }
 
     /// Start the scheduler thread; it exits when every handle is dropped and the work is done.
@@ -102,7 +152,7 @@ impl Scheduler {
     /// The loop: take requests, step, repeat.
     pub fn run(mut self, mut intake: mpsc::Receiver<GenerationRequest>) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.idle() {
                 match intake.blocking_recv() {
                     Some(r) => self.accept(r),
                     None => return,
@@ -167,7 +217,9 @@ impl Scheduler {
             return;
         }
         let chain = KeyChain::new(&r.namespace, &self.model.fingerprint(), self.kv.layout());
+        self.next_id += 1;
         self.waiting.push_back(Seq {
+            id: self.next_id,
             events: r.events,
             prompt_len: r.prompt.len(),
             tokens: r.prompt,
@@ -182,6 +234,8 @@ impl Scheduler {
             stop: r.stop_token_ids,
             return_logits: r.return_logits,
             cached_tokens: None,
+            fabric: Vec::new(),
+            finished: None,
         });
     }
 
@@ -192,22 +246,36 @@ impl Scheduler {
         seq.computed = 0;
         seq.registered = 0;
         seq.parent = None;
+        seq.fabric.clear();
     }
 
-    /// Take the longest cached prefix (full blocks, at least one token left to compute).
-    fn admit(&mut self, mut seq: Seq) -> Seq {
+    /// Take the longest cached prefix (full blocks, at least one token left
+    /// to compute), then start loading what the fabric has beyond it.
+    fn admit(&mut self, mut seq: Seq) {
         let bt = self.kv.layout().block_tokens as usize;
         let usable = (seq.tokens.len() - 1) / bt;
         let keys = seq.chain.keys(&seq.tokens[..usable * bt]);
-        let hits = self.blocks.lookup(&keys);
+        let hits = if self.cfg.prefix_cache {
+            self.blocks.lookup(&keys)
+        } else {
+            Vec::new()
+        };
         seq.computed = hits.len() * bt;
         seq.registered = hits.len();
         seq.parent = hits.len().checked_sub(1).map(|i| keys[i]);
+        seq.fabric = vec![FabricState::Unknown; hits.len()];
         seq.table = hits;
+        if let Some(seq) = self.start_fabric_load(seq, &keys) {
+            self.begin(seq);
+        }
+    }
+
+    /// Put an admitted sequence (prefix in place) in the running set.
+    fn begin(&mut self, mut seq: Seq) {
         if seq.cached_tokens.is_none() {
             seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
         }
-        seq
+        self.running.push(seq);
     }
 
     fn step(&mut self) {
@@ -222,14 +290,17 @@ impl Scheduler {
             }
         }
         self.waiting.retain(|s| !s.events.is_closed());
-        while self.running.len() < self.cfg.max_seqs.max(1) {
+        self.poll_fabric(std::time::Duration::ZERO);
+        while self.running.len() + self.loading.len() < self.cfg.max_seqs.max(1) {
             let Some(s) = self.waiting.pop_front() else {
                 break;
             };
-            let s = self.admit(s);
-            self.running.push(s);
+            self.admit(s);
         }
         if self.running.is_empty() {
+            // Only loads or saves in flight: wait a little for them, then
+            // look at the intake again.
+            self.poll_fabric(std::time::Duration::from_millis(2));
             return;
         }
         let plan = self.plan();
@@ -271,8 +342,13 @@ impl Scheduler {
         }
         done.sort_unstable();
         for i in done.into_iter().rev() {
-            let mut s = self.running.remove(i);
-            self.release(&mut s);
+            let s = self.running.remove(i);
+            if s.finished.is_some() {
+                self.start_flush(s);
+            } else {
+                let mut s = s;
+                self.release(&mut s);
+            }
         }
     }
 
@@ -323,6 +399,7 @@ impl Scheduler {
                                 vs.computed = 0;
                                 vs.registered = 0;
                                 vs.parent = None;
+                                vs.fabric.clear();
                                 preempted.push(v);
                             }
                             None => {
@@ -379,6 +456,9 @@ impl Scheduler {
             self.blocks.register(s.table[r], key);
             s.parent = Some(key);
             s.registered += 1;
+            if let Some(c) = &self.connector {
+                fabric::save_block(c.as_ref(), &mut self.blocks, s, r, key, bt);
+            }
         }
         let Some(logits) = logits else { return false };
         let tok = s.sampler.sample(&logits);
@@ -387,11 +467,17 @@ impl Scheduler {
             completion_tokens: s.generated,
             cached_tokens: s.cached_tokens.unwrap_or(0),
         };
+        // A prefill-role engine with a fabric answers once its saves are done.
+        let flush = role == Role::Prefill && self.connector.is_some();
         if s.stop.contains(&tok) {
-            let _ = s.events.blocking_send(GenerationEvent::Finished {
-                reason: FinishReason::Stop,
-                usage: usage(s),
-            });
+            if flush {
+                s.finished = Some((FinishReason::Stop, usage(s)));
+            } else {
+                let _ = s.events.blocking_send(GenerationEvent::Finished {
+                    reason: FinishReason::Stop,
+                    usage: usage(s),
+                });
+            }
             return true;
         }
         let ev = GenerationEvent::Token {
@@ -404,10 +490,14 @@ impl Scheduler {
         s.tokens.push(tok);
         s.generated += 1;
         if s.generated >= s.max_tokens || s.tokens.len() >= ctx || role == Role::Prefill {
-            let _ = s.events.blocking_send(GenerationEvent::Finished {
-                reason: FinishReason::Length,
-                usage: usage(s),
-            });
+            if flush {
+                s.finished = Some((FinishReason::Length, usage(s)));
+            } else {
+                let _ = s.events.blocking_send(GenerationEvent::Finished {
+                    reason: FinishReason::Length,
+                    usage: usage(s),
+                });
+            }
             return true;
         }
         false

@@ -1,0 +1,391 @@
+//! `kvfabric bench agentic`: multi-turn agent sessions over several engines
+//! with random routing, the workload kvfabric exists for.
+//!
+//! S sessions x T turns (in the spirit of LMCache's multi-round-qa): a shared
+//! ~1000-token system prompt with tool definitions, then per session a
+//! history that grows every turn by the previous answer and a new user
+//! message ([`trace`]). Turns are sent at most `--rate` per second, each
+//! routed uniformly at random (fixed by seed) to one of N in-process engines
+//! driven at the token level ([`driver`]). The same trace runs three times,
+//! on fresh engines each time:
+//! - `none`: no prefix reuse at all (every prompt fully prefilled);
+//! - `local`: each engine's own prefix cache only — what engines with prefix
+//!   caching get under random routing (a session's history is reused only
+//!   when two of its turns land on the same engine);
+//! - `fabric`: every engine embeds a node of one kvfabric cluster (etcd
+//!   membership, loopback) and reuses prefixes any engine computed.
+//!
+//! Reported per configuration: prompt / cached tokens, token hit ratio, TTFT
+//! p50/p90, end-to-end p50, tokens/s; plus the oracle hit ratio (the most a
+//! cache of whole blocks could reuse on this trace), whether all three runs
+//! produced the same answers (greedy over bit-exact KV must), and the decode
+//! step time of a batch with the connector saving on vs off ([`fabric`]).
+//! Targets are ratios measured in this run: fabric hit ratio / oracle >= 0.95,
+//! local TTFT p50 / fabric TTFT p50 >= 5, save-on / save-off step <= 1.05.
+
+pub mod driver;
+pub mod engines;
+pub mod fabric;
+pub mod stats;
+pub mod trace;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context};
+use kvfabric_engine::gguf::GgufFile;
+use kvfabric_engine::model::LlamaModel;
+use kvfabric_engine::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+use driver::{drive, DriveParams};
+use engines::{engine_config, stats_json, sum_stats, EngineSet};
+use fabric::{decode_step, FabricCluster};
+use stats::{same_answers, RunSummary};
+use trace::Workload;
+
+/// Arguments of `kvfabric bench agentic`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AgenticArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// GGUF model (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Engines the requests are spread over.
+    #[arg(long, default_value_t = 3)]
+    pub engines: usize,
+    /// Concurrent agent sessions.
+    #[arg(long, default_value_t = 4)]
+    pub sessions: usize,
+    /// Turns per session.
+    #[arg(long, default_value_t = 4)]
+    pub turns: usize,
+    /// Most requests sent per second (0 = each turn as soon as it is ready).
+    #[arg(long, default_value_t = 2.0)]
+    pub rate: f64,
+    /// Tokens generated per turn (greedy, no stop token).
+    #[arg(long, default_value_t = 16)]
+    pub answer_tokens: usize,
+    /// Seed of the workload text and the routing.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Start every session at once (default: each session joins when the
+    /// previous one's first turn is answered, so the shared system prompt is
+    /// computed once before the others arrive).
+    #[arg(long)]
+    pub burst_start: bool,
+    /// Tokens of the shared system prompt (grown tool definition by tool definition).
+    #[arg(long, default_value_t = 1000)]
+    pub system_tokens: usize,
+    /// Kernel threads per engine (0 = one per core).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// KV pool of each engine, MiB.
+    #[arg(long, default_value_t = 256)]
+    pub kv_pool_mib: u64,
+    /// RAM tier of each fabric node, MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub node_ram_mib: u64,
+    /// Sequences decoding at once in the save on/off step-time measurement.
+    #[arg(long, default_value_t = 8)]
+    pub step_batch: usize,
+    /// Tokens each of them decodes.
+    #[arg(long, default_value_t = 96)]
+    pub step_tokens: usize,
+    /// Save on/off measurements (alternated; the best of each is reported).
+    #[arg(long, default_value_t = 2)]
+    pub step_repeats: usize,
+}
+
+/// Run the bench and print its report.
+pub fn run(args: &AgenticArgs) -> anyhow::Result<()> {
+    let report = measure(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// Run the bench and return the report (what `--json` prints).
+pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
+    let path = args
+        .model
+        .clone()
+        .ok_or_else(|| anyhow!("no model given (--model PATH)"))?;
+    if !path.exists() {
+        anyhow::bail!(
+            "model not found at {}: run `kvfabric model fetch`",
+            path.display()
+        );
+    }
+    anyhow::ensure!(args.engines > 0, "--engines must be > 0");
+    anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
+    let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
+    let gguf = GgufFile::open(&path).context("opening the model")?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    drop(gguf);
+    let workload = Workload::generate(
+        &|text| tokenizer.encode(text, true),
+        args.seed,
+        args.sessions,
+        args.turns,
+        args.system_tokens,
+    );
+    let args = args.clone();
+    let model_name = path.display().to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(measure_all(&args, model, &workload, model_name))
+    })
+    .join()
+    .map_err(|_| anyhow!("bench thread panicked"))?
+}
+
+/// Which prefix reuse a configuration has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reuse {
+    None,
+    Local,
+    Fabric,
+}
+
+struct ConfigRun {
+    summary: RunSummary,
+    records: Vec<stats::RequestRecord>,
+    connector: Option<kvfabric_connector::ConnectorStats>,
+}
+
+async fn run_configuration(
+    args: &AgenticArgs,
+    model: &Arc<LlamaModel>,
+    workload: &Workload,
+    reuse: Reuse,
+    fabric: Option<&FabricCluster>,
+) -> anyhow::Result<ConfigRun> {
+    let cfg = engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None);
+    let connects = (0..args.engines)
+        .map(|i| match (reuse, fabric) {
+            (Reuse::Fabric, Some(f)) => Ok(Some(f.connect_fn(i, true))),
+            (Reuse::Fabric, None) => Err(anyhow!("the fabric configuration needs a cluster")),
+            _ => Ok(None),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let set = EngineSet::start(model, &cfg, connects)?;
+    let params = DriveParams {
+        rate: args.rate,
+        answer_tokens: args.answer_tokens,
+        seed: args.seed,
+        burst_start: args.burst_start,
+    };
+    let handles = set.handles();
+    let driven = drive(&handles, workload, &params).await;
+    drop(handles);
+    let connectors = set.connectors();
+    let connector = if connectors.is_empty() {
+        None
+    } else {
+        let flushed = connectors.clone();
+        tokio::task::spawn_blocking(move || {
+            flushed.iter().all(|c| c.flush(Duration::from_secs(30)))
+        })
+        .await
+        .map_err(|e| anyhow!("flush task: {e}"))?;
+        Some(sum_stats(connectors.iter().map(|c| c.stats())))
+    };
+    drop(connectors);
+    set.stop().await?;
+    let (records, wall) = driven?;
+    Ok(ConfigRun {
+        summary: RunSummary::new(&records, cfg.block_tokens, wall),
+        records,
+        connector,
+    })
+}
+
+/// Decode step time with saving on and off, alternated, best of each.
+async fn save_on_off(
+    args: &AgenticArgs,
+    model: &Arc<LlamaModel>,
+    fabric: &FabricCluster,
+) -> anyhow::Result<(f64, f64, u64)> {
+    let cfg = engine_config(args.threads, args.kv_pool_mib, true);
+    let (mut on, mut off, mut saved) = (f64::MAX, f64::MAX, 0);
+    for r in 0..args.step_repeats.max(1) {
+        for save in [true, false] {
+            let seed = args.seed.wrapping_mul(1000) + 2 * r as u64 + u64::from(save);
+            let (step, s) = decode_step(
+                model,
+                &cfg,
+                fabric.connect_fn(r, save),
+                args.step_batch,
+                100,
+                args.step_tokens,
+                seed,
+            )
+            .await?;
+            let ms = step.as_secs_f64() * 1e3;
+            if save {
+                on = on.min(ms);
+                saved += s;
+            } else {
+                off = off.min(ms);
+                anyhow::ensure!(s == 0, "the save-off connector saved {s} blocks");
+            }
+        }
+    }
+    Ok((on, off, saved))
+}
+
+async fn measure_all(
+    args: &AgenticArgs,
+    model: Arc<LlamaModel>,
+    workload: &Workload,
+    model_name: String,
+) -> anyhow::Result<Value> {
+    let none = run_configuration(args, &model, workload, Reuse::None, None).await?;
+    let local = run_configuration(args, &model, workload, Reuse::Local, None).await?;
+    // One RAM tier per engine, enough for the whole trace and the step runs.
+    let fabric_nodes = FabricCluster::start(args.engines, args.node_ram_mib).await?;
+    let measured = async {
+        let fabric =
+            run_configuration(args, &model, workload, Reuse::Fabric, Some(&fabric_nodes)).await?;
+        let steps = save_on_off(args, &model, &fabric_nodes).await?;
+        anyhow::Ok((fabric, steps))
+    }
+    .await;
+    fabric_nodes.stop().await;
+    let (fabric, (save_on, save_off, step_saved_blocks)) = measured?;
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    let f = &fabric.summary;
+    Ok(json!({
+        "model": model_name,
+        "engines": args.engines,
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "rate": args.rate,
+        "answer_tokens": args.answer_tokens,
+        "seed": args.seed,
+        "burst_start": args.burst_start,
+        "threads_per_engine": args.threads,
+        "system_prompt_tokens": workload.system.len(),
+        "oracle_hit_ratio": f.oracle_hit_ratio,
+        "none": none.summary.to_json(),
+        "local": local.summary.to_json(),
+        "fabric": f.to_json(),
+        "fabric_connector": fabric.connector.as_ref().map(stats_json),
+        "answers_identical": same_answers(&none.records, &local.records)
+            && same_answers(&none.records, &fabric.records),
+        "fabric_over_oracle": ratio(f.hit_ratio, f.oracle_hit_ratio),
+        "local_over_fabric_ttft_p50": ratio(local.summary.ttft_p50_ms, f.ttft_p50_ms),
+        "none_over_fabric_ttft_p50": ratio(none.summary.ttft_p50_ms, f.ttft_p50_ms),
+        "save_on_step_ms": save_on,
+        "save_off_step_ms": save_off,
+        "save_on_over_off": ratio(save_on, save_off),
+        "save_step_batch": args.step_batch,
+        "save_step_saved_blocks": step_saved_blocks,
+        "targets": {
+            "fabric_over_oracle_min": 0.95,
+            "local_over_fabric_ttft_p50_min": 5.0,
+            "save_on_over_off_max": 1.05,
+        },
+    }))
+}
+
+fn print_table(report: &Value) {
+    println!(
+        "agentic bench: {} engines, {} sessions x {} turns, rate {}/s, {} answer tokens",
+        report["engines"],
+        report["sessions"],
+        report["turns"],
+        report["rate"],
+        report["answer_tokens"]
+    );
+    println!(
+        "  oracle hit ratio {:.3}",
+        report["oracle_hit_ratio"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "  {:<8} {:>9} {:>12} {:>12} {:>12} {:>10}",
+        "config", "hit", "ttft p50 ms", "ttft p90 ms", "e2e p50 ms", "tok/s"
+    );
+    for c in ["none", "local", "fabric"] {
+        let r = &report[c];
+        if r.is_null() {
+            continue;
+        }
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        println!(
+            "  {c:<8} {:>9.3} {:>12.1} {:>12.1} {:>12.1} {:>10.1}",
+            f("hit_ratio"),
+            f("ttft_p50_ms"),
+            f("ttft_p90_ms"),
+            f("e2e_p50_ms"),
+            f("tokens_per_s")
+        );
+    }
+    for k in [
+        "answers_identical",
+        "fabric_over_oracle",
+        "local_over_fabric_ttft_p50",
+        "save_on_step_ms",
+        "save_off_step_ms",
+        "save_on_over_off",
+    ] {
+        if !report[k].is_null() {
+            println!("  {k:<28} {}", report[k]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model_path() -> Option<PathBuf> {
+        let p = std::env::var_os("KVFABRIC_MODEL_PATH")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| {
+                    PathBuf::from(h).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+                })
+            })?;
+        p.exists().then_some(p)
+    }
+
+    /// The whole bench with its defaults, in release: `cargo test -p
+    /// kvfabric-benches --release -- --ignored agentic --nocapture`.
+    #[test]
+    #[ignore = "runs the full bench (minutes); needs the fetched model"]
+    fn agentic_bench_runs_with_defaults() {
+        let model = model_path().expect("reference model (kvfabric model fetch)");
+        let args = AgenticArgs {
+            json: true,
+            model: Some(model),
+            engines: 3,
+            sessions: 4,
+            turns: 4,
+            rate: 2.0,
+            answer_tokens: 16,
+            seed: 1,
+            burst_start: false,
+            system_tokens: 1000,
+            threads: 1,
+            kv_pool_mib: 256,
+            node_ram_mib: 1024,
+            step_batch: 8,
+            step_tokens: 96,
+            step_repeats: 2,
+        };
+        let report = measure(&args).expect("bench");
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+        assert_eq!(report["answers_identical"], true);
+    }
+}

@@ -1,0 +1,187 @@
+//! A kvfabric cluster inside the bench process: a private etcd (Debian's
+//! etcd-server) for membership, and one [`EmbeddedNode`] per engine, each
+//! with its own RAM tier, gRPC port and transfer engine on loopback — the
+//! default deployment (every engine process is a node) squeezed into one
+//! process. Engines attach through [`FabricCluster::connect_fn`].
+//!
+//! Also the save on/off decode step measurement of `bench agentic`: a batch
+//! of sequences decoding while their blocks are saved write-behind must
+//! step as fast as the same batch with saving off.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use kvfabric_connector::{ConnectFn, ConnectorConfig, EmbeddedNode, FabricConnector};
+use kvfabric_engine::model::LlamaModel;
+use kvfabric_engine::{
+    EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, SamplingParams,
+};
+use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_store::cluster::ClusterConfig;
+use kvfabric_store::NodeConfig;
+use tokio::sync::mpsc;
+
+use super::engines::{start_engine, stop_engine};
+use super::trace::SplitMix64;
+
+/// Nodes of one in-process cluster and the etcd they meet in.
+pub struct FabricCluster {
+    nodes: Vec<EmbeddedNode>,
+    etcd: EtcdProcess,
+}
+
+impl FabricCluster {
+    /// Start etcd and `count` nodes with `ram_mib` MiB RAM tiers; returns
+    /// once every node sees all the others.
+    pub async fn start(count: usize, ram_mib: u64) -> anyhow::Result<FabricCluster> {
+        let etcd = tokio::task::spawn_blocking(EtcdProcess::start)
+            .await
+            .map_err(|e| anyhow!("etcd start task: {e}"))?
+            .context("starting etcd (Debian package etcd-server)")?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let prefix = format!("/kvf-bench-{}-{nanos}", std::process::id());
+        let mut nodes = Vec::with_capacity(count);
+        for i in 0..count {
+            let node = NodeConfig {
+                node_id: format!("bench-{i}"),
+                ram_capacity: bytesize::ByteSize::mib(ram_mib),
+                grpc_listen: "127.0.0.1:0".parse()?,
+                http_listen: "127.0.0.1:0".parse()?,
+                ..NodeConfig::default()
+            };
+            let cluster = ClusterConfig {
+                etcd: vec![etcd.endpoint()],
+                etcd_prefix: prefix.clone(),
+                ..ClusterConfig::default()
+            };
+            nodes.push(
+                EmbeddedNode::start(node, cluster)
+                    .await
+                    .with_context(|| format!("starting fabric node {i}"))?,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while nodes.iter().any(|n| n.node().view().nodes.len() < count) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the {count} fabric nodes did not see each other within 15 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(FabricCluster { nodes, etcd })
+    }
+
+    /// How an engine attaches to node `i`; `save` false = the connector
+    /// loads but never saves. Call inside the runtime the nodes run on.
+    pub fn connect_fn(&self, i: usize, save: bool) -> ConnectFn {
+        let node = self.nodes[i % self.nodes.len()].node().clone();
+        FabricConnector::connect_fn(
+            node,
+            ConnectorConfig {
+                save,
+                ..ConnectorConfig::default()
+            },
+        )
+    }
+
+    /// Stop every node, then etcd.
+    pub async fn stop(self) {
+        let FabricCluster { nodes, mut etcd } = self;
+        for n in nodes {
+            n.stop().await;
+        }
+        let _ = tokio::task::spawn_blocking(move || etcd.stop()).await;
+    }
+}
+
+/// Mean time between consecutive tokens of `batch` sequences decoding
+/// together (each a fresh `prompt_tokens`-token prompt, then `tokens`
+/// tokens), on a new engine attached with `connect`; with the saved-block
+/// count of its connector.
+pub async fn decode_step(
+    model: &Arc<LlamaModel>,
+    cfg: &EngineConfig,
+    connect: ConnectFn,
+    batch: usize,
+    prompt_tokens: usize,
+    tokens: usize,
+    seed: u64,
+) -> anyhow::Result<(Duration, u64)> {
+    anyhow::ensure!(
+        batch > 0 && tokens >= 2,
+        "step measurement needs a batch and >= 2 tokens"
+    );
+    let engine = start_engine(model, cfg, Some(connect))?;
+    let vocab = model.config.vocab as u64;
+    let mut rng = SplitMix64::new(seed);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..batch {
+        // Random ids (never seen before: every block is new to the fabric).
+        let prompt: Vec<u32> = (0..prompt_tokens)
+            .map(|_| (100 + rng.next_u64() % (vocab - 200)) as u32)
+            .collect();
+        tasks.spawn(token_times(engine.handle.clone(), prompt, tokens));
+    }
+    let mut per_step = Vec::with_capacity(batch);
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined
+            .map_err(|e| anyhow!("decode task: {e}"))
+            .and_then(|r| r)
+        {
+            Ok(times) => {
+                if let (Some(first), Some(last)) = (times.first(), times.last()) {
+                    per_step.push((*last - *first).as_secs_f64() / (times.len() - 1).max(1) as f64);
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let connector = engine.connector.clone();
+    if let Some(c) = &connector {
+        let c = c.clone();
+        let _ = tokio::task::spawn_blocking(move || c.flush(Duration::from_secs(30))).await;
+    }
+    let saved = connector.map_or(0, |c| c.stats().saved_blocks);
+    stop_engine(engine).await?;
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let mean = per_step.iter().sum::<f64>() / per_step.len().max(1) as f64;
+    Ok((Duration::from_secs_f64(mean), saved))
+}
+
+/// Arrival time of every token of one greedy request.
+async fn token_times(
+    engine: EngineHandle,
+    prompt: Vec<u32>,
+    tokens: usize,
+) -> anyhow::Result<Vec<Instant>> {
+    let (tx, mut rx) = mpsc::channel(tokens + 8);
+    engine
+        .submit(GenerationRequest {
+            prompt,
+            max_tokens: tokens,
+            sampling: SamplingParams::default(),
+            stop_token_ids: Vec::new(),
+            namespace: Vec::new(),
+            return_logits: false,
+            events: tx,
+        })
+        .await?;
+    let mut times = Vec::with_capacity(tokens);
+    loop {
+        match rx.recv().await {
+            Some(GenerationEvent::Token { .. }) => times.push(Instant::now()),
+            Some(GenerationEvent::Saved(_)) => {}
+            Some(GenerationEvent::Finished { .. }) => return Ok(times),
+            Some(GenerationEvent::Error(e)) => anyhow::bail!("engine error: {e}"),
+            None => anyhow::bail!("the engine dropped the request"),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Connector configuration (`[connector]` in the kvfabric config file).
+//!
+//! Every field has a default; unknown fields are refused.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConnectorError;
+
+/// How an engine uses the fabric.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectorConfig {
+    /// embedded (a fabric node inside the engine process) or off (local prefix cache only). Default: embedded.
+    pub mode: String,
+    /// Save computed blocks (prompt and generated) into the fabric. Default: true.
+    pub save: bool,
+    /// Load prefixes other engines computed. Default: true.
+    pub load: bool,
+    /// Blocks waiting to be saved; beyond this, saves are dropped (counted), never waited for. Default: 64.
+    pub max_pending_saves: usize,
+    /// Blocks read in parallel by one load. Default: 8.
+    pub load_concurrency: usize,
+    /// Longest a scheduler-side lookup may take before it counts as a miss, in milliseconds. Default: 500.
+    pub lookup_timeout_ms: u64,
+}
+
+impl Default for ConnectorConfig {
+    fn default() -> Self {
+        ConnectorConfig {
+            mode: "embedded".into(),
+            save: true,
+            load: true,
+            max_pending_saves: 64,
+            load_concurrency: 8,
+            lookup_timeout_ms: 500,
+        }
+    }
+}
+
+impl ConnectorConfig {
+    /// Refuse settings the connector cannot run with.
+    pub fn validate(&self) -> Result<(), ConnectorError> {
+        if !matches!(self.mode.as_str(), "embedded" | "off") {
+            return Err(ConnectorError::Config(format!(
+                "mode {:?}: expected embedded or off",
+                self.mode
+            )));
+        }
+        if self.max_pending_saves == 0 || self.load_concurrency == 0 {
+            return Err(ConnectorError::Config(
+                "max_pending_saves and load_concurrency must be > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether an engine should run a fabric node at all.
+    pub fn enabled(&self) -> bool {
+        self.mode != "off"
+    }
+
+    /// The lookup timeout as a duration.
+    pub fn lookup_timeout(&self) -> Duration {
+        Duration::from_millis(self.lookup_timeout_ms)
+    }
+}

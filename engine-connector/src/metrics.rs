@@ -1,0 +1,131 @@
+//! Connector counters: Prometheus series in the engine's registry, and the
+//! same numbers as a plain struct for tests and benches.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// A snapshot of the connector's counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnectorStats {
+    pub lookups: u64,
+    /// Blocks lookups found in the fabric.
+    pub lookup_hit_blocks: u64,
+    /// Blocks loaded into the engine with a matching checksum.
+    pub loaded_blocks: u64,
+    /// Blocks a load could not deliver (miss, error, timeout, checksum): recomputed.
+    pub load_failed_blocks: u64,
+    /// Blocks this connector stored in the fabric.
+    pub saved_blocks: u64,
+    /// Blocks not stored because the fabric already had them.
+    pub save_skipped_blocks: u64,
+    /// Blocks not saved because the save queue was full.
+    pub save_dropped_blocks: u64,
+    /// Blocks whose save failed.
+    pub save_failed_blocks: u64,
+    /// Saves queued or in progress now.
+    pub pending_saves: u64,
+}
+
+/// The connector's Prometheus series.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectorMetrics {
+    pub lookups: Counter,
+    pub lookup_hit_blocks: Counter,
+    pub loaded_blocks: Counter,
+    pub load_failed_blocks: Counter,
+    pub saved_blocks: Counter,
+    pub save_skipped_blocks: Counter,
+    pub save_dropped_blocks: Counter,
+    pub save_failed_blocks: Counter,
+    pub pending_saves: Gauge,
+    pub load_seconds: Histogram,
+}
+
+impl ConnectorMetrics {
+    pub fn new() -> ConnectorMetrics {
+        ConnectorMetrics {
+            lookups: Counter::default(),
+            lookup_hit_blocks: Counter::default(),
+            loaded_blocks: Counter::default(),
+            load_failed_blocks: Counter::default(),
+            saved_blocks: Counter::default(),
+            save_skipped_blocks: Counter::default(),
+            save_dropped_blocks: Counter::default(),
+            save_failed_blocks: Counter::default(),
+            pending_saves: Gauge::default(),
+            load_seconds: Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.0005, 2.0, 14),
+            ),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("kvfabric_connector");
+        r.register(
+            "lookups",
+            "Fabric lookups by the scheduler",
+            self.lookups.clone(),
+        );
+        r.register(
+            "lookup_hit_blocks",
+            "Blocks lookups found in the fabric",
+            self.lookup_hit_blocks.clone(),
+        );
+        r.register(
+            "loaded_blocks",
+            "Blocks loaded into the KV pool with a matching checksum",
+            self.loaded_blocks.clone(),
+        );
+        r.register(
+            "load_failed_blocks",
+            "Blocks a load could not deliver (recomputed)",
+            self.load_failed_blocks.clone(),
+        );
+        r.register(
+            "saved_blocks",
+            "Blocks stored in the fabric",
+            self.saved_blocks.clone(),
+        );
+        r.register(
+            "save_skipped_blocks",
+            "Blocks not stored because the fabric had them",
+            self.save_skipped_blocks.clone(),
+        );
+        r.register(
+            "save_dropped_blocks",
+            "Blocks not saved because the save queue was full",
+            self.save_dropped_blocks.clone(),
+        );
+        r.register(
+            "save_failed_blocks",
+            "Blocks whose save failed",
+            self.save_failed_blocks.clone(),
+        );
+        r.register(
+            "pending_saves",
+            "Saves queued or in progress",
+            self.pending_saves.clone(),
+        );
+        r.register(
+            "load_seconds",
+            "Time from start to end of one load",
+            self.load_seconds.clone(),
+        );
+    }
+
+    pub fn snapshot(&self) -> ConnectorStats {
+        ConnectorStats {
+            lookups: self.lookups.get(),
+            lookup_hit_blocks: self.lookup_hit_blocks.get(),
+            loaded_blocks: self.loaded_blocks.get(),
+            load_failed_blocks: self.load_failed_blocks.get(),
+            saved_blocks: self.saved_blocks.get(),
+            save_skipped_blocks: self.save_skipped_blocks.get(),
+            save_dropped_blocks: self.save_dropped_blocks.get(),
+            save_failed_blocks: self.save_failed_blocks.get(),
+            pending_saves: self.pending_saves.get().max(0) as u64,
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! Router configuration (`[router]` in the kvfabric config file) and the mode
+//! it implies.
+//!
+//! The mode is not a field of its own: it follows from which endpoint lists
+//! are set (`prefill` + `decode` = disaggregated, `engines` = plain), so a
+//! config cannot name a mode and then forget its endpoints. [`RouterConfig::validate`]
+//! turns the lists into a [`Mode`] or a config error, once, at startup.
+
+use std::net::SocketAddr;
+
+use hyper::Uri;
+use serde::{Deserialize, Serialize};
+
+use crate::error::RouterError;
+
+/// Settings of `kvfabric router`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Address the router's OpenAI-compatible API listens on. Default: 127.0.0.1:8080.
+    pub listen: SocketAddr,
+    /// Base URLs of prefill-role engines (e.g. `http://127.0.0.1:8001`); set
+    /// together with `decode` for disaggregated serving. Default: [] (none).
+    pub prefill: Vec<String>,
+    /// Base URLs of decode-role engines; set together with `prefill`. Default: [] (none).
+    pub decode: Vec<String>,
+    /// Base URLs of ordinary (role `both`) engines for plain load balancing;
+    /// excludes `prefill`/`decode`. Default: [] (none).
+    pub engines: Vec<String>,
+    /// How an endpoint is picked: `least-loaded` (fewest in-flight tokens)
+    /// or `random`. Default: "least-loaded".
+    pub policy: String,
+    /// Limit on one upstream hop (prefill, decode or plain), from sending the
+    /// request to the last byte of the answer, in milliseconds. Default: 600000.
+    pub request_timeout_ms: u64,
+    /// Limit on opening a TCP connection to an engine, in milliseconds. Default: 2000.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            engines: Vec::new(),
+            policy: "least-loaded".into(),
+            request_timeout_ms: 600_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// How an endpoint is chosen among several.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// The endpoint with the fewest in-flight tokens (ties rotate).
+    LeastLoaded,
+    /// Uniformly at random.
+    Random,
+}
+
+impl Policy {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::LeastLoaded => "least-loaded",
+            Policy::Random => "random",
+        }
+    }
+}
+
+/// What the router does with a request, with normalized base URLs
+/// (`http://host:port`, no trailing slash).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Two hops: prefill on one of `prefill`, then decode on one of `decode`.
+    Disaggregated {
+        prefill: Vec<String>,
+        decode: Vec<String>,
+    },
+    /// One hop to one of `engines`.
+    Plain { engines: Vec<String> },
+}
+
+impl Mode {
+    /// The metrics label: `disaggregated` or `plain`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Mode::Disaggregated { .. } => "disaggregated",
+            Mode::Plain { .. } => "plain",
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Check the settings and derive the mode; every problem is a
+    /// [`RouterError::Config`] naming the field.
+    pub fn validate(&self) -> Result<Mode, RouterError> {
+        self.policy()?;
+        if self.request_timeout_ms == 0 {
+            return Err(config("request_timeout_ms must be > 0"));
+        }
+        if self.connect_timeout_ms == 0 {
+            return Err(config("connect_timeout_ms must be > 0"));
+        }
+        let prefill = normalize_all("prefill", &self.prefill)?;
+        let decode = normalize_all("decode", &self.decode)?;
+        let engines = normalize_all("engines", &self.engines)?;
+        match (prefill.is_empty(), decode.is_empty(), engines.is_empty()) {
+            (false, false, true) => Ok(Mode::Disaggregated { prefill, decode }),
+            (true, true, false) => Ok(Mode::Plain { engines }),
+            (true, true, true) => Err(config(
+                "no endpoints: set prefill and decode (disaggregated) or engines (plain)",
+            )),
+            (_, _, false) => Err(config(
+                "engines (plain mode) cannot be combined with prefill/decode (disaggregated mode)",
+            )),
+            (true, false, true) => Err(config("decode is set but prefill is empty")),
+            (false, true, true) => Err(config("prefill is set but decode is empty")),
+        }
+    }
+
+    /// The parsed `policy`.
+    pub fn policy(&self) -> Result<Policy, RouterError> {
+        match self.policy.as_str() {
+            "least-loaded" => Ok(Policy::LeastLoaded),
+            "random" => Ok(Policy::Random),
+            other => Err(config(&format!(
+                "policy must be \"least-loaded\" or \"random\", not {other:?}"
+            ))),
+        }
+    }
+}
+
+fn config(message: &str) -> RouterError {
+    RouterError::Config(format!("router config: {message}"))
+}
+
+fn normalize_all(field: &str, urls: &[String]) -> Result<Vec<String>, RouterError> {
+    let mut out: Vec<String> = Vec::with_capacity(urls.len());
+    for url in urls {
+        let base = normalize(url).map_err(|why| config(&format!("{field}: {url:?}: {why}")))?;
+        if out.contains(&base) {
+            return Err(config(&format!("{field}: {url:?} is listed twice")));
+        }
+        out.push(base);
+    }
+    Ok(out)
+}
+
+/// `http://host:port[/]` -> `http://host:port`; anything else is refused.
+fn normalize(url: &str) -> Result<String, &'static str> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| "not a URL like http://127.0.0.1:8001")?;
+    if uri.scheme_str() != Some("http") {
+        return Err("only http:// engines are supported");
+    }
+    let authority = uri.authority().ok_or("the URL has no host")?;
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("give the engine's base URL, without a path");
+    }
+    Ok(format!("http://{authority}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(prefill: &[&str], decode: &[&str], engines: &[&str]) -> RouterConfig {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+        RouterConfig {
+            prefill: own(prefill),
+            decode: own(decode),
+            engines: own(engines),
+            ..RouterConfig::default()
+        }
+    }
+
+    #[test]
+    fn defaults_round_trip_and_unknown_fields_are_refused() {
+        let c = RouterConfig::default();
+        let back: RouterConfig =
+            serde_json::from_str(&serde_json::to_string(&c).expect("ser")).expect("de");
+        assert_eq!(back, c);
+        let partial: RouterConfig =
+            serde_json::from_str(r#"{"engines": ["http://127.0.0.1:8000"]}"#).expect("partial");
+        assert_eq!(partial.policy, "least-loaded");
+        assert_eq!(partial.request_timeout_ms, 600_000);
+        assert_eq!(partial.connect_timeout_ms, 2_000);
+        assert_eq!(partial.listen, SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert!(serde_json::from_str::<RouterConfig>(r#"{"engine": []}"#).is_err());
+    }
+
+    #[test]
+    fn mode_follows_from_the_endpoint_lists() {
+        let m = with(&["http://a:1/"], &["http://b:2"], &[])
+            .validate()
+            .expect("disaggregated");
+        assert_eq!(
+            m,
+            Mode::Disaggregated {
+                prefill: vec!["http://a:1".into()],
+                decode: vec!["http://b:2".into()],
+            }
+        );
+        let m = with(&[], &[], &["http://a:1", "http://b:2"])
+            .validate()
+            .expect("plain");
+        assert_eq!(m.label(), "plain");
+        for bad in [
+            with(&[], &[], &[]),
+            with(&["http://a:1"], &[], &[]),
+            with(&[], &["http://a:1"], &[]),
+            with(&["http://a:1"], &["http://b:1"], &["http://c:1"]),
+            with(&[], &[], &["a:1"]),
+            with(&[], &[], &["https://a:1"]),
+            with(&[], &[], &["http://a:1/v1"]),
+            with(&[], &[], &["http://a:1", "http://a:1/"]),
+        ] {
+            let e = bad.validate().expect_err("refused");
+            assert!(matches!(e, RouterError::Config(_)), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn policy_and_timeouts_are_checked() {
+        let mut c = with(&[], &[], &["http://a:1"]);
+        c.policy = "random".into();
+        assert_eq!(c.policy().expect("random"), Policy::Random);
+        c.policy = "round-robin".into();
+        assert!(c.validate().is_err());
+        let mut c = with(&[], &[], &["http://a:1"]);
+        c.request_timeout_ms = 0;
+        assert!(c.validate().is_err());
+        let mut c = with(&[], &[], &["http://a:1"]);
+        c.connect_timeout_ms = 0;
+        assert!(c.validate().is_err());
+    }
+}

@@ -1,0 +1,170 @@
+//! The router's Prometheus metrics.
+//!
+//! [`RouterMetrics`] is a bundle of prometheus-client handles registered into
+//! a registry the caller owns (prefix `kvfabric_router`). The in-flight token
+//! gauges are not a copy of the load balancer's state: they ARE its state
+//! (see `balance.rs`), so what `/metrics` shows is exactly what picks use.
+//!
+//! Series (after the prefix):
+//! - `requests_total{mode, route, outcome}`: client requests; outcome is
+//!   `ok`, `fallback` (answered by decode after the prefill hop failed),
+//!   `client_error` (4xx), `upstream_error` (5xx / 502), `cancelled` (client
+//!   went away first).
+//! - `inflight_prefill_tokens{endpoint}`, `inflight_decode_tokens{endpoint}`:
+//!   estimated tokens in flight per engine (plain-mode engines count under
+//!   decode: they run whole requests).
+//! - `upstream_errors_total{endpoint, hop, kind}`: hop `prefill|decode|plain|models`,
+//!   kind `connect|timeout|status|bad_answer`.
+//! - `prefill_fallbacks_total`: requests sent straight to decode after a failed prefill hop.
+//! - `request_duration_seconds{mode, route}`: arrival to the last byte sent.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Labels of `requests_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `disaggregated` or `plain`.
+    pub mode: String,
+    /// The API path, e.g. `/v1/completions`.
+    pub route: String,
+    pub outcome: String,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub mode: String,
+    pub route: String,
+}
+
+/// Labels of the per-engine gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// Base URL of the engine.
+    pub endpoint: String,
+}
+
+/// Labels of `upstream_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamErrorLabels {
+    pub endpoint: String,
+    pub hop: String,
+    pub kind: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 ms .. ~164 s
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+/// Router metrics; clone freely (every clone updates the same series).
+#[derive(Clone, Debug)]
+pub struct RouterMetrics {
+    pub requests: Family<RequestLabels, Counter>,
+    pub inflight_prefill_tokens: Family<EndpointLabels, Gauge>,
+    pub inflight_decode_tokens: Family<EndpointLabels, Gauge>,
+    pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
+    pub prefill_fallbacks: Counter,
+    pub request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for RouterMetrics {
+    fn default() -> Self {
+        RouterMetrics::new()
+    }
+}
+
+impl RouterMetrics {
+    /// Fresh, unregistered metrics.
+    pub fn new() -> RouterMetrics {
+        RouterMetrics {
+            requests: Family::default(),
+            inflight_prefill_tokens: Family::default(),
+            inflight_decode_tokens: Family::default(),
+            upstream_errors: Family::default(),
+            prefill_fallbacks: Counter::default(),
+            request_duration_seconds: Family::new_with_constructor(latency_histogram),
+        }
+    }
+
+    /// Register every series under `kvfabric_router`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("kvfabric_router");
+        r.register(
+            "requests",
+            "Client requests by mode, route and outcome",
+            self.requests.clone(),
+        );
+        r.register(
+            "inflight_prefill_tokens",
+            "Estimated prompt tokens in flight per prefill engine",
+            self.inflight_prefill_tokens.clone(),
+        );
+        r.register(
+            "inflight_decode_tokens",
+            "Estimated prompt + completion tokens in flight per decode (or plain) engine",
+            self.inflight_decode_tokens.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Failed engine hops by endpoint, hop and kind",
+            self.upstream_errors.clone(),
+        );
+        r.register(
+            "prefill_fallbacks",
+            "Requests sent straight to decode after the prefill hop failed",
+            self.prefill_fallbacks.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Client request latency, arrival to last byte",
+            self.request_duration_seconds.clone(),
+        );
+    }
+
+    /// Count one failed hop.
+    pub(crate) fn upstream_error(&self, endpoint: &str, hop: &str, kind: &str) {
+        self.upstream_errors
+            .get_or_create(&UpstreamErrorLabels {
+                endpoint: endpoint.to_owned(),
+                hop: hop.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_encoded_with_the_prefix() {
+        let m = RouterMetrics::new();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        m.upstream_error("http://a:1", "prefill", "connect");
+        m.inflight_decode_tokens
+            .get_or_create(&EndpointLabels {
+                endpoint: "http://b:2".into(),
+            })
+            .set(7);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(
+            text.contains(
+                r#"kvfabric_router_upstream_errors_total{endpoint="http://a:1",hop="prefill",kind="connect"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kvfabric_router_inflight_decode_tokens{endpoint="http://b:2"} 7"#),
+            "{text}"
+        );
+    }
+}
