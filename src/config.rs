@@ -152,6 +152,7 @@ mod tests {
         assert_documented::<kvfabric_store::cluster::ClusterConfig>("cluster");
         assert_documented::<kvfabric_store::NodeConfig>("node");
         assert_documented::<kvfabric_engine::EngineConfig>("engine");
+        assert_documented::<kvfabric_connector::ConnectorConfig>("connector");
     }
 
     #[test]
