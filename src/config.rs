@@ -153,6 +153,7 @@ mod tests {
         assert_documented::<kvfabric_store::NodeConfig>("node");
         assert_documented::<kvfabric_engine::EngineConfig>("engine");
         assert_documented::<kvfabric_connector::ConnectorConfig>("connector");
+        assert_documented::<kvfabric_router::RouterConfig>("router");
     }
 
     #[test]

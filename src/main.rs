@@ -8,6 +8,7 @@ mod ctl;
 mod engine;
 mod model;
 mod node;
+mod router;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,8 @@ enum Command {
     Ctl(ctl::CtlCmd),
     /// Run the bundled engine (GGUF Llama on CPU) serving the OpenAI API.
     Engine(Box<EngineCmd>),
+    /// OpenAI-compatible router: two-hop prefill -> decode, or plain load balancing.
+    Router(router::RouterFlags),
     /// Run a benchmark; each reports ratios against a peer measured in the same run.
     Bench(BenchCmd),
 }
@@ -155,6 +158,12 @@ fn main() -> anyhow::Result<()> {
             fabric.cluster.validate()?;
             fabric.connector.validate()?;
             tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path, fabric))?;
+        }
+        Command::Router(flags) => {
+            let cfg: kvfabric_router::RouterConfig =
+                config::load("router", cli.config.as_deref(), &flags)?;
+            cfg.validate()?;
+            tokio::runtime::Runtime::new()?.block_on(router::run(cfg))?;
         }
         Command::Bench(cmd) => match cmd.which {
             BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a)?,

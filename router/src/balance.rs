@@ -143,7 +143,9 @@ mod tests {
         let small = s.pick(10);
         let taken = [big.url(), mid.url(), small.url()];
         assert!(
-            taken.iter().all(|u| taken.iter().filter(|v| *v == u).count() == 1),
+            taken
+                .iter()
+                .all(|u| taken.iter().filter(|v| *v == u).count() == 1),
             "each idle endpoint gets one: {taken:?}"
         );
         // Now loads are 1000 / 100 / 10: the next request goes to the 10-token one.
@@ -187,10 +189,14 @@ mod tests {
         assert_ne!(a, b, "idle endpoints alternate");
         let (r, gauges) = set(3, Policy::Random);
         let guards: Vec<LoadGuard> = (0..30).map(|_| r.pick(1)).collect();
-        let total: i64 = (0..3).map(|i| load(&gauges, &format!("http://e{i}:1"))).sum();
+        let total: i64 = (0..3)
+            .map(|i| load(&gauges, &format!("http://e{i}:1")))
+            .sum();
         assert_eq!(total, 30);
         drop(guards);
-        let total: i64 = (0..3).map(|i| load(&gauges, &format!("http://e{i}:1"))).sum();
+        let total: i64 = (0..3)
+            .map(|i| load(&gauges, &format!("http://e{i}:1")))
+            .sum();
         assert_eq!(total, 0);
     }
 }

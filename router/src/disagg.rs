@@ -118,11 +118,15 @@ async fn prefill_exchange(
     if !collected.status.is_success() {
         return Ok(Prefilled::Refused(collected.into_response()));
     }
-    let v: Value = serde_json::from_slice(&collected.bytes).map_err(|e| RouterError::BadAnswer {
-        endpoint: endpoint.to_owned(),
-        message: format!("the prefill answer is not JSON: {e}"),
-    })?;
-    let transfer = v.get("kv_transfer_params").filter(|t| t.is_object()).cloned();
+    let v: Value =
+        serde_json::from_slice(&collected.bytes).map_err(|e| RouterError::BadAnswer {
+            endpoint: endpoint.to_owned(),
+            message: format!("the prefill answer is not JSON: {e}"),
+        })?;
+    let transfer = v
+        .get("kv_transfer_params")
+        .filter(|t| t.is_object())
+        .cloned();
     let cached_tokens = v
         .pointer("/usage/prompt_tokens_details/cached_tokens")
         .and_then(Value::as_u64)

@@ -37,9 +37,7 @@ use tokio::net::TcpListener;
 
 pub use config::{Mode, Policy, RouterConfig};
 pub use error::{ApiError, RouterError};
-pub use metrics::{
-    EndpointLabels, RequestLabels, RouteLabels, RouterMetrics, UpstreamErrorLabels,
-};
+pub use metrics::{EndpointLabels, RequestLabels, RouteLabels, RouterMetrics, UpstreamErrorLabels};
 pub use request::{estimate_text_tokens, DEFAULT_COMPLETION_ESTIMATE};
 
 /// Serve the router on `listener` until `shutdown` resolves (in-flight

@@ -171,7 +171,12 @@ impl Collected {
         serde_json::from_slice::<Value>(&self.bytes)
             .ok()
             .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&self.bytes).chars().take(500).collect())
+            .unwrap_or_else(|| {
+                String::from_utf8_lossy(&self.bytes)
+                    .chars()
+                    .take(500)
+                    .collect()
+            })
     }
 
     /// A 5xx answer as an error.

@@ -87,7 +87,10 @@ impl ClientRequest {
         };
         if let Some(v) = body.get("stream") {
             if !v.is_boolean() && !v.is_null() {
-                return Err(ApiError::invalid("stream must be a boolean", Some("stream")));
+                return Err(ApiError::invalid(
+                    "stream must be a boolean",
+                    Some("stream"),
+                ));
             }
         }
         Ok(ClientRequest {
@@ -241,8 +244,11 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("prompt"));
         let e = parse(Api::Chat, json!({"model":"m","prompt":"x"})).expect_err("no messages");
         assert_eq!(e.param.as_deref(), Some("messages"));
-        let e = parse(Api::Completion, json!({"model":"m","prompt":"x","max_tokens":-1}))
-            .expect_err("negative");
+        let e = parse(
+            Api::Completion,
+            json!({"model":"m","prompt":"x","max_tokens":-1}),
+        )
+        .expect_err("negative");
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
         let e = parse(Api::Completion, json!({"model":"m","prompt":{"a":1}})).expect_err("object");
         assert_eq!(e.param.as_deref(), Some("prompt"));

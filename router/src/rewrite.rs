@@ -112,7 +112,8 @@ mod tests {
 
     #[test]
     fn json_answer_gets_the_prefill_count() {
-        let mut v = json!({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}});
+        let mut v =
+            json!({"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}});
         assert!(replace_cached_tokens(&mut v, 64));
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 64);
         assert_eq!(v["usage"]["prompt_tokens"], 9);

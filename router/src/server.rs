@@ -181,7 +181,9 @@ async fn models(State(state): State<Arc<RouterState>>) -> Response {
             Err(e) => last_error = Some(e),
         }
         if let Some(e) = &last_error {
-            state.metrics.upstream_error(url, "models", e.upstream_kind());
+            state
+                .metrics
+                .upstream_error(url, "models", e.upstream_kind());
         }
     }
     let message = last_error.map_or_else(|| "no engines".to_owned(), |e| e.to_string());

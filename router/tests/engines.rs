@@ -34,11 +34,7 @@ fn chat(text: &str) -> Value {
 }
 
 /// (text, prompt_tokens, completion_tokens) of one request, streamed or not.
-async fn generate(
-    addr: std::net::SocketAddr,
-    path: &str,
-    body: &Value,
-) -> (String, u64, u64, u64) {
+async fn generate(addr: std::net::SocketAddr, path: &str, body: &Value) -> (String, u64, u64, u64) {
     if body["stream"] == json!(true) {
         let (status, events) = post_stream(addr, path, body).await;
         assert_eq!(status, 200, "{events:?}");
@@ -47,7 +43,9 @@ async fn generate(
         (
             text,
             usage["prompt_tokens"].as_u64().expect("prompt_tokens"),
-            usage["completion_tokens"].as_u64().expect("completion_tokens"),
+            usage["completion_tokens"]
+                .as_u64()
+                .expect("completion_tokens"),
             usage["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
                 .expect("cached"),
@@ -215,15 +213,22 @@ async fn bad_bodies_are_400_json_and_reach_no_engine() {
         ("/v1/completions", b"[1,2]", None),
         ("/v1/completions", br#"{"prompt":"hi"}"#, Some("model")),
         ("/v1/completions", br#"{"model":"smollm2"}"#, Some("prompt")),
-        ("/v1/chat/completions", br#"{"model":"smollm2","prompt":"hi"}"#, Some("messages")),
+        (
+            "/v1/chat/completions",
+            br#"{"model":"smollm2","prompt":"hi"}"#,
+            Some("messages"),
+        ),
     ];
     for (path, body, param) in cases {
-        let (status, ct, bytes) = request(router.addr, hyper::Method::POST, path, body.to_vec()).await;
+        let (status, ct, bytes) =
+            request(router.addr, hyper::Method::POST, path, body.to_vec()).await;
         assert_eq!(status, 400, "{}", String::from_utf8_lossy(body));
         assert!(ct.starts_with("application/json"), "{ct}");
         let v: Value = serde_json::from_slice(&bytes).expect("json error body");
         assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
         if let Some(param) = param {
             assert_eq!(v["error"]["param"], param, "{v}");
         }
@@ -240,7 +245,11 @@ async fn bad_bodies_are_400_json_and_reach_no_engine() {
 
     assert!(prefill.received().is_empty());
     assert!(decode.received().is_empty());
-    let client_errors = metric(router.addr, r#"kvfabric_router_requests_total{mode="disaggregated""#).await;
+    let client_errors = metric(
+        router.addr,
+        r#"kvfabric_router_requests_total{mode="disaggregated""#,
+    )
+    .await;
     assert_eq!(client_errors, 6.0);
 
     router.shut_down().await;

@@ -5,7 +5,10 @@
 //! and answers either one JSON object or an SSE stream of chunks ending with
 //! `data: [DONE]`. The SSE stream owns the generation: when the client
 //! disconnects axum drops the stream, which drops the event receiver and so
-//! cancels the request in the scheduler.
+//! cancels the request in the scheduler. A prefill-role engine's answer also
+//! carries `kv_transfer_params` (the saved blocks; see `response.rs`) on the
+//! object or on the last chunk before `[DONE]`; a request's own
+//! `kv_transfer_params` is accepted and only logged.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -22,134 +25,13 @@ use serde_json::{json, Value};
 
 use super::generate::{Generation, GenerationPlan, Step};
 use super::openai::{convert_messages, parse_body, ApiError, CompletionBody, PromptIn};
+use super::response::{attach_transfer, Api, ResponseMeta};
 use super::{unix_now, HttpState};
-use crate::request::{SamplingParams, TransferParams, Usage};
+use crate::request::SamplingParams;
 use crate::EngineError;
 
 /// At most this many stop strings per request.
 const MAX_STOP_STRINGS: usize = 16;
-
-/// Which endpoint: decides the response shapes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Api {
-    Chat,
-    Completion,
-}
-
-impl Api {
-    fn id_prefix(self) -> &'static str {
-        match self {
-            Api::Chat => "chatcmpl",
-            Api::Completion => "cmpl",
-        }
-    }
-}
-
-/// Fixed per-response fields.
-#[derive(Clone, Debug)]
-struct ResponseMeta {
-    api: Api,
-    id: String,
-    created: u64,
-    model: String,
-}
-
-impl ResponseMeta {
-    fn envelope(&self, object: &str, choices: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": object,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        })
-    }
-
-    /// One streamed chunk carrying `text` (chat: a content delta).
-    fn text_chunk(&self, text: &str) -> Value {
-        match self.api {
-            Api::Chat => self.envelope(
-                "chat.completion.chunk",
-                json!([{"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null}]),
-            ),
-            Api::Completion => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": null}]),
-            ),
-        }
-    }
-
-    /// The chunk that carries the finish reason.
-    fn final_chunk(&self, finish_reason: &str) -> Value {
-        match self.api {
-            Api::Chat => self.envelope(
-                "chat.completion.chunk",
-                json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason}]),
-            ),
-            Api::Completion => self.envelope(
-                "text_completion",
-                json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": finish_reason}]),
-            ),
-        }
-    }
-
-    /// The trailing chunk with usage and no choices (`stream_options.include_usage`).
-    fn usage_chunk(&self, usage: &Usage) -> Value {
-        let object = match self.api {
-            Api::Chat => "chat.completion.chunk",
-            Api::Completion => "text_completion",
-        };
-        let mut v = self.envelope(object, json!([]));
-        v["usage"] = usage_json(usage);
-        v
-    }
-
-    /// The whole non-streamed response.
-    fn full_response(&self, text: &str, finish_reason: &str, usage: &Usage) -> Value {
-        let (object, choice) = match self.api {
-            Api::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason}),
-            ),
-            Api::Completion => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
-            ),
-        };
-        let mut v = self.envelope(object, json!([choice]));
-        v["usage"] = usage_json(usage);
-        v
-    }
-}
-
-/// The `kv_transfer_params` object of a prefill engine's response: where the
-/// prompt's KV blocks were saved, for the router to hand to a decode engine.
-/// `block_keys` are lower-case hex; `cached_tokens` repeats the usage value
-/// (prompt tokens the prefill side did not have to compute).
-fn kv_transfer_params_json(params: &TransferParams, usage: &Usage) -> Value {
-    json!({
-        "holder": params.holder,
-        "block_keys": params.block_keys.iter().map(|k| k.to_hex()).collect::<Vec<_>>(),
-        "block_tokens": params.block_tokens,
-        "cached_tokens": usage.cached_tokens,
-    })
-}
-
-/// Add `kv_transfer_params` to a response object when the engine saved blocks.
-fn attach_transfer(v: &mut Value, params: Option<&TransferParams>, usage: &Usage) {
-    if let Some(params) = params {
-        v["kv_transfer_params"] = kv_transfer_params_json(params, usage);
-    }
-}
-
-fn usage_json(usage: &Usage) -> Value {
-    json!({
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-    })
-}
 
 pub(super) async fn chat_completions(
     State(state): State<Arc<HttpState>>,
@@ -501,7 +383,7 @@ fn sse_response(generation: Generation, meta: ResponseMeta, include_usage: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::{EngineHandle, FinishReason, GenerationEvent};
+    use crate::request::{EngineHandle, FinishReason, GenerationEvent, TransferParams, Usage};
     use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerSpec};
     use kvfabric_store::keys::BlockKey;
     use tokio::sync::mpsc;
@@ -536,19 +418,6 @@ mod tests {
             "block_tokens": 64,
             "cached_tokens": 64,
         })
-    }
-
-    #[test]
-    fn kv_transfer_params_json_shape() {
-        for api in [Api::Completion, Api::Chat] {
-            let mut v = meta(api).full_response("x", "length", &USAGE);
-            attach_transfer(&mut v, Some(&params()), &USAGE);
-            assert_eq!(v["kv_transfer_params"], expected_params());
-            assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 64);
-            let mut v = meta(api).full_response("x", "length", &USAGE);
-            attach_transfer(&mut v, None, &USAGE);
-            assert!(v.get("kv_transfer_params").is_none(), "absent without saved blocks");
-        }
     }
 
     /// Every byte one token (ids 0..256), enough to decode what the fake scheduler sends.

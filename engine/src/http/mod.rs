@@ -9,6 +9,7 @@ mod completions;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
+mod response;
 pub mod stop;
 
 use std::future::Future;

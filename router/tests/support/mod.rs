@@ -248,20 +248,24 @@ pub async fn start_router(cfg: RouterConfig) -> TestRouter {
     }
 }
 
+fn owned<S: AsRef<str>>(urls: &[S]) -> Vec<String> {
+    urls.iter().map(|u| u.as_ref().to_owned()).collect()
+}
+
 /// Router config over these URLs (timeouts short enough for tests).
-pub fn disaggregated(prefill: &[String], decode: &[String]) -> RouterConfig {
+pub fn disaggregated<S: AsRef<str>>(prefill: &[S], decode: &[S]) -> RouterConfig {
     RouterConfig {
-        prefill: prefill.to_vec(),
-        decode: decode.to_vec(),
+        prefill: owned(prefill),
+        decode: owned(decode),
         request_timeout_ms: 30_000,
         connect_timeout_ms: 1_000,
         ..RouterConfig::default()
     }
 }
 
-pub fn plain(engines: &[String]) -> RouterConfig {
+pub fn plain<S: AsRef<str>>(engines: &[S]) -> RouterConfig {
     RouterConfig {
-        engines: engines.to_vec(),
+        engines: owned(engines),
         request_timeout_ms: 30_000,
         connect_timeout_ms: 1_000,
         ..RouterConfig::default()
@@ -338,7 +342,11 @@ pub fn answer_text(v: &Value) -> String {
 
 /// The concatenated text of streamed events, and the usage chunk if any.
 pub fn stream_text(events: &[String]) -> (String, Option<Value>) {
-    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
     let mut text = String::new();
     let mut usage = None;
     for e in &events[..events.len() - 1] {
