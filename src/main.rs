@@ -79,6 +79,10 @@ enum BenchWhich {
     Cluster(kvfabric_benches::cluster::ClusterArgs),
     /// Engine: prefill and decode rates, RSS against its budget.
     Engine(kvfabric_benches::engine::EngineArgs),
+    /// Cross-node reuse: 2048-token prefix computed on engine A, loaded by engine B; TTFT cold vs warm.
+    Reuse(kvfabric_benches::reuse::ReuseArgs),
+    /// Agentic multi-turn workload on N engines: no cache vs local prefix cache vs kvfabric.
+    Agentic(kvfabric_benches::agentic::AgenticArgs),
 }
 
 #[derive(Args, Debug)]
@@ -171,13 +175,29 @@ fn main() -> anyhow::Result<()> {
             BenchWhich::Cluster(a) => kvfabric_benches::cluster::run(&a)?,
             BenchWhich::Engine(mut a) => {
                 if a.model.is_none() {
-                    let model_cfg: model::ModelConfig =
-                        config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
-                    a.model = Some(model::fetch(&model_cfg)?);
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::engine::run(&a)?
+            }
+            BenchWhich::Reuse(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::reuse::run(&a)?
+            }
+            BenchWhich::Agentic(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::agentic::run(&a)?
             }
         },
     }
     Ok(())
+}
+
+/// The reference model, fetched (and verified) on first use, for benches given no `--model`.
+fn fetched_model(config: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    let model_cfg: model::ModelConfig = config::load("model", config, &ModelFlags::default())?;
+    model::fetch(&model_cfg)
 }

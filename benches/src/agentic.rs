@@ -192,6 +192,8 @@ async fn run_configuration(
     let connector = if connectors.is_empty() {
         None
     } else {
+        // Counters once every save ended (pending_saves > 0 in the report
+        // means they did not within 30 s).
         let flushed = connectors.clone();
         tokio::task::spawn_blocking(move || {
             flushed.iter().all(|c| c.flush(Duration::from_secs(30)))
@@ -360,15 +362,10 @@ mod tests {
         p.exists().then_some(p)
     }
 
-    /// The whole bench with its defaults, in release: `cargo test -p
-    /// kvfabric-benches --release -- --ignored agentic --nocapture`.
-    #[test]
-    #[ignore = "runs the full bench (minutes); needs the fetched model"]
-    fn agentic_bench_runs_with_defaults() {
-        let model = model_path().expect("reference model (kvfabric model fetch)");
-        let args = AgenticArgs {
+    fn small_args(model: Option<PathBuf>) -> AgenticArgs {
+        AgenticArgs {
             json: true,
-            model: Some(model),
+            model,
             engines: 3,
             sessions: 4,
             turns: 4,
@@ -383,6 +380,48 @@ mod tests {
             step_batch: 8,
             step_tokens: 96,
             step_repeats: 2,
+        }
+    }
+
+    #[test]
+    fn a_missing_model_or_bad_counts_are_refused() {
+        let err = measure(&small_args(None)).expect_err("no model");
+        assert!(err.to_string().contains("--model"), "{err}");
+        let err = measure(&small_args(Some("/nonexistent/m.gguf".into()))).expect_err("missing");
+        assert!(err.to_string().contains("kvfabric model fetch"), "{err}");
+        if let Some(m) = model_path() {
+            let args = AgenticArgs {
+                engines: 0,
+                ..small_args(Some(m))
+            };
+            let err = measure(&args).expect_err("no engines");
+            assert!(err.to_string().contains("--engines"), "{err}");
+        }
+    }
+
+    /// The whole bench with its defaults, in release: `cargo test -p
+    /// kvfabric-benches --release -- --ignored agentic --nocapture`.
+    #[test]
+    #[ignore = "runs the full bench (minutes); needs the fetched model"]
+    fn agentic_bench_runs_with_defaults() {
+        let model = model_path().expect("reference model (kvfabric model fetch)");
+        let args = small_args(Some(model));
+        let report = measure(&args).expect("bench");
+        println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+        assert_eq!(report["answers_identical"], true);
+    }
+
+    /// Longer sessions (8 turns): histories grow, so a miss under random
+    /// routing costs more. `cargo test -p kvfabric-benches --release --
+    /// --ignored agentic_long --nocapture`.
+    #[test]
+    #[ignore = "runs the full bench with 8 turns (minutes); needs the fetched model"]
+    fn agentic_long_sessions() {
+        let model = model_path().expect("reference model (kvfabric model fetch)");
+        let args = AgenticArgs {
+            turns: 8,
+            step_repeats: 1,
+            ..small_args(Some(model))
         };
         let report = measure(&args).expect("bench");
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

@@ -10,5 +10,6 @@
 pub mod agentic;
 pub mod cluster;
 pub mod engine;
+pub mod reuse;
 pub mod store;
 pub mod transfer;

@@ -15,12 +15,13 @@
 //! hands the blocks back. A full queue drops the save (counted) instead of
 //! stalling decode.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvfabric_store::cluster::{ClusterNode, ReadTarget};
+use kvfabric_store::cluster::{ClusterNode, HolderEntry, ReadTarget};
 use kvfabric_store::keys::BlockKey;
 use kvfabric_store::{ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
@@ -48,6 +49,9 @@ pub struct FabricConnector {
     done_rx: crossbeam::channel::Receiver<SaveDone>,
     /// Saves queued or in progress.
     pending: Arc<AtomicUsize>,
+    /// Holders the last lookup returned: the load that follows reads from
+    /// them without asking the owners again.
+    hints: Mutex<HashMap<BlockKey, HolderEntry>>,
 }
 
 impl std::fmt::Debug for FabricConnector {
@@ -116,6 +120,7 @@ impl FabricConnector {
             save_tx,
             done_rx,
             pending,
+            hints: Mutex::new(HashMap::new()),
         }))
     }
 }
@@ -136,16 +141,21 @@ impl KvConnector for FabricConnector {
         let node = self.node.clone();
         let keys = keys.to_vec();
         let timeout = self.cfg.lookup_timeout();
-        let found = self.rt.block_on(async move {
+        let asked = keys.clone();
+        let holders = self.rt.block_on(async move {
             match tokio::time::timeout(timeout, node.lookup(&keys)).await {
-                Ok(holders) => holders.len(),
+                Ok(holders) => holders,
                 Err(_) => {
                     tracing::debug!("fabric lookup timed out: counted as a miss");
-                    0
+                    Vec::new()
                 }
             }
         });
+        let found = holders.len();
         self.metrics.lookup_hit_blocks.inc_by(found as u64);
+        let mut hints = self.hints.lock().unwrap_or_else(|p| p.into_inner());
+        hints.clear();
+        hints.extend(asked.into_iter().zip(holders));
         found
     }
 
@@ -157,10 +167,17 @@ impl KvConnector for FabricConnector {
         let segment = self.segment;
         let metrics = self.metrics.clone();
         let concurrency = self.cfg.load_concurrency;
+        let blocks: Vec<(BlockKey, BlockId, Option<HolderEntry>)> = {
+            let hints = self.hints.lock().unwrap_or_else(|p| p.into_inner());
+            blocks
+                .into_iter()
+                .map(|(k, b)| (k, b, hints.get(&k).cloned()))
+                .collect()
+        };
         self.rt.spawn(async move {
             let started = Instant::now();
             let loaded = futures::stream::iter(blocks)
-                .map(|(key, block)| load_block(&node, &mem, segment, key, block))
+                .map(|(key, block, hint)| load_block(&node, &mem, segment, key, block, hint))
                 .buffered(concurrency)
                 .take_while(|ok| std::future::ready(*ok))
                 .count()
@@ -233,6 +250,7 @@ async fn load_block(
     segment: SegmentId,
     key: BlockKey,
     block: BlockId,
+    hint: Option<HolderEntry>,
 ) -> bool {
     let (offset, len) = (mem.block_offset(block), mem.block_bytes());
     let target = ReadTarget {
@@ -241,7 +259,11 @@ async fn load_block(
         offset,
         capacity: len as u64,
     };
-    match node.get_into(&key, &target).await {
+    let read = match &hint {
+        Some(h) => node.get_into_hinted(&key, h, &target).await,
+        None => node.get_into(&key, &target).await,
+    };
+    match read {
         Ok(Some((meta, got))) => {
             if meta.layout != mem.layout || got != len as u64 {
                 tracing::warn!(holder = %meta.node_id, "fabric block has another layout or size; recomputing");

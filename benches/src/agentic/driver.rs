@@ -205,3 +205,150 @@ pub async fn drive(
     records.sort_by_key(|(i, _)| *i);
     Ok((records.into_iter().map(|(_, r)| r).collect(), wall))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use kvfabric_engine::{FinishReason, GenerationRequest};
+
+    use super::*;
+
+    /// (engine, arrival time, prompt) of every request, in arrival order.
+    type RequestLog = Arc<Mutex<Vec<(usize, Instant, Vec<u32>)>>>;
+
+    /// An engine stand-in for the driver's own logic: answers every request
+    /// with `answer_tokens` ids derived from the prompt, after `delay`, and
+    /// logs (engine, arrival time, prompt).
+    fn fake_engine(id: usize, delay: Duration, log: RequestLog) -> EngineHandle {
+        let (tx, mut rx) = mpsc::channel::<GenerationRequest>(16);
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                log.lock()
+                    .unwrap()
+                    .push((id, Instant::now(), r.prompt.clone()));
+                let log_len = r.prompt.len() as u32;
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    for i in 0..r.max_tokens as u32 {
+                        let ev = GenerationEvent::Token {
+                            id: 50_000 + log_len + i,
+                            logits: None,
+                        };
+                        if r.events.send(ev).await.is_err() {
+                            return;
+                        }
+                    }
+                    let usage = Usage {
+                        prompt_tokens: r.prompt.len(),
+                        completion_tokens: r.max_tokens,
+                        cached_tokens: 7,
+                    };
+                    let _ = r
+                        .events
+                        .send(GenerationEvent::Finished {
+                            reason: FinishReason::Length,
+                            usage,
+                        })
+                        .await;
+                });
+            }
+        });
+        EngineHandle::new(tx)
+    }
+
+    fn bytes(s: &str) -> Vec<u32> {
+        s.bytes().map(u32::from).collect()
+    }
+
+    #[tokio::test]
+    async fn drive_builds_histories_routes_ramps_up_and_keeps_the_rate() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let engines: Vec<EngineHandle> = (0..3)
+            .map(|i| fake_engine(i, Duration::from_millis(20), log.clone()))
+            .collect();
+        let workload = Workload::generate(&bytes, 3, 3, 3, 200);
+        let rate = 20.0;
+        let p = DriveParams {
+            rate,
+            answer_tokens: 4,
+            seed: 9,
+            burst_start: false,
+        };
+        let (records, wall) = drive(&engines, &workload, &p).await.expect("drive");
+        assert_eq!(records.len(), 9);
+        assert!(wall > Duration::ZERO);
+        for r in &records {
+            assert_eq!(r.engine, route(9, r.session, r.turn, 3));
+            assert_eq!(r.answer.len(), 4);
+            assert_eq!(r.answer[0], 50_000 + r.prompt.len() as u32);
+            assert_eq!(r.cached_tokens, 7);
+            assert!(r.ttft <= r.e2e);
+            // The prompt is the system prompt + the session's turns and answers so far.
+            let answers: Vec<Vec<u32>> = records
+                .iter()
+                .filter(|x| x.session == r.session && x.turn < r.turn)
+                .map(|x| (x.turn, x.answer.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+                .into_values()
+                .collect();
+            assert_eq!(r.prompt, workload.prompt(r.session, &answers));
+        }
+        let log = log.lock().unwrap();
+        assert_eq!(log.len(), 9);
+        // Submission order = arrival order; at most `rate` per second (each
+        // gap with room for scheduling jitter, the whole span exactly).
+        for w in log.windows(2) {
+            let gap = w[1].1 - w[0].1;
+            assert!(gap >= Duration::from_secs_f64(0.5 / rate), "gap {gap:?}");
+        }
+        let span = log[8].1 - log[0].1;
+        assert!(
+            span >= Duration::from_secs_f64(8.0 / rate * 0.95),
+            "span {span:?}"
+        );
+        for (r, (engine, _, prompt)) in records.iter().zip(log.iter()) {
+            assert_eq!((r.engine, &r.prompt), (*engine, prompt));
+        }
+        // Ramp-up: session s+1's first turn is sent after session s's first answer.
+        let first = |s: usize| records.iter().position(|r| r.session == s && r.turn == 0);
+        assert!(first(0) < first(1) && first(1) < first(2));
+        let s0_t0 = records
+            .iter()
+            .position(|r| r.session == 0 && r.turn == 0)
+            .unwrap();
+        let s1_t0 = first(1).unwrap();
+        assert!(log[s1_t0].1 >= log[s0_t0].1 + Duration::from_millis(20));
+    }
+
+    #[tokio::test]
+    async fn drive_reports_engine_errors_and_needs_engines() {
+        let workload = Workload::generate(&bytes, 3, 1, 1, 10);
+        let p = DriveParams {
+            rate: 0.0,
+            answer_tokens: 2,
+            seed: 1,
+            burst_start: true,
+        };
+        assert!(drive(&[], &workload, &p).await.is_err());
+        let (tx, mut rx) = mpsc::channel::<GenerationRequest>(4);
+        tokio::spawn(async move {
+            while let Some(r) = rx.recv().await {
+                let _ = r
+                    .events
+                    .send(GenerationEvent::Error("prompt too long".into()))
+                    .await;
+            }
+        });
+        let err = drive(&[EngineHandle::new(tx)], &workload, &p)
+            .await
+            .expect_err("engine error must fail the run");
+        assert!(err.to_string().contains("prompt too long"), "{err}");
+        // An engine that shut down.
+        let (tx, rx) = mpsc::channel::<GenerationRequest>(4);
+        drop(rx);
+        assert!(drive(&[EngineHandle::new(tx)], &workload, &p)
+            .await
+            .is_err());
+    }
+}

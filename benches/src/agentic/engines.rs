@@ -83,6 +83,7 @@ pub fn stats_json(s: &ConnectorStats) -> serde_json::Value {
         "save_skipped_blocks": s.save_skipped_blocks,
         "save_dropped_blocks": s.save_dropped_blocks,
         "save_failed_blocks": s.save_failed_blocks,
+        "pending_saves": s.pending_saves,
     })
 }
 
