@@ -56,10 +56,15 @@ pub struct EngineFlags {
 /// Flags of `[connector]`; unset flags leave the file/env values alone.
 #[derive(Args, Debug, Serialize, Default)]
 pub struct ConnectorFlags {
-    /// embedded (this process is a fabric node) or off [env: KVFABRIC_MODE] [default: embedded].
+    /// embedded (this process is a fabric node), remote (use the node at --fabric-node) or off
+    /// [env: KVFABRIC_MODE] [default: embedded].
     #[arg(long = "fabric", value_name = "MODE")]
     #[serde(rename = "mode", skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// remote mode: gRPC address of the kvfabric node [env: KVFABRIC_NODE_ADDR] [default: 127.0.0.1:50051].
+    #[arg(long = "fabric-node", value_name = "ADDR")]
+    #[serde(rename = "node_addr", skip_serializing_if = "Option::is_none")]
+    pub node_addr: Option<String>,
     /// Save computed blocks into the fabric [env: KVFABRIC_SAVE] [default: true].
     #[arg(long = "fabric-save", value_name = "BOOL")]
     #[serde(rename = "save", skip_serializing_if = "Option::is_none")]
@@ -81,16 +86,24 @@ pub async fn run(
     fabric: FabricSettings,
 ) -> anyhow::Result<()> {
     tracing::info!(listen = %cfg.listen, model = %model.display(), fabric = %fabric.connector.mode, "starting engine");
-    let embedded = if fabric.connector.enabled() {
+    let embedded = if fabric.connector.embedded() {
         let node = kvfabric_connector::EmbeddedNode::start(fabric.node, fabric.cluster).await?;
         tracing::info!(node = %node.node().info().node_id, grpc = %node.grpc_addr(), metrics = %node.http_addr(), "embedded fabric node started");
         Some(node)
     } else {
         None
     };
-    let connect = embedded.as_ref().map(|e| {
-        kvfabric_connector::FabricConnector::connect_fn(e.node().clone(), fabric.connector.clone())
-    });
+    let connect = match (&embedded, fabric.connector.mode.as_str()) {
+        (Some(e), _) => Some(kvfabric_connector::FabricConnector::connect_fn(
+            e.node().clone(),
+            fabric.connector.clone(),
+        )),
+        (None, "remote") => Some(kvfabric_connector::RemoteConnector::connect_fn(
+            fabric.connector.node_addr.clone(),
+            fabric.connector.clone(),
+        )),
+        _ => None,
+    };
     let served = kvfabric_engine::run(cfg, model, connect, crate::node::shutdown_signal()).await;
     if let Some(e) = embedded {
         e.stop().await;

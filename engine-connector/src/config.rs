@@ -12,8 +12,10 @@ use crate::ConnectorError;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConnectorConfig {
-    /// embedded (a fabric node inside the engine process) or off (local prefix cache only). Default: embedded.
+    /// embedded (a fabric node inside the engine process), remote (the node at `node_addr`) or off (local prefix cache only). Default: embedded.
     pub mode: String,
+    /// remote mode: gRPC address of the `kvfabric node` to use. Default: 127.0.0.1:50051.
+    pub node_addr: String,
     /// Save computed blocks (prompt and generated) into the fabric. Default: true.
     pub save: bool,
     /// Load prefixes other engines computed. Default: true.
@@ -30,6 +32,7 @@ impl Default for ConnectorConfig {
     fn default() -> Self {
         ConnectorConfig {
             mode: "embedded".into(),
+            node_addr: "127.0.0.1:50051".into(),
             save: true,
             load: true,
             max_pending_saves: 64,
@@ -42,9 +45,9 @@ impl Default for ConnectorConfig {
 impl ConnectorConfig {
     /// Refuse settings the connector cannot run with.
     pub fn validate(&self) -> Result<(), ConnectorError> {
-        if !matches!(self.mode.as_str(), "embedded" | "off") {
+        if !matches!(self.mode.as_str(), "embedded" | "remote" | "off") {
             return Err(ConnectorError::Config(format!(
-                "mode {:?}: expected embedded or off",
+                "mode {:?}: expected embedded, remote or off",
                 self.mode
             )));
         }
@@ -56,9 +59,9 @@ impl ConnectorConfig {
         Ok(())
     }
 
-    /// Whether an engine should run a fabric node at all.
-    pub fn enabled(&self) -> bool {
-        self.mode != "off"
+    /// Whether the engine process runs its own fabric node.
+    pub fn embedded(&self) -> bool {
+        self.mode == "embedded"
     }
 
     /// The lookup timeout as a duration.

@@ -20,16 +20,20 @@
 //! scheduler keeps it out of every forward pass (loading) or unchanged
 //! (saving, the block is pinned by an extra reference).
 //!
-//! [`FabricConnector`] implements the trait over a [`ClusterNode`] embedded in
-//! the engine process ([`EmbeddedNode`]).
+//! One implementation, [`Connector`], over a [`Backend`]: [`FabricConnector`]
+//! reaches a [`ClusterNode`] embedded in the engine process ([`EmbeddedNode`],
+//! the default), [`RemoteConnector`] a `kvfabric node` in another process
+//! through its gRPC CacheService.
 //!
 //! [`ClusterNode`]: kvfabric_store::cluster::ClusterNode
 
 mod config;
+mod connector;
 mod embedded;
 mod error;
 mod fabric;
 mod metrics;
+mod remote;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,10 +42,12 @@ use kvfabric_store::keys::{BlockKey, KvLayout};
 use kvfabric_transfer::SharedRegion;
 
 pub use config::ConnectorConfig;
+pub use connector::{Backend, Connector};
 pub use embedded::EmbeddedNode;
 pub use error::ConnectorError;
-pub use fabric::FabricConnector;
+pub use fabric::{EmbeddedBackend, FabricConnector};
 pub use metrics::ConnectorStats;
+pub use remote::{RemoteBackend, RemoteConnector};
 
 /// Index of a block in the engine's KV pool.
 pub type BlockId = u32;

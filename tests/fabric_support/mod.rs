@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytesize::ByteSize;
-use kvfabric_connector::{ConnectorConfig, EmbeddedNode, FabricConnector};
+use kvfabric_connector::{ConnectFn, ConnectorConfig, EmbeddedNode, FabricConnector};
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
@@ -99,6 +99,11 @@ pub async fn wait_members(nodes: &[&EmbeddedNode], n: usize) {
 pub fn engine(node: Option<&EmbeddedNode>, cfg: &EngineConfig) -> RunningEngine {
     let connect =
         node.map(|n| FabricConnector::connect_fn(n.node().clone(), ConnectorConfig::default()));
+    engine_with(connect, cfg)
+}
+
+/// An engine with the connector `connect` builds (None: no fabric at all).
+pub fn engine_with(connect: Option<ConnectFn>, cfg: &EngineConfig) -> RunningEngine {
     let mut registry = prometheus_client::registry::Registry::default();
     kvfabric_engine::start_with_connector(
         model(),

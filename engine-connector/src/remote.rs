@@ -1,0 +1,207 @@
+//! [`RemoteConnector`]: the connector over a `kvfabric node` running in
+//! another process, reached through its gRPC CacheService.
+//!
+//! For deployments that keep the cache daemon apart from the engine (one
+//! node per host shared by several engines, or a node with big disks).
+//! Blocks travel as gRPC messages (one copy more than the embedded
+//! connector's transfer READ straight into the pool); everything else is the
+//! same connector: lookups with a timeout, verified loads, write-behind
+//! saves of missing keys only. The node verifies a block's checksum when it
+//! reads it, and the connector verifies it again in the engine's pool.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
+use kvfabric_store::cluster::client::{get_block, put_block, CacheClient};
+use kvfabric_store::cluster::{HolderEntry, HolderTier};
+use kvfabric_store::keys::{BlockKey, KvLayout};
+use tokio::runtime::Handle;
+use tonic::transport::Endpoint;
+
+use crate::connector::{check_memory, verify_block, Backend, Connector};
+use crate::{
+    BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvConnector, KvMemory, SaveBlock,
+};
+
+/// The connector over a node in another process.
+pub type RemoteConnector = Connector<RemoteBackend>;
+
+/// A gRPC client of the node and the engine's KV pool.
+pub struct RemoteBackend {
+    client: CacheClient,
+    addr: String,
+    node_id: Arc<OnceLock<String>>,
+    mem: Arc<KvMemory>,
+}
+
+impl Connector<RemoteBackend> {
+    /// The engine's [`ConnectFn`] for the node at `addr` (`host:port`).
+    /// Call it inside a tokio runtime; the connection is opened lazily, so
+    /// an engine starts even while its node is still starting.
+    pub fn connect_fn(addr: String, cfg: ConnectorConfig) -> ConnectFn {
+        let rt = Handle::try_current();
+        Box::new(move |mem, registry| {
+            let rt = rt.map_err(|_| {
+                ConnectorError::Config("the remote connector needs a tokio runtime".into())
+            })?;
+            check_memory(&mem)?;
+            let url = if addr.contains("://") {
+                addr.clone()
+            } else {
+                format!("http://{addr}")
+            };
+            let timeout = Duration::from_millis(cfg.lookup_timeout_ms.max(1000) * 4);
+            let channel = Endpoint::from_shared(url)
+                .map_err(|e| ConnectorError::Config(format!("node address {addr:?}: {e}")))?
+                .connect_timeout(timeout)
+                .timeout(timeout)
+                .tcp_nodelay(true)
+                .connect_lazy();
+            let client = CacheClient::new(channel)
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20);
+            let node_id = Arc::new(OnceLock::new());
+            {
+                let (mut client, node_id) = (client.clone(), node_id.clone());
+                rt.spawn(async move {
+                    if let Ok(r) = client.stats(StatsRequest {}).await {
+                        let _ = node_id.set(r.into_inner().node_id);
+                    }
+                });
+            }
+            let backend = Arc::new(RemoteBackend {
+                client,
+                addr,
+                node_id,
+                mem: Arc::new(mem),
+            });
+            let c: Arc<dyn KvConnector> = Connector::start(backend, rt, cfg, registry)?;
+            Ok(c)
+        })
+    }
+}
+
+impl Backend for RemoteBackend {
+    fn lookup(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<HolderEntry>> {
+        async move {
+            let req = LookupRequest {
+                keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+                with_holders: true,
+            };
+            match self.client.clone().lookup(req).await {
+                Ok(r) => r
+                    .into_inner()
+                    .holders
+                    .into_iter()
+                    .map(|h| HolderEntry {
+                        node_id: h.node_id,
+                        tier: HolderTier::Ram,
+                        size: h.size,
+                        checksum: h.checksum,
+                    })
+                    .collect(),
+                Err(s) => {
+                    tracing::debug!(node = %self.addr, status = %s, "lookup failed: counted as a miss");
+                    Vec::new()
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn read(
+        self: Arc<Self>,
+        key: BlockKey,
+        block: BlockId,
+        _hint: Option<HolderEntry>,
+    ) -> BoxFuture<'static, bool> {
+        async move {
+            let mut client = self.client.clone();
+            let (header, data) = match get_block(&mut client, &key).await {
+                Ok(Some(b)) => b,
+                Ok(None) => return false,
+                Err(s) => {
+                    tracing::debug!(node = %self.addr, status = %s, "fabric block read failed; recomputing");
+                    return false;
+                }
+            };
+            let Some(layout) = header.layout.as_ref().and_then(|l| KvLayout::try_from(l).ok())
+            else {
+                return false;
+            };
+            let mem = &self.mem;
+            if layout != mem.layout || data.len() != mem.block_bytes() {
+                return false;
+            }
+            // SAFETY: the engine keeps a loading block out of every forward
+            // pass until the load ends; this task is its only writer.
+            let Ok(dst) = (unsafe {
+                mem.region
+                    .slice_mut(mem.block_offset(block) as usize, data.len())
+            }) else {
+                return false;
+            };
+            dst.copy_from_slice(&data);
+            verify_block(mem, block, &layout, header.size, header.checksum, &header.node_id)
+        }
+        .boxed()
+    }
+
+    fn exists(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<bool>> {
+        async move {
+            let n = keys.len();
+            let req = ExistsRequest {
+                keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            };
+            match self.client.clone().exists(req).await {
+                Ok(r) if r.get_ref().present.len() == n => r.into_inner().present,
+                // Unknown: store them; a put of a present key is a no-op.
+                _ => vec![false; n],
+            }
+        }
+        .boxed()
+    }
+
+    fn store(
+        self: Arc<Self>,
+        blocks: Vec<SaveBlock>,
+    ) -> BoxFuture<'static, Vec<Result<bool, ConnectorError>>> {
+        async move {
+            let mut out = Vec::with_capacity(blocks.len());
+            for b in blocks {
+                let mem = &self.mem;
+                // SAFETY: the engine does not change a block queued for
+                // saving until the save is reported finished.
+                let bytes = unsafe {
+                    mem.region
+                        .slice(mem.block_offset(b.block) as usize, mem.block_bytes())
+                };
+                let r = match bytes {
+                    Ok(bytes) => {
+                        let mut client = self.client.clone();
+                        put_block(&mut client, &b.key, &mem.layout, bytes, false)
+                            .await
+                            .map(|r| !r.already_present)
+                            .map_err(|s| {
+                                ConnectorError::Config(format!("put at {}: {s}", self.addr))
+                            })
+                    }
+                    Err(e) => Err(e.into()),
+                };
+                out.push(r);
+            }
+            out
+        }
+        .boxed()
+    }
+
+    fn holder(&self) -> String {
+        self.node_id
+            .get()
+            .cloned()
+            .unwrap_or_else(|| self.addr.clone())
+    }
+}
