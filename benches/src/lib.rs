@@ -13,3 +13,17 @@ pub mod engine;
 pub mod reuse;
 pub mod store;
 pub mod transfer;
+
+/// The model a bench was given (`--model`; the binary fills in the fetched
+/// reference model), refused with a clear error when absent or missing.
+pub(crate) fn model_file(model: &Option<std::path::PathBuf>) -> anyhow::Result<std::path::PathBuf> {
+    let path = model
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no model given (--model PATH)"))?;
+    anyhow::ensure!(
+        path.exists(),
+        "model not found at {}: run `kvfabric model fetch`",
+        path.display()
+    );
+    Ok(path)
+}

@@ -102,16 +102,7 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
 
 /// Run the bench and return the report (what `--json` prints).
 pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
-    let path = args
-        .model
-        .clone()
-        .ok_or_else(|| anyhow!("no model given (--model PATH)"))?;
-    if !path.exists() {
-        anyhow::bail!(
-            "model not found at {}: run `kvfabric model fetch`",
-            path.display()
-        );
-    }
+    let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.gen_tokens > 0, "--gen-tokens must be > 0");
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let args = args.clone();

@@ -20,14 +20,7 @@ pub fn free_port() -> u16 {
 
 /// The reference model: `$KVFABRIC_MODEL_PATH` or the fetched cache path.
 pub fn model_path() -> PathBuf {
-    let p = std::env::var_os("KVFABRIC_MODEL_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
+    let p = kvfabric_engine::model::reference_model_path();
     assert!(p.exists(), "reference model not found at {}", p.display());
     p
 }

@@ -8,13 +8,32 @@
 
 pub mod llama;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use kvfabric_store::keys::ModelFingerprint;
 
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::{f16_to_f32, PackedMatrix};
 use crate::EngineError;
+
+/// File name of the reference model (SmolLM2-135M-Instruct, Q4_1) in the
+/// model cache `kvfabric model fetch` fills.
+pub const REFERENCE_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where tests and tools look for the reference model:
+/// `$KVFABRIC_MODEL_PATH`, else `~/.cache/kvfabric/models/` (the default
+/// cache of `kvfabric model fetch`). It may not exist yet.
+pub fn reference_model_path() -> PathBuf {
+    std::env::var_os("KVFABRIC_MODEL_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/kvfabric/models")
+                .join(REFERENCE_MODEL_FILE)
+        })
+}
 
 pub use llama::{ForwardOutput, SeqChunk};
 
