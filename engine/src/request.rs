@@ -85,6 +85,9 @@ pub struct TransferParams {
 /// What the scheduler streams back.
 #[derive(Clone, Debug, PartialEq)]
 pub enum GenerationEvent {
+    /// Sent once, when the request first has its prefix in place: how many
+    /// prompt tokens were reused (local prefix cache or fabric).
+    Admitted { cached_tokens: usize },
     /// One generated token (the stop token itself is not sent).
     Token { id: u32, logits: Option<Vec<f32>> },
     /// Prefill role only, sent just before `Finished`: the prompt's blocks

@@ -110,6 +110,12 @@ async fn chat_over_the_real_scheduler_says_paris_streamed_and_not() {
         !cut.contains("Paris") && text.starts_with(cut),
         "{cut:?} vs {text:?}"
     );
+    // Cut by a stop string, the usage still reports the reused prefix
+    // (two full 16-token blocks of the 37-token prompt seen twice before).
+    assert_eq!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"], 32,
+        "{v}"
+    );
     let (status, v) = call_json(addr, "/v1/chat/completions", body).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["choices"][0]["message"]["content"], text.as_str());

@@ -76,7 +76,7 @@ fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Outcome {
             }
             GenerationEvent::Finished { reason, usage } => return (toks, logits, reason, usage),
             GenerationEvent::Error(e) => panic!("request failed: {e}"),
-            GenerationEvent::Saved(_) => {}
+            GenerationEvent::Saved(_) | GenerationEvent::Admitted { .. } => {}
         }
     }
     panic!("event stream ended without Finished");
@@ -143,6 +143,10 @@ fn cancel_frees_blocks_and_bad_requests_fail() {
     let e = engine(&model, 6, 2048, Role::Both);
     // Cancel after the first token: its blocks must come back.
     let mut rx = submit(&e, &prompt(5, 60), 1000);
+    assert!(matches!(
+        rx.blocking_recv(),
+        Some(GenerationEvent::Admitted { cached_tokens: 0 })
+    ));
     assert!(matches!(
         rx.blocking_recv(),
         Some(GenerationEvent::Token { .. })

@@ -155,6 +155,7 @@ pub async fn generate(
                 out.logits.push(logits.expect("logits requested"));
             }
             GenerationEvent::Saved(p) => out.transfer = Some(p),
+            GenerationEvent::Admitted { .. } => {}
             GenerationEvent::Finished { usage, .. } => {
                 out.usage = usage;
                 return out;

@@ -60,7 +60,7 @@ pub async fn generate(
                 }
                 tokens.push(id);
             }
-            Some(GenerationEvent::Saved(_)) => {}
+            Some(GenerationEvent::Saved(_) | GenerationEvent::Admitted { .. }) => {}
             Some(GenerationEvent::Finished { usage, .. }) => {
                 let e2e = start.elapsed();
                 return Ok(Completion {

@@ -178,7 +178,7 @@ async fn token_times(
     loop {
         match rx.recv().await {
             Some(GenerationEvent::Token { .. }) => times.push(Instant::now()),
-            Some(GenerationEvent::Saved(_)) => {}
+            Some(GenerationEvent::Saved(_) | GenerationEvent::Admitted { .. }) => {}
             Some(GenerationEvent::Finished { .. }) => return Ok(times),
             Some(GenerationEvent::Error(e)) => anyhow::bail!("engine error: {e}"),
             None => anyhow::bail!("the engine dropped the request"),

@@ -23,8 +23,8 @@ use crate::request::{
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-/// Events beyond the tokens: `Finished` or `Error`, with slack.
-const EVENT_CHANNEL_SLACK: usize = 2;
+/// Events beyond the tokens: `Admitted`, `Saved`, then `Finished` or `Error`.
+const EVENT_CHANNEL_SLACK: usize = 3;
 
 /// What the HTTP layer needs to start one generation.
 #[derive(Debug)]
@@ -67,6 +67,8 @@ pub(crate) struct Generation {
     outcome_recorded: bool,
     /// Set by a prefill-role engine before it finishes.
     transfer: Option<TransferParams>,
+    /// Prompt tokens reused, known once the scheduler admitted the request.
+    cached_tokens: usize,
 }
 
 impl Generation {
@@ -107,6 +109,7 @@ impl Generation {
             queue: VecDeque::new(),
             outcome_recorded: false,
             transfer: None,
+            cached_tokens: 0,
         })
     }
 
@@ -124,6 +127,9 @@ impl Generation {
                 }
                 Some(GenerationEvent::Error(message)) => self.fail(message),
                 Some(GenerationEvent::Saved(params)) => self.transfer = Some(params),
+                Some(GenerationEvent::Admitted { cached_tokens }) => {
+                    self.cached_tokens = cached_tokens
+                }
                 None => self.fail("the engine dropped the request before finishing it".into()),
             }
         }
@@ -157,13 +163,12 @@ impl Generation {
             self.queue.push_back(Step::Text(out.text));
         }
         if out.stopped {
-            // Dropping the receiver cancels the request in the scheduler. The
-            // scheduler's cached-token count is not known on this path.
+            // Dropping the receiver cancels the request in the scheduler.
             self.events = None;
             let usage = Usage {
                 prompt_tokens: self.prompt_tokens,
                 completion_tokens: self.completion_tokens,
-                cached_tokens: 0,
+                cached_tokens: self.cached_tokens,
             };
             self.finish("stop", usage);
         }

@@ -273,7 +273,11 @@ impl Scheduler {
     /// Put an admitted sequence (prefix in place) in the running set.
     fn begin(&mut self, mut seq: Seq) {
         if seq.cached_tokens.is_none() {
-            seq.cached_tokens = Some(seq.computed.min(seq.prompt_len));
+            let cached = seq.computed.min(seq.prompt_len);
+            seq.cached_tokens = Some(cached);
+            let _ = seq.events.blocking_send(GenerationEvent::Admitted {
+                cached_tokens: cached,
+            });
         }
         self.running.push(seq);
     }
