@@ -90,6 +90,15 @@ impl EngineProc {
         }
     }
 
+    /// Send a signal by name (`STOP`, `CONT`, ...).
+    pub fn signal(&self, name: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([&format!("-{name}"), &c.id().to_string()])
+                .status();
+        }
+    }
+
     /// The last lines of the process log.
     pub fn log(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
