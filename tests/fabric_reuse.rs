@@ -120,3 +120,60 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A request queued behind another on B gets its prefix pulled from A into
+/// B's own node while it waits (prefetch); it is then loaded from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
+    let etcd = EtcdProcess::start().expect("etcd");
+    let a = node(&etcd, "/t-prefetch", "a").await;
+    let b = node(&etcd, "/t-prefetch", "b").await;
+    wait_members(&[&a, &b], 2).await;
+    let cfg = engine_config();
+    let ea = engine(Some(&a), &cfg);
+    let one_at_a_time = kvfabric_engine::EngineConfig {
+        max_seqs: 1,
+        ..engine_config()
+    };
+    let eb = engine(Some(&b), &one_at_a_time);
+
+    let prompt = tokens(31, 320);
+    generate(&ea.handle, &prompt, 1, b"").await;
+    assert!(ea
+        .connector
+        .as_ref()
+        .expect("connector")
+        .flush(Duration::from_secs(30)));
+
+    // B is busy decoding something else; the second request has to wait.
+    let busy = {
+        let h = eb.handle.clone();
+        let other = tokens(32, 40);
+        tokio::spawn(async move { generate(&h, &other, 48, b"").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut longer = prompt.clone();
+    longer.extend(tokens(33, 10));
+    let warm = generate(&eb.handle, &longer, 2, b"").await;
+    busy.await.expect("busy request");
+    assert_eq!(warm.usage.cached_tokens, 320);
+    let stats = eb.connector.as_ref().expect("connector").stats();
+    assert_eq!(
+        stats.prefetched_blocks, 5,
+        "pulled into B's node while queued"
+    );
+    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &{
+        let c = &model().config;
+        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64)
+    })
+    .keys(&prompt);
+    let held = b.node().store().block_infos(&keys);
+    assert!(
+        held.iter().all(Option::is_some),
+        "B's own node holds the prefix"
+    );
+    drop(ea);
+    drop(eb);
+    a.stop().await;
+    b.stop().await;
+}

@@ -48,6 +48,9 @@ pub trait Backend: Send + Sync + 'static {
         block: BlockId,
         hint: Option<HolderEntry>,
     ) -> BoxFuture<'static, bool>;
+    /// Copy the leading `keys` held on other nodes into this connector's
+    /// node (checksum verified); how many were copied.
+    fn prefetch(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, usize>;
     /// Presence of each key anywhere in the cluster.
     fn exists(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<bool>>;
     /// Store each block (Ok(false): it was there already); the stored ones
@@ -180,6 +183,17 @@ impl<B: Backend> KvConnector for Connector<B> {
         hints.clear();
         hints.extend(asked.into_iter().zip(holders));
         found
+    }
+
+    fn prefetch(&self, keys: &[BlockKey]) {
+        if !self.cfg.load || keys.is_empty() {
+            return;
+        }
+        let work = self.backend.clone().prefetch(keys.to_vec());
+        let metrics = self.metrics.clone();
+        self.rt.spawn(async move {
+            metrics.prefetched_blocks.inc_by(work.await as u64);
+        });
     }
 
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad {

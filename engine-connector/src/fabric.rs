@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_store::cluster::{ClusterNode, HolderEntry, ReadTarget};
 use kvfabric_store::keys::BlockKey;
-use kvfabric_store::{ReserveOutcome, Store};
+use kvfabric_store::{PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
 use tokio::runtime::Handle;
 
@@ -93,6 +93,42 @@ impl Backend for EmbeddedBackend {
                     false
                 }
             }
+        }
+        .boxed()
+    }
+
+    fn prefetch(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, usize> {
+        async move {
+            let holders = self.node.lookup(&keys).await;
+            let me = self.node.info().node_id.clone();
+            let mut copied = 0;
+            for (key, h) in keys.iter().zip(&holders) {
+                if h.node_id == me {
+                    continue;
+                }
+                // A remote read verifies the block's checksum; the put checks it again.
+                let Ok(Some(b)) = self.node.get(key).await else {
+                    break;
+                };
+                let store = self.node.store().clone();
+                let key = *key;
+                let put = tokio::task::spawn_blocking(move || {
+                    let opts = PutOptions {
+                        checksum: Some(b.checksum),
+                        ..PutOptions::default()
+                    };
+                    store.put(key, b.layout, &b.data, opts)
+                })
+                .await;
+                match put {
+                    Ok(Ok(_)) => copied += 1,
+                    _ => break,
+                }
+            }
+            if copied > 0 {
+                self.node.sync(false).await;
+            }
+            copied
         }
         .boxed()
     }

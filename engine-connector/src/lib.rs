@@ -143,6 +143,10 @@ impl PendingLoad {
 pub trait KvConnector: Send + Sync + std::fmt::Debug {
     /// How many leading `keys` the fabric holds (any node), 0 on timeout.
     fn lookup(&self, keys: &[BlockKey]) -> usize;
+    /// A request is queued behind others: start pulling the blocks of
+    /// `keys` the fabric holds on other nodes into this engine's own node,
+    /// so the load at admission is local. Returns at once.
+    fn prefetch(&self, keys: &[BlockKey]);
     /// Start reading `blocks` (key -> engine block, consecutive prefix
     /// blocks in order) into the engine's KV memory, checksums verified.
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad;

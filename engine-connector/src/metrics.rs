@@ -16,6 +16,8 @@ pub struct ConnectorStats {
     pub loaded_blocks: u64,
     /// Blocks a load could not deliver (miss, error, timeout, checksum): recomputed.
     pub load_failed_blocks: u64,
+    /// Blocks copied from other nodes into this node ahead of admission.
+    pub prefetched_blocks: u64,
     /// Blocks this connector stored in the fabric.
     pub saved_blocks: u64,
     /// Blocks not stored because the fabric already had them.
@@ -35,6 +37,7 @@ pub(crate) struct ConnectorMetrics {
     pub lookup_hit_blocks: Counter,
     pub loaded_blocks: Counter,
     pub load_failed_blocks: Counter,
+    pub prefetched_blocks: Counter,
     pub saved_blocks: Counter,
     pub save_skipped_blocks: Counter,
     pub save_dropped_blocks: Counter,
@@ -50,6 +53,7 @@ impl ConnectorMetrics {
             lookup_hit_blocks: Counter::default(),
             loaded_blocks: Counter::default(),
             load_failed_blocks: Counter::default(),
+            prefetched_blocks: Counter::default(),
             saved_blocks: Counter::default(),
             save_skipped_blocks: Counter::default(),
             save_dropped_blocks: Counter::default(),
@@ -82,6 +86,11 @@ impl ConnectorMetrics {
             "load_failed_blocks",
             "Blocks a load could not deliver (recomputed)",
             self.load_failed_blocks.clone(),
+        );
+        r.register(
+            "prefetched_blocks",
+            "Blocks copied from other nodes into this node ahead of admission",
+            self.prefetched_blocks.clone(),
         );
         r.register(
             "saved_blocks",
@@ -121,6 +130,7 @@ impl ConnectorMetrics {
             lookup_hit_blocks: self.lookup_hit_blocks.get(),
             loaded_blocks: self.loaded_blocks.get(),
             load_failed_blocks: self.load_failed_blocks.get(),
+            prefetched_blocks: self.prefetched_blocks.get(),
             saved_blocks: self.saved_blocks.get(),
             save_skipped_blocks: self.save_skipped_blocks.get(),
             save_dropped_blocks: self.save_dropped_blocks.get(),

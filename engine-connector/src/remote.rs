@@ -150,6 +150,11 @@ impl Backend for RemoteBackend {
         .boxed()
     }
 
+    fn prefetch(self: Arc<Self>, _keys: Vec<BlockKey>) -> BoxFuture<'static, usize> {
+        // The node reads remote blocks itself when asked; nothing to stage here.
+        async { 0 }.boxed()
+    }
+
     fn exists(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<bool>> {
         async move {
             let n = keys.len();

@@ -217,6 +217,14 @@ impl Scheduler {
             return;
         }
         let chain = KeyChain::new(&r.namespace, &self.model.fingerprint(), self.kv.layout());
+        if let Some(c) = &self.connector {
+            // It will wait behind others: pull its prefix into our node meanwhile.
+            if self.running.len() + self.loading.len() + self.waiting.len() >= self.cfg.max_seqs {
+                let bt = self.kv.layout().block_tokens as usize;
+                let usable = (r.prompt.len() - 1) / bt;
+                c.prefetch(&chain.keys(&r.prompt[..usable * bt]));
+            }
+        }
         self.next_id += 1;
         self.waiting.push_back(Seq {
             id: self.next_id,
