@@ -2,8 +2,9 @@
 //! [`Backend`] that reaches the fabric (an embedded node, or a node in
 //! another process over gRPC).
 //!
-//! Lookup asks how long a prefix the cluster holds and keeps the holders as
-//! hints for the load that follows. A load reads each block straight into
+//! Lookup asks (as a task, the scheduler polls the answer) how long a
+//! prefix the cluster holds and keeps the holders as hints for the load
+//! that follows. A load reads each block straight into
 //! its engine block, several in flight, and verifies every block's xxh3 in
 //! place before counting it: a block that fails, times out or mismatches
 //! ends the load there and the engine recomputes it and everything after.
@@ -29,11 +30,14 @@ use tokio::sync::mpsc;
 use crate::metrics::ConnectorMetrics;
 use crate::{
     BlockId, ConnectorConfig, ConnectorError, ConnectorStats, KvConnector, KvMemory, PendingLoad,
-    SaveBlock, SaveDone,
+    PendingLookup, SaveBlock, SaveDone,
 };
 
 /// Most blocks one save batch checks and stores together.
 const SAVE_BATCH: usize = 32;
+
+/// Lookup hints kept for loads; beyond this the map starts over.
+const MAX_HINTS: usize = 16_384;
 
 /// How a connector reaches the fabric. Futures are `'static` so they run as
 /// tasks on the connector's runtime.
@@ -114,8 +118,8 @@ pub struct Connector<B: Backend> {
     done_rx: crossbeam::channel::Receiver<SaveDone>,
     /// Saves queued or in progress.
     pending: Arc<AtomicUsize>,
-    /// Holders the last lookup returned, for the load that follows.
-    hints: Mutex<HashMap<BlockKey, HolderEntry>>,
+    /// Holders recent lookups returned, for the loads that follow.
+    hints: Arc<Mutex<HashMap<BlockKey, HolderEntry>>>,
 }
 
 impl<B: Backend> std::fmt::Debug for Connector<B> {
@@ -155,34 +159,42 @@ impl<B: Backend> Connector<B> {
             save_tx,
             done_rx,
             pending,
-            hints: Mutex::new(HashMap::new()),
+            hints: Arc::new(Mutex::new(HashMap::new())),
         }))
     }
 }
 
 impl<B: Backend> KvConnector for Connector<B> {
-    fn lookup(&self, keys: &[BlockKey]) -> usize {
+    fn start_lookup(&self, keys: Vec<BlockKey>) -> PendingLookup {
+        let (tx, rx) = crossbeam::channel::bounded(1);
         if !self.cfg.load || keys.is_empty() {
-            return 0;
+            let _ = tx.send(0);
+            return PendingLookup::new(rx);
         }
         self.metrics.lookups.inc();
-        let asked = keys.to_vec();
-        let ask = self.backend.clone().lookup(keys.to_vec());
+        let ask = self.backend.clone().lookup(keys.clone());
         let timeout = self.cfg.lookup_timeout();
-        let holders = self.rt.block_on(async move {
-            tokio::time::timeout(timeout, ask)
+        let metrics = self.metrics.clone();
+        let hints = self.hints.clone();
+        self.rt.spawn(async move {
+            let holders = tokio::time::timeout(timeout, ask)
                 .await
                 .unwrap_or_else(|_| {
                     tracing::debug!("fabric lookup timed out: counted as a miss");
                     Vec::new()
-                })
+                });
+            let found = holders.len();
+            metrics.lookup_hit_blocks.inc_by(found as u64);
+            {
+                let mut h = hints.lock().unwrap_or_else(|p| p.into_inner());
+                if h.len() > MAX_HINTS {
+                    h.clear();
+                }
+                h.extend(keys.into_iter().zip(holders));
+            }
+            let _ = tx.send(found);
         });
-        let found = holders.len();
-        self.metrics.lookup_hit_blocks.inc_by(found as u64);
-        let mut hints = self.hints.lock().unwrap_or_else(|p| p.into_inner());
-        hints.clear();
-        hints.extend(asked.into_iter().zip(holders));
-        found
+        PendingLookup::new(rx)
     }
 
     fn prefetch(&self, keys: &[BlockKey]) {

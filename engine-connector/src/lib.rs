@@ -1,13 +1,14 @@
 //! kvfabric-connector: what the engine sees of the fabric.
 //!
 //! The engine's scheduler runs on its own OS thread and must never wait on
-//! the network for longer than a lookup; everything else is asynchronous.
+//! the network: lookups, loads and saves all run on the node's runtime and
+//! report back through handles the scheduler polls between steps.
 //! The [`KvConnector`] trait is that boundary, shaped after vLLM's KV
 //! connector v1:
 //!
 //! | here                          | vLLM v1                                   |
 //! |-------------------------------|-------------------------------------------|
-//! | [`KvConnector::lookup`]       | `get_num_new_matched_tokens`              |
+//! | [`KvConnector::start_lookup`] | `get_num_new_matched_tokens`              |
 //! | [`KvConnector::start_load`]   | `update_state_after_alloc` + `start_load_kv` |
 //! | [`PendingLoad::wait`]         | `wait_for_layer_load` (whole blocks here) |
 //! | [`KvConnector::save`]         | `save_kv_layer` (whole blocks, write-behind) |
@@ -94,6 +95,37 @@ pub struct SaveDone {
     pub stored: bool,
 }
 
+/// An in-flight lookup: how many leading keys the fabric holds.
+#[derive(Debug)]
+pub struct PendingLookup {
+    done: crossbeam::channel::Receiver<usize>,
+}
+
+impl PendingLookup {
+    /// A lookup that reports on `done`.
+    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>) -> PendingLookup {
+        PendingLookup { done }
+    }
+
+    /// Without waiting: Some(found) once the lookup ended (0 on a timeout).
+    pub fn try_finish(&self) -> Option<usize> {
+        match self.done.try_recv() {
+            Ok(n) => Some(n),
+            Err(crossbeam::channel::TryRecvError::Empty) => None,
+            Err(crossbeam::channel::TryRecvError::Disconnected) => Some(0),
+        }
+    }
+
+    /// Like [`Self::try_finish`], waiting up to `timeout`.
+    pub fn wait(&self, timeout: Duration) -> Option<usize> {
+        match self.done.recv_timeout(timeout) {
+            Ok(n) => Some(n),
+            Err(crossbeam::channel::RecvTimeoutError::Timeout) => None,
+            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Some(0),
+        }
+    }
+}
+
 /// An in-flight load of consecutive prefix blocks.
 ///
 /// Until it ends (`try_finish`/`wait` returns Some), the connector may write
@@ -139,10 +171,11 @@ impl PendingLoad {
 
 /// The engine's view of the fabric. Every method is called from the
 /// scheduler thread and returns without waiting on the network, except
-/// `lookup` (bounded by its timeout) and `flush`.
+/// `flush` (for tests and benches).
 pub trait KvConnector: Send + Sync + std::fmt::Debug {
-    /// How many leading `keys` the fabric holds (any node), 0 on timeout.
-    fn lookup(&self, keys: &[BlockKey]) -> usize;
+    /// Start asking how many leading `keys` the fabric holds (any node); a
+    /// lookup slower than the configured timeout finds 0.
+    fn start_lookup(&self, keys: Vec<BlockKey>) -> PendingLookup;
     /// A request is queued behind others: start pulling the blocks of
     /// `keys` the fabric holds on other nodes into this engine's own node,
     /// so the load at admission is local. Returns at once.

@@ -123,8 +123,9 @@ async fn saves_store_missing_keys_and_loads_verify_into_the_right_blocks() {
         assert_eq!(c.stats().save_skipped_blocks, 1);
 
         // Lookup: the leading run only.
-        assert_eq!(c.lookup(&[key(0), key(1), key(2), key(7)]), 3);
-        assert_eq!(c.lookup(&[key(7), key(0)]), 0);
+        let found = |keys: Vec<BlockKey>| c.start_lookup(keys).wait(Duration::from_secs(5));
+        assert_eq!(found(vec![key(0), key(1), key(2), key(7)]), Some(3));
+        assert_eq!(found(vec![key(7), key(0)]), Some(0));
 
         // Load into other blocks: same bytes, checksum verified.
         let load = c.start_load(vec![(key(0), 8), (key(1), 9), (key(2), 10)]);

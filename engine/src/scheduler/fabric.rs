@@ -1,11 +1,12 @@
 //! The scheduler's side of the fabric connector.
 //!
-//! * Admission: after the local prefix cache, ask the fabric how many of the
-//!   following blocks it holds, allocate pool blocks for them and start the
-//!   load. The sequence waits in `loading` (not planned into any forward
-//!   pass, its blocks untouched by the engine) until the load ends; then the
-//!   blocks that arrived verified join its table and the rest are freed and
-//!   recomputed.
+//! * Admission: after the local prefix cache, start a fabric lookup of the
+//!   following blocks; when it answers, allocate pool blocks for what the
+//!   fabric holds and start the load. Meanwhile the sequence waits in
+//!   `loading` (not planned into any forward pass, its blocks untouched by
+//!   the engine); when the load ends, the blocks that arrived verified join
+//!   its table and the rest are freed and recomputed. Other sequences keep
+//!   stepping: the scheduler only polls.
 //! * Save: each block a sequence completes is pinned (one more reference)
 //!   and queued with the connector; the pin is dropped when the connector
 //!   reports the save finished. A full queue drops the save, never waits.
@@ -18,8 +19,8 @@ use std::time::Duration;
 use kvfabric_connector::{KvConnector, SaveBlock};
 use kvfabric_store::keys::BlockKey;
 
-use super::{Loading, Scheduler, Seq};
-use crate::kv::BlockManager;
+use super::{FabricWait, Loading, Scheduler, Seq};
+use crate::kv::{BlockId, BlockManager};
 use crate::request::{GenerationEvent, TransferParams};
 
 /// Block indices fit in the low bits of a save's tag, the sequence id above.
@@ -70,8 +71,8 @@ pub(super) fn save_block(
 }
 
 impl Scheduler {
-    /// Start loading the blocks after the sequence's local prefix that the
-    /// fabric holds; None when the sequence went to `loading`.
+    /// Ask the fabric for the blocks after the sequence's local prefix;
+    /// None when the sequence went to `loading` to wait for the answer.
     pub(super) fn start_fabric_load(&mut self, seq: Seq, keys: &[BlockKey]) -> Option<Seq> {
         let Some(c) = self.connector.clone() else {
             return Some(seq);
@@ -80,32 +81,45 @@ impl Scheduler {
         if have >= keys.len() {
             return Some(seq);
         }
-        let found = c.lookup(&keys[have..]);
+        let keys = keys[have..].to_vec();
+        let pending = c.start_lookup(keys.clone());
+        self.loading.push(Loading {
+            seq,
+            stage: FabricWait::Lookup { pending, keys },
+        });
+        None
+    }
+
+    /// The lookup found `found` of `keys`: allocate pool blocks and start
+    /// loading them, or run the sequence as it is.
+    fn after_lookup(&mut self, seq: Seq, keys: Vec<BlockKey>, found: usize, c: &dyn KvConnector) {
         let mut blocks = Vec::with_capacity(found);
-        while blocks.len() < found {
+        while blocks.len() < found.min(keys.len()) {
             // Only free or cached blocks: a load never preempts running work.
             match self.blocks.allocate() {
                 Some(b) => blocks.push(b),
                 None => break,
             }
         }
-        if blocks.is_empty() {
-            return Some(seq);
+        if blocks.is_empty() || seq.events.is_closed() {
+            for b in blocks {
+                self.blocks.release(b);
+            }
+            self.begin(seq);
+            return;
         }
-        let keys: Vec<BlockKey> = keys[have..have + blocks.len()].to_vec();
+        let keys: Vec<BlockKey> = keys[..blocks.len()].to_vec();
         let load = c.start_load(keys.iter().copied().zip(blocks.iter().copied()).collect());
         self.loading.push(Loading {
             seq,
-            load,
-            blocks,
-            keys,
+            stage: FabricWait::Load { load, blocks, keys },
         });
-        None
     }
 
-    /// Move finished loads to the running set, hand finished saves' blocks
-    /// back, and answer flushed prefill sequences. Waits up to `wait` for
-    /// the first load or save when nothing has finished.
+    /// Move answered lookups on to their loads, finished loads to the
+    /// running set, hand finished saves' blocks back, and answer flushed
+    /// prefill sequences. Waits up to `wait` for the first lookup, load or
+    /// save when nothing has finished.
     pub(super) fn poll_fabric(&mut self, wait: Duration) {
         let Some(c) = self.connector.clone() else {
             return;
@@ -113,18 +127,20 @@ impl Scheduler {
         let mut i = 0;
         let mut waited = wait.is_zero();
         while i < self.loading.len() {
-            let outcome = if waited {
-                self.loading[i].load.try_finish()
-            } else {
-                waited = true;
-                self.loading[i].load.wait(wait)
+            let budget = if waited { Duration::ZERO } else { wait };
+            waited = true;
+            let outcome = match &self.loading[i].stage {
+                FabricWait::Lookup { pending, .. } => pending.wait(budget),
+                FabricWait::Load { load, .. } => load.wait(budget),
             };
-            match outcome {
-                Some(loaded) => {
-                    let l = self.loading.swap_remove(i);
-                    self.finish_load(l, loaded);
-                }
-                None => i += 1,
+            let Some(n) = outcome else {
+                i += 1;
+                continue;
+            };
+            let l = self.loading.swap_remove(i);
+            match l.stage {
+                FabricWait::Lookup { keys, .. } => self.after_lookup(l.seq, keys, n, c.as_ref()),
+                FabricWait::Load { blocks, keys, .. } => self.finish_load(l.seq, blocks, keys, n),
             }
         }
         let saves_wait = if waited { Duration::ZERO } else { wait };
@@ -160,13 +176,13 @@ impl Scheduler {
         }
     }
 
-    fn finish_load(&mut self, l: Loading, loaded: usize) {
-        let Loading {
-            mut seq,
-            blocks,
-            keys,
-            ..
-        } = l;
+    fn finish_load(
+        &mut self,
+        mut seq: Seq,
+        blocks: Vec<BlockId>,
+        keys: Vec<BlockKey>,
+        loaded: usize,
+    ) {
         for (i, (b, k)) in blocks.into_iter().zip(keys).enumerate() {
             if i < loaded {
                 self.blocks.register(b, k);

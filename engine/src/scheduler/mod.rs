@@ -15,14 +15,15 @@
 //! With a fabric connector (see `fabric.rs`), admission also asks the fabric
 //! for the blocks after the local prefix and loads them into the pool while
 //! the sequence waits (it runs once they arrived, or recomputes what did
-//! not), and every block a sequence completes is queued for saving.
+//! not); the scheduler never waits on the network for it. Every block a
+//! sequence completes is queued for saving.
 
 mod fabric;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use kvfabric_connector::{KvConnector, PendingLoad};
+use kvfabric_connector::{KvConnector, PendingLoad, PendingLookup};
 use kvfabric_store::keys::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
@@ -79,12 +80,25 @@ struct Seq {
     finished: Option<(FinishReason, Usage)>,
 }
 
-/// A sequence waiting for blocks the fabric is loading into `blocks`.
+/// A sequence waiting on the fabric, first for its lookup, then for the
+/// blocks being loaded into its pool blocks.
 struct Loading {
     seq: Seq,
-    load: PendingLoad,
-    blocks: Vec<BlockId>,
-    keys: Vec<BlockKey>,
+    stage: FabricWait,
+}
+
+/// What a [`Loading`] sequence waits for; `keys` are the blocks after its
+/// local prefix.
+enum FabricWait {
+    Lookup {
+        pending: PendingLookup,
+        keys: Vec<BlockKey>,
+    },
+    Load {
+        load: PendingLoad,
+        blocks: Vec<BlockId>,
+        keys: Vec<BlockKey>,
+    },
 }
 
 /// The scheduler's state; [`Scheduler::spawn`] runs it on a dedicated thread.
