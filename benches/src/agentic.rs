@@ -102,13 +102,7 @@ pub struct AgenticArgs {
 
 /// Run the bench and print its report.
 pub fn run(args: &AgenticArgs) -> anyhow::Result<()> {
-    let report = measure(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    crate::print_report(args.json, &measure(args)?, print_table)
 }
 
 /// Run the bench and return the report (what `--json` prints).
@@ -129,15 +123,7 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     );
     let args = args.clone();
     let model_name = path.display().to_string();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        rt.block_on(measure_all(&args, model, &workload, model_name))
-    })
-    .join()
-    .map_err(|_| anyhow!("bench thread panicked"))?
+    crate::on_own_runtime(move |rt| rt.block_on(measure_all(&args, model, &workload, model_name)))
 }
 
 /// Which prefix reuse a configuration has.

@@ -54,21 +54,10 @@ pub struct ClusterArgs {
 /// Run the bench and print its report.
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let args = args.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+    crate::on_own_runtime(move |rt| {
         let report = rt.block_on(measure(&args))?;
-        if args.json {
-            println!("{}", serde_json::to_string(&report)?);
-        } else {
-            print_table(&report);
-        }
-        Ok(())
+        crate::print_report(args.json, &report, print_table)
     })
-    .join()
-    .map_err(|_| anyhow!("bench thread panicked"))?
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -167,9 +167,7 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
         "llamacpp_f32_prefill512_tps": Value::Null,
         "candle_prefill512_tps": Value::Null,
     });
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
+    crate::print_report(args.json, &report, |report| {
         println!("engine bench ({isa}, {threads} threads)");
         for k in [
             "prefill512_tps",
@@ -183,6 +181,5 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
             println!("  {k:<24} {}", report[k]);
         }
         println!("  peers (llama.cpp, candle): not measured in this run");
-    }
-    Ok(())
+    })
 }

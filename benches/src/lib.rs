@@ -27,3 +27,35 @@ pub(crate) fn model_file(model: &Option<std::path::PathBuf>) -> anyhow::Result<s
     );
     Ok(path)
 }
+
+/// Run `work` on a fresh 2-worker tokio runtime on a thread of its own, so a
+/// bench works whether or not its caller is already async.
+pub(crate) fn on_own_runtime<T, F>(work: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce(&tokio::runtime::Runtime) -> anyhow::Result<T> + Send + 'static,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        work(&rt)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
+}
+
+/// Print a bench report: one JSON line with `--json`, else `table`.
+pub(crate) fn print_report(
+    json: bool,
+    report: &serde_json::Value,
+    table: impl FnOnce(&serde_json::Value),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        table(report);
+    }
+    Ok(())
+}

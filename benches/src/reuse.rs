@@ -72,10 +72,7 @@ pub struct ReuseArgs {
 
 /// Run the bench and print its report.
 pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
-    let report = measure(args)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
+    crate::print_report(args.json, &measure(args)?, |report| {
         println!(
             "reuse bench: {} tokens on engine A, +{} on engine B (other node)",
             args.prompt_tokens, args.new_tokens
@@ -96,8 +93,7 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
         ] {
             println!("  {k:<22} {}", report[k]);
         }
-    }
-    Ok(())
+    })
 }
 
 /// Run the bench and return the report (what `--json` prints).
@@ -106,11 +102,7 @@ pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
     anyhow::ensure!(args.gen_tokens > 0, "--gen-tokens must be > 0");
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let args = args.clone();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+    crate::on_own_runtime(move |rt| {
         rt.block_on(async {
             let cluster = FabricCluster::start(2, args.node_ram_mib).await?;
             let report = measure_on(&args, &model, &cluster).await;
@@ -118,8 +110,6 @@ pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
             report
         })
     })
-    .join()
-    .map_err(|_| anyhow!("bench thread panicked"))?
 }
 
 fn bits(logits: &Option<Vec<f32>>) -> Option<Vec<u32>> {

@@ -124,16 +124,14 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
 
 /// `kvfabric bench store`.
 pub fn run(args: &StoreArgs) -> anyhow::Result<()> {
-    let report = measure(args)?;
-    if args.json {
-        println!("{report}");
-    } else if let Value::Object(m) = &report {
-        println!("{:<24} value", "metric");
-        for (k, v) in m {
-            println!("{k:<24} {v}");
+    crate::print_report(args.json, &measure(args)?, |report| {
+        if let Value::Object(m) = report {
+            println!("{:<24} value", "metric");
+            for (k, v) in m {
+                println!("{k:<24} {v}");
+            }
         }
-    }
-    Ok(())
+    })
 }
 
 fn ram(sources: &[Vec<u8>], out: &mut serde_json::Map<String, Value>) -> anyhow::Result<()> {

@@ -61,27 +61,13 @@ pub struct TransferArgs {
 /// Run the bench (or, with `--peer-listen`, serve as its peer until stdin closes).
 pub fn run(args: &TransferArgs) -> anyhow::Result<()> {
     let args = args.clone();
-    // Own runtime on its own thread: works whether or not the caller is async.
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        match args.peer_listen.clone() {
-            Some(addr) => rt.block_on(serve_peer(&args, &addr)),
-            None => {
-                let report = rt.block_on(measure(&args))?;
-                if args.json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print_table(&report);
-                }
-                Ok(())
-            }
+    crate::on_own_runtime(move |rt| match args.peer_listen.clone() {
+        Some(addr) => rt.block_on(serve_peer(&args, &addr)),
+        None => {
+            let report = rt.block_on(measure(&args))?;
+            crate::print_report(args.json, &report, print_table)
         }
     })
-    .join()
-    .map_err(|_| anyhow!("bench thread panicked"))?
 }
 
 fn config(args: &TransferArgs, transport: TransportChoice, listen: &str) -> TransferConfig {

@@ -29,8 +29,8 @@ use tokio::sync::mpsc;
 
 use crate::metrics::ConnectorMetrics;
 use crate::{
-    BlockId, ConnectorConfig, ConnectorError, ConnectorStats, KvConnector, KvMemory, PendingLoad,
-    PendingLookup, SaveBlock, SaveDone,
+    BlockId, ConnectFn, ConnectorConfig, ConnectorError, ConnectorStats, KvConnector, KvMemory,
+    Pending, PendingLoad, PendingLookup, SaveBlock, SaveDone,
 };
 
 /// Most blocks one save batch checks and stores together.
@@ -96,7 +96,7 @@ pub(crate) fn verify_block(
 }
 
 /// Refuse KV memory that does not hold its blocks.
-pub(crate) fn check_memory(mem: &KvMemory) -> Result<(), ConnectorError> {
+fn check_memory(mem: &KvMemory) -> Result<(), ConnectorError> {
     mem.layout.validate()?;
     if mem.region.len() < mem.blocks * mem.block_bytes() {
         return Err(ConnectorError::Config(format!(
@@ -131,8 +131,27 @@ impl<B: Backend> std::fmt::Debug for Connector<B> {
 }
 
 impl<B: Backend> Connector<B> {
+    /// The engine's [`ConnectFn`] for a backend `make` builds over the KV
+    /// memory. Call it inside the tokio runtime the connector's tasks
+    /// should run on.
+    pub(crate) fn connect_fn_with<F>(cfg: ConnectorConfig, make: F) -> ConnectFn
+    where
+        F: FnOnce(KvMemory, &Handle) -> Result<Arc<B>, ConnectorError> + Send + 'static,
+    {
+        let rt = Handle::try_current();
+        Box::new(move |mem, registry| {
+            let rt = rt.map_err(|_| {
+                ConnectorError::Config("the fabric connector needs a tokio runtime".into())
+            })?;
+            check_memory(&mem)?;
+            let backend = make(mem, &rt)?;
+            let c: Arc<dyn KvConnector> = Connector::start(backend, rt, cfg, registry)?;
+            Ok(c)
+        })
+    }
+
     /// Start the save worker on `rt` and register the metrics.
-    pub(crate) fn start(
+    fn start(
         backend: Arc<B>,
         rt: Handle,
         cfg: ConnectorConfig,
@@ -169,9 +188,10 @@ impl<B: Backend> KvConnector for Connector<B> {
         let (tx, rx) = crossbeam::channel::bounded(1);
         if !self.cfg.load || keys.is_empty() {
             let _ = tx.send(0);
-            return PendingLookup::new(rx);
+            return Pending::new(rx, 0);
         }
         self.metrics.lookups.inc();
+        let n = keys.len();
         let ask = self.backend.clone().lookup(keys.clone());
         let timeout = self.cfg.lookup_timeout();
         let metrics = self.metrics.clone();
@@ -194,7 +214,7 @@ impl<B: Backend> KvConnector for Connector<B> {
             }
             let _ = tx.send(found);
         });
-        PendingLookup::new(rx)
+        Pending::new(rx, n)
     }
 
     fn prefetch(&self, keys: &[BlockKey]) {
@@ -237,7 +257,7 @@ impl<B: Backend> KvConnector for Connector<B> {
                 .observe(started.elapsed().as_secs_f64());
             let _ = tx.send(loaded);
         });
-        PendingLoad::new(rx, n)
+        Pending::new(rx, n)
     }
 
     fn save(&self, block: SaveBlock) -> bool {

@@ -14,12 +14,9 @@ use kvfabric_store::cluster::{ClusterNode, HolderEntry, ReadTarget};
 use kvfabric_store::keys::BlockKey;
 use kvfabric_store::{PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
-use tokio::runtime::Handle;
 
-use crate::connector::{check_memory, verify_block, Backend, Connector};
-use crate::{
-    BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvConnector, KvMemory, SaveBlock,
-};
+use crate::connector::{verify_block, Backend, Connector};
+use crate::{BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, SaveBlock};
 
 /// The connector over an embedded [`ClusterNode`].
 pub type FabricConnector = Connector<EmbeddedBackend>;
@@ -42,20 +39,13 @@ impl Connector<EmbeddedBackend> {
     /// The engine's [`ConnectFn`] for `node`. Call it inside the tokio
     /// runtime the node runs on: the connector's tasks run there.
     pub fn connect_fn(node: Arc<ClusterNode>, cfg: ConnectorConfig) -> ConnectFn {
-        let rt = Handle::try_current();
-        Box::new(move |mem, registry| {
-            let rt = rt.map_err(|_| {
-                ConnectorError::Config("the fabric connector needs a tokio runtime".into())
-            })?;
-            check_memory(&mem)?;
+        Connector::connect_fn_with(cfg, move |mem, _| {
             let segment = node.transfer().register(mem.region.clone());
-            let backend = Arc::new(EmbeddedBackend {
+            Ok(Arc::new(EmbeddedBackend {
                 node,
                 mem: Arc::new(mem),
                 segment,
-            });
-            let c: Arc<dyn KvConnector> = Connector::start(backend, rt, cfg, registry)?;
-            Ok(c)
+            }))
         })
     }
 }

@@ -95,66 +95,37 @@ pub struct SaveDone {
     pub stored: bool,
 }
 
-/// An in-flight lookup: how many leading keys the fabric holds.
-#[derive(Debug)]
-pub struct PendingLookup {
-    done: crossbeam::channel::Receiver<usize>,
-}
-
-impl PendingLookup {
-    /// A lookup that reports on `done`.
-    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>) -> PendingLookup {
-        PendingLookup { done }
-    }
-
-    /// Without waiting: Some(found) once the lookup ended (0 on a timeout).
-    pub fn try_finish(&self) -> Option<usize> {
-        match self.done.try_recv() {
-            Ok(n) => Some(n),
-            Err(crossbeam::channel::TryRecvError::Empty) => None,
-            Err(crossbeam::channel::TryRecvError::Disconnected) => Some(0),
-        }
-    }
-
-    /// Like [`Self::try_finish`], waiting up to `timeout`.
-    pub fn wait(&self, timeout: Duration) -> Option<usize> {
-        match self.done.recv_timeout(timeout) {
-            Ok(n) => Some(n),
-            Err(crossbeam::channel::RecvTimeoutError::Timeout) => None,
-            Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Some(0),
-        }
-    }
-}
-
-/// An in-flight load of consecutive prefix blocks.
+/// An in-flight lookup or load of consecutive prefix blocks; it ends with
+/// a block count (blocks the fabric holds, or blocks that arrived verified).
 ///
-/// Until it ends (`try_finish`/`wait` returns Some), the connector may write
-/// into every block of the load: the engine must not compute into them,
-/// reuse them or free them.
+/// Until a load ends (`try_finish`/`wait` returns Some), the connector may
+/// write into every block of the load: the engine must not compute into
+/// them, reuse them or free them.
 #[derive(Debug)]
-pub struct PendingLoad {
+pub struct Pending {
     done: crossbeam::channel::Receiver<usize>,
-    blocks: usize,
+    /// Most blocks the answer can count.
+    most: usize,
 }
 
-impl PendingLoad {
-    /// A load of `blocks` blocks that reports on `done`.
-    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>, blocks: usize) -> PendingLoad {
-        PendingLoad { done, blocks }
+/// A lookup in flight: how many leading keys the fabric holds.
+pub type PendingLookup = Pending;
+/// A load in flight: how many leading blocks arrived verified (the rest
+/// must be recomputed).
+pub type PendingLoad = Pending;
+
+impl Pending {
+    /// An operation over `most` blocks that reports on `done`.
+    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>, most: usize) -> Pending {
+        Pending { done, most }
     }
 
-    /// Blocks in the load.
-    pub fn blocks(&self) -> usize {
-        self.blocks
-    }
-
-    /// Without waiting: Some(n) once the load ended, n = leading blocks that
-    /// arrived with a matching checksum (the rest must be recomputed).
+    /// Without waiting: Some(n) once the operation ended.
     pub fn try_finish(&self) -> Option<usize> {
         match self.done.try_recv() {
-            Ok(n) => Some(n.min(self.blocks)),
+            Ok(n) => Some(n.min(self.most)),
             Err(crossbeam::channel::TryRecvError::Empty) => None,
-            // The load task is gone without a report: nothing usable, nothing in flight.
+            // The task is gone without a report: nothing usable, nothing in flight.
             Err(crossbeam::channel::TryRecvError::Disconnected) => Some(0),
         }
     }
@@ -162,7 +133,7 @@ impl PendingLoad {
     /// Like [`Self::try_finish`], waiting up to `timeout`.
     pub fn wait(&self, timeout: Duration) -> Option<usize> {
         match self.done.recv_timeout(timeout) {
-            Ok(n) => Some(n.min(self.blocks)),
+            Ok(n) => Some(n.min(self.most)),
             Err(crossbeam::channel::RecvTimeoutError::Timeout) => None,
             Err(crossbeam::channel::RecvTimeoutError::Disconnected) => Some(0),
         }

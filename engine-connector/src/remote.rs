@@ -15,16 +15,17 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
-use kvfabric_store::cluster::client::{get_block, put_block, CacheClient};
+use kvfabric_store::cluster::client::{connect_lazy, get_block, put_block, CacheClient};
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
 use kvfabric_store::keys::{BlockKey, KvLayout};
-use tokio::runtime::Handle;
-use tonic::transport::Endpoint;
 
-use crate::connector::{check_memory, verify_block, Backend, Connector};
-use crate::{
-    BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvConnector, KvMemory, SaveBlock,
-};
+use crate::connector::{verify_block, Backend, Connector};
+use crate::{BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, SaveBlock};
+
+/// Limit on one call to the node (a whole-block get or put included); a
+/// call that runs over is a miss or a failed save, never a hang. Lookups
+/// are cut earlier, by `lookup_timeout_ms`.
+const RPC_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The connector over a node in another process.
 pub type RemoteConnector = Connector<RemoteBackend>;
@@ -42,27 +43,8 @@ impl Connector<RemoteBackend> {
     /// Call it inside a tokio runtime; the connection is opened lazily, so
     /// an engine starts even while its node is still starting.
     pub fn connect_fn(addr: String, cfg: ConnectorConfig) -> ConnectFn {
-        let rt = Handle::try_current();
-        Box::new(move |mem, registry| {
-            let rt = rt.map_err(|_| {
-                ConnectorError::Config("the remote connector needs a tokio runtime".into())
-            })?;
-            check_memory(&mem)?;
-            let url = if addr.contains("://") {
-                addr.clone()
-            } else {
-                format!("http://{addr}")
-            };
-            let timeout = Duration::from_millis(cfg.lookup_timeout_ms.max(1000) * 4);
-            let channel = Endpoint::from_shared(url)
-                .map_err(|e| ConnectorError::Config(format!("node address {addr:?}: {e}")))?
-                .connect_timeout(timeout)
-                .timeout(timeout)
-                .tcp_nodelay(true)
-                .connect_lazy();
-            let client = CacheClient::new(channel)
-                .max_decoding_message_size(256 << 20)
-                .max_encoding_message_size(256 << 20);
+        Connector::connect_fn_with(cfg, move |mem, rt| {
+            let client = connect_lazy(&addr, RPC_TIMEOUT)?;
             let node_id = Arc::new(OnceLock::new());
             {
                 let (mut client, node_id) = (client.clone(), node_id.clone());
@@ -72,14 +54,12 @@ impl Connector<RemoteBackend> {
                     }
                 });
             }
-            let backend = Arc::new(RemoteBackend {
+            Ok(Arc::new(RemoteBackend {
                 client,
                 addr,
                 node_id,
                 mem: Arc::new(mem),
-            });
-            let c: Arc<dyn KvConnector> = Connector::start(backend, rt, cfg, registry)?;
-            Ok(c)
+            }))
         })
     }
 }

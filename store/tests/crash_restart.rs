@@ -26,18 +26,6 @@ fn block_key(i: u32) -> BlockKey {
     BlockKey(*blake3::hash(&i.to_le_bytes()).as_bytes())
 }
 
-fn block_bytes(i: u32, len: usize) -> Vec<u8> {
-    let mut x = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[test]
 fn keys_are_equal_across_processes() {
     let run = || {
@@ -96,7 +84,10 @@ fn durable_blocks_survive_kill_dash_nine() {
     for &i in &acked {
         let info = store.get_into(&block_key(i), 0, &mut buf).unwrap();
         assert!(info.is_some(), "acknowledged durable block {i} lost");
-        assert!(buf == block_bytes(i, len), "block {i} not bit-exact");
+        assert!(
+            buf == kvfabric_transfer::testdata::bytes(u64::from(i), len),
+            "block {i} not bit-exact"
+        );
     }
     let disk = &store.stats().tiers[1];
     assert_eq!(disk.checksum_failures, 0);

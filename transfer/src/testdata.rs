@@ -29,6 +29,13 @@ pub fn fill(buf: &mut [u8], seed: u64, base: u64) {
     }
 }
 
+/// The first `len` bytes of the stream for `seed`.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(&mut v, seed, 0);
+    v
+}
+
 /// Offset (within `buf`) of the first byte that differs from the stream, if any.
 pub fn first_mismatch(buf: &[u8], seed: u64, base: u64) -> Option<usize> {
     let mut expect = vec![0u8; 1 << 16];

@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let layout = crash_layout();
             let mut out = std::io::stdout().lock();
             for i in 0..100_000u32 {
-                let data = block_bytes(i, layout.block_bytes());
+                let data = kvfabric_transfer::testdata::bytes(u64::from(i), layout.block_bytes());
                 let opts = PutOptions {
                     durable: true,
                     ..Default::default()
@@ -70,16 +70,4 @@ fn crash_config(dir: &std::path::Path) -> NodeConfig {
 
 fn block_key(i: u32) -> BlockKey {
     BlockKey(*blake3::hash(&i.to_le_bytes()).as_bytes())
-}
-
-fn block_bytes(i: u32, len: usize) -> Vec<u8> {
-    let mut x = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }

@@ -19,23 +19,36 @@ const PUT_CHUNK: usize = 1 << 20;
 
 /// Connect to the node at `addr` (`host:port` or `http://host:port`).
 pub async fn connect(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
+    let ch = endpoint(addr, timeout)?
+        .connect()
+        .await
+        .map_err(|e| StoreError::Server(format!("connect {addr}: {e}")))?;
+    Ok(client(ch))
+}
+
+/// A client of the node at `addr` that connects on first use (so a caller
+/// can start before the node does); every call is bounded by `timeout`.
+pub fn connect_lazy(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
+    Ok(client(endpoint(addr, timeout)?.connect_lazy()))
+}
+
+fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
     let url = if addr.contains("://") {
         addr.to_string()
     } else {
         format!("http://{addr}")
     };
-    let ep = Endpoint::from_shared(url)
+    Ok(Endpoint::from_shared(url)
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
         .connect_timeout(timeout)
         .timeout(timeout)
-        .tcp_nodelay(true);
-    let ch = ep
-        .connect()
-        .await
-        .map_err(|e| StoreError::Server(format!("connect {addr}: {e}")))?;
-    Ok(CacheServiceClient::new(ch)
+        .tcp_nodelay(true))
+}
+
+fn client(ch: Channel) -> CacheClient {
+    CacheServiceClient::new(ch)
         .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20))
+        .max_encoding_message_size(256 << 20)
 }
 
 /// Put one whole block (streamed in 1 MiB chunks).
