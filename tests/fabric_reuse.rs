@@ -53,6 +53,7 @@ async fn prefix_computed_on_a_is_reused_bit_exact_on_b() {
         (PROMPT / 64) as u64,
         "loaded from the fabric"
     );
+    assert_eq!(cb.stats().streamed_loads, 1, "loaded layer by layer");
     assert_eq!(warm.tokens, cold.tokens);
     for (w, c) in warm.logits.iter().zip(&cold.logits) {
         assert!(same_bits(w, c), "logits differ from the cold run");
@@ -86,7 +87,9 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
     let ca = ea.connector.as_ref().expect("connector");
     assert!(ca.flush(Duration::from_secs(30)));
 
-    // Flip one byte of block 4 of the prompt where A's store keeps it.
+    // Flip one byte in layer 20 of block 4 of the prompt where A's store
+    // keeps it: B's layer-wise load has already streamed layers 0..20 of
+    // every block into a forward pass when the check fails.
     let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &{
         let c = &model().config;
         kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64)
@@ -97,7 +100,8 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
         .lease(&keys[4])
         .expect("lease")
         .expect("A holds block 4");
-    let at = lease.region_offset() as usize + 1000;
+    let layer_bytes = lease.info().layout.layer_bytes();
+    let at = lease.region_offset() as usize + 20 * layer_bytes + 1000;
     drop(lease);
     // SAFETY: test-only corruption of a committed block nobody is reading.
     unsafe { store.region().slice_mut(at, 1).expect("in region")[0] ^= 0x5a };
@@ -111,6 +115,7 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
     );
     assert_eq!(stats.loaded_blocks, 4);
     assert!(stats.load_failed_blocks >= 1);
+    assert_eq!(stats.streamed_loads, 1, "the load streamed before the bad layer");
     assert_eq!(warm.tokens, cold.tokens);
     for (w, c) in warm.logits.iter().zip(&cold.logits) {
         assert!(same_bits(w, c), "logits differ from the cold run");

@@ -40,7 +40,7 @@ use kvfabric_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use driver::{drive, DriveParams};
-use engines::{engine_config, stats_json, sum_stats, EngineSet};
+use engines::{engine_config, stats_json, EngineSet};
 use fabric::{decode_step, FabricCluster};
 use stats::{same_answers, RunSummary};
 use trace::Workload;
@@ -177,7 +177,7 @@ async fn run_configuration(
         })
         .await
         .map_err(|e| anyhow!("flush task: {e}"))?;
-        Some(sum_stats(connectors.iter().map(|c| c.stats())))
+        Some(connectors.iter().map(|c| c.stats()).sum())
     };
     drop(connectors);
     set.stop().await?;

@@ -4,14 +4,21 @@
 //! - `lookup128_p50_us` / `lookup128_p99_us`: a 128-block prefix Lookup sent
 //!   to node C through its gRPC API, blocks held by A, entries spread over the
 //!   three owners (one batched Locate per owner, in parallel);
-//! - `remote_get_gbps`: C reading 1.5 MiB blocks held by A through the fabric
-//!   path ([`ClusterNode::get_into`]: locate at the owner, lease at the
-//!   holder, transfer READ into a registered destination, xxh3 verify in
-//!   place, release), `--concurrency` in flight;
+//! - `remote_get_gbps`: C reading 1.5 MiB blocks held by A through the
+//!   batched fabric path ([`ClusterNode::get_many_into`] of `--batch` blocks:
+//!   one Locate per owner, one LeaseMany at the holder, one transfer batch of
+//!   READs into a registered destination, xxh3 verify of every block in
+//!   place, background release), `--concurrency` batches in flight;
 //! - `tcp_gbps`: the same engines moving the same 1.5 MiB ranges of A's RAM
-//!   arena with plain transfer READs, same concurrency, in the same run;
-//! - `remote_get_ratio` = remote_get_gbps / tcp_gbps (target >= 0.8).
+//!   arena with plain transfer READs, in batches of the same size, same
+//!   concurrency, in the same run;
+//! - `remote_get_ratio` = remote_get_gbps / tcp_gbps (target >= 0.8);
+//! - `remote_get_single_gbps` / `tcp_single_gbps` / `remote_get_single_ratio`:
+//!   the same with one block per read ([`ClusterNode::get_into`]: locate,
+//!   lease, one READ, verify) against single-op transfer batches.
 //!
+//! Every block is read once and compared byte for byte with what A stored
+//! before the timed runs; during them every block is xxh3-verified.
 //! Bandwidths are GB/s (1e9 bytes/s).
 
 use std::net::TcpListener as StdListener;
@@ -22,8 +29,8 @@ use anyhow::{anyhow, Context};
 use futures::StreamExt;
 use kvfabric_store::cluster::{client, serve_cluster_node, ClusterConfig, ClusterNode, ReadTarget};
 use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, PutOptions,
-    Registry, Store,
+    BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, PutOptions, Registry,
+    Store,
 };
 use kvfabric_transfer::{SharedRegion, TransferOp};
 use serde_json::{json, Value};
@@ -43,9 +50,12 @@ pub struct ClusterArgs {
     /// Distinct blocks A holds for the remote get run.
     #[arg(long, default_value_t = 64)]
     pub blocks: usize,
-    /// Reads in flight in the remote get and tcp runs.
+    /// Reads (batches, in the batched runs) in flight in the remote get and tcp runs.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Blocks per batched remote get (and per tcp batch of the baseline).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
     /// Seconds per throughput measurement.
     #[arg(long, default_value_t = 3)]
     pub seconds: u64,
@@ -201,7 +211,42 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
     }
     a.sync(false).await;
     let secs = Duration::from_secs(args.seconds);
-    // Warm-up: every block once (also checks they are all remote reads from A).
+    let batch = args.batch.clamp(1, keys.len());
+    let concurrency = args.concurrency.max(1);
+    // Destination: a region registered with C's engine, one slot per block in
+    // flight (the same destination the tcp baselines read into).
+    let slots_n = concurrency * batch;
+    let dest = Arc::new(SharedRegion::create("bench-dest", block_bytes * slots_n)?);
+    let seg = c.transfer().register(dest.clone());
+    let slot_target = |slot: usize| ReadTarget {
+        region: &dest,
+        segment: seg,
+        offset: (slot * block_bytes) as u64,
+        capacity: block_bytes as u64,
+    };
+    // Warm-up and check: every block once through the batched path, compared
+    // byte for byte with what A stored, and once through the single-block path.
+    for (n, chunk) in keys.chunks(batch).enumerate() {
+        let targets: Vec<ReadTarget<'_>> = (0..chunk.len()).map(slot_target).collect();
+        let got = c.get_many_into(chunk, &[], &targets).await;
+        anyhow::ensure!(
+            got == chunk.len(),
+            "batched read got {got} of {}",
+            chunk.len()
+        );
+        for (j, t) in targets.iter().enumerate() {
+            // SAFETY: the read into the slot has completed; nothing else uses it now.
+            let bytes = unsafe { dest.slice(t.offset as usize, block_bytes) }?;
+            let i = n * batch + j;
+            anyhow::ensure!(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .all(|(x, b)| *b == (i * 31 + x) as u8),
+                "block {i} read from A differs from what A stored"
+            );
+        }
+    }
     for k in &keys {
         let b = c
             .get(k)
@@ -214,22 +259,43 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
             b.data.len()
         );
     }
-    // Destination: a region registered with C's engine, one slot per read in
-    // flight (the same destination the tcp baseline below reads into).
-    let slots_n = args.concurrency.max(1);
-    let dest = Arc::new(SharedRegion::create("bench-dest", block_bytes * slots_n)?);
-    let seg = c.transfer().register(dest.clone());
     let slots = Arc::new(tokio::sync::Mutex::new(
-        (0..slots_n).collect::<Vec<usize>>(),
+        (0..concurrency).collect::<Vec<usize>>(),
     ));
-    let remote_gbps = throughput(secs, args.concurrency, &keys, |k: BlockKey| {
-        let (c, dest, slots) = (c.clone(), dest.clone(), slots.clone());
+    let batches: Vec<usize> = (0..keys.len().div_ceil(batch)).collect();
+    let singles: Vec<usize> = (0..keys.len()).collect();
+    let remote_batched = |b: usize| {
+        let (c, dest, slots, keys) = (c.clone(), dest.clone(), slots.clone(), &keys);
+        async move {
+            let chunk = &keys[b * batch..((b + 1) * batch).min(keys.len())];
+            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
+            let targets: Vec<ReadTarget<'_>> = (0..chunk.len())
+                .map(|j| ReadTarget {
+                    region: &dest,
+                    segment: seg,
+                    offset: ((slot * batch + j) * block_bytes) as u64,
+                    capacity: block_bytes as u64,
+                })
+                .collect();
+            let got = c.get_many_into(chunk, &[], &targets).await;
+            slots.lock().await.push(slot);
+            anyhow::ensure!(
+                got == chunk.len(),
+                "batched remote get read {got} of {}",
+                chunk.len()
+            );
+            Ok((got * block_bytes) as u64)
+        }
+    };
+    let remote_single = |i: usize| {
+        let (c, dest, slots, k) = (c.clone(), dest.clone(), slots.clone(), keys[i]);
         async move {
             let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
             let target = ReadTarget {
                 region: &dest,
                 segment: seg,
-                offset: (slot * block_bytes) as u64,
+                // Same destination footprint as the batched runs.
+                offset: ((slot * batch + i % batch) * block_bytes) as u64,
                 capacity: block_bytes as u64,
             };
             let r = c.get_into(&k, &target).await;
@@ -241,10 +307,10 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
                 Err(e) => Err(e.into()),
             }
         }
-    })
-    .await?;
+    };
 
-    // Plain transfer READs of the same ranges of A's RAM arena, same engines.
+    // Plain transfer READs of the same ranges of A's RAM arena, same engines,
+    // into the same destination slots.
     let offsets: Vec<u64> = {
         let mut v = Vec::new();
         for k in &keys {
@@ -259,28 +325,58 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
     };
     let remote_seg = a.ram_segment();
     let peer = a.info().transfer_addr.clone();
-    let tcp_gbps = throughput(secs, args.concurrency, &offsets, |off: u64| {
-        let (c, peer, slots) = (c.clone(), peer.clone(), slots.clone());
+    let tcp_reads = |per: usize, b: usize| {
+        let (c, peer, slots, offsets) = (c.clone(), peer.clone(), slots.clone(), &offsets);
         async move {
+            let chunk = &offsets[b * per..((b + 1) * per).min(offsets.len())];
             let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
-            let op = TransferOp::read(
-                seg,
-                (slot * block_bytes) as u64,
-                remote_seg,
-                off,
-                block_bytes as u64,
-            );
-            let r = c.transfer().batch(&peer, vec![op]).await;
+            let ops = chunk
+                .iter()
+                .enumerate()
+                .map(|(j, off)| {
+                    TransferOp::read(
+                        seg,
+                        ((slot * batch + (b * per + j) % batch) * block_bytes) as u64,
+                        remote_seg,
+                        *off,
+                        block_bytes as u64,
+                    )
+                })
+                .collect();
+            let r = c.transfer().batch(&peer, ops).await;
             slots.lock().await.push(slot);
-            match r.into_iter().next() {
-                Some(Ok(())) => Ok(block_bytes as u64),
-                Some(Err(e)) => Err(anyhow!("transfer: {e}")),
-                None => Err(anyhow!("no result")),
+            let mut moved = 0;
+            for r in r {
+                r.map_err(|e| anyhow!("transfer: {e}"))?;
+                moved += block_bytes as u64;
             }
+            Ok(moved)
         }
-    })
-    .await
-    .context("tcp baseline")?;
+    };
+    let tcp_batched = |b: usize| tcp_reads(batch, b);
+    let tcp_single = |b: usize| tcp_reads(1, b);
+
+    // The four runs take turns, ROUNDS times, so load from elsewhere on the
+    // machine weighs on all of them alike.
+    const ROUNDS: u32 = 3;
+    let slice = secs / ROUNDS;
+    let mut meters = [Meter::default(); 4];
+    for _ in 0..ROUNDS {
+        meters[0].add(throughput(slice, concurrency, &batches, remote_batched).await?);
+        meters[1].add(
+            throughput(slice, concurrency, &batches, tcp_batched)
+                .await
+                .context("tcp baseline")?,
+        );
+        meters[2].add(throughput(slice, concurrency, &singles, remote_single).await?);
+        meters[3].add(
+            throughput(slice, concurrency, &singles, tcp_single)
+                .await
+                .context("tcp single-op baseline")?,
+        );
+    }
+    let [remote_gbps, tcp_gbps, remote_single_gbps, tcp_single_gbps] = meters.map(|m| m.gbps());
+    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
 
     Ok(json!({
         "nodes": 3,
@@ -288,21 +384,49 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
         "lookup128_p50_us": percentile(&lat, 0.50),
         "lookup128_p99_us": percentile(&lat, 0.99),
         "block_bytes": block_bytes,
-        "concurrency": args.concurrency,
+        "concurrency": concurrency,
+        "batch": batch,
         "remote_get_gbps": remote_gbps,
         "tcp_gbps": tcp_gbps,
-        "remote_get_ratio": if tcp_gbps > 0.0 { remote_gbps / tcp_gbps } else { 0.0 },
+        "remote_get_ratio": ratio(remote_gbps, tcp_gbps),
+        "remote_get_single_gbps": remote_single_gbps,
+        "tcp_single_gbps": tcp_single_gbps,
+        "remote_get_single_ratio": ratio(remote_single_gbps, tcp_single_gbps),
         "transport": "tcp",
     }))
 }
 
-/// Run `op` over `items` round-robin with `concurrency` in flight for `dur`; GB/s.
+/// Bytes moved and seconds spent, summed over rounds.
+#[derive(Clone, Copy, Default)]
+struct Meter {
+    bytes: u64,
+    secs: f64,
+}
+
+impl Meter {
+    fn add(&mut self, (bytes, secs): (u64, f64)) {
+        self.bytes += bytes;
+        self.secs += secs;
+    }
+
+    /// GB/s (1e9 bytes/s).
+    fn gbps(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.bytes as f64 / self.secs / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Run `op` over `items` round-robin with `concurrency` in flight for `dur`:
+/// (bytes moved, seconds taken).
 async fn throughput<T, F, Fut>(
     dur: Duration,
     concurrency: usize,
     items: &[T],
     op: F,
-) -> anyhow::Result<f64>
+) -> anyhow::Result<(u64, f64)>
 where
     T: Copy,
     F: Fn(T) -> Fut,
@@ -323,17 +447,23 @@ where
             None => break,
         }
     }
-    Ok(bytes as f64 / start.elapsed().as_secs_f64() / 1e9)
+    Ok((bytes, start.elapsed().as_secs_f64()))
 }
 
 fn print_table(r: &Value) {
-    println!("kvfabric bench cluster (3 nodes in-process, loopback, tcp transport)");
+    println!(
+        "kvfabric bench cluster (3 nodes in-process, loopback, tcp transport, batches of {})",
+        r["batch"]
+    );
     for k in [
         "lookup128_p50_us",
         "lookup128_p99_us",
         "remote_get_gbps",
         "tcp_gbps",
         "remote_get_ratio",
+        "remote_get_single_gbps",
+        "tcp_single_gbps",
+        "remote_get_single_ratio",
     ] {
         println!("{k:<20} {:>10.3}", r[k].as_f64().unwrap_or(0.0));
     }
@@ -350,6 +480,7 @@ mod tests {
             block_bytes: 3 << 19,
             blocks,
             concurrency: 4,
+            batch: 4,
             seconds,
         }
     }
@@ -361,6 +492,9 @@ mod tests {
             "remote_get_gbps",
             "tcp_gbps",
             "remote_get_ratio",
+            "remote_get_single_gbps",
+            "tcp_single_gbps",
+            "remote_get_single_ratio",
         ] {
             let v = r[k].as_f64().unwrap_or(-1.0);
             assert!(v > 0.0, "{k} = {v} in {r}");
@@ -386,6 +520,7 @@ mod tests {
             block_bytes: 3 << 19,
             blocks: 64,
             concurrency: 4,
+            batch: 8,
             seconds: 3,
         };
         let r = measure(&d).await.unwrap();

@@ -26,6 +26,10 @@ pub struct ConnectorConfig {
     pub load_concurrency: usize,
     /// Longest a scheduler-side lookup may take before it counts as a miss, in milliseconds. Default: 500.
     pub lookup_timeout_ms: u64,
+    /// Load layer by layer: the forward pass starts once the blocks are leased and waits per layer, so computing overlaps the transfer (embedded mode; blocks saved with per-layer checksums). Default: true.
+    pub layerwise: bool,
+    /// Longest one forward pass waits for a layer-wise load's layers, in milliseconds; a later load is discarded for that step and finished whole (the scheduler waits on it no more). Default: 250.
+    pub layer_wait_ms: u64,
 }
 
 impl Default for ConnectorConfig {
@@ -38,6 +42,8 @@ impl Default for ConnectorConfig {
             max_pending_saves: 64,
             load_concurrency: 8,
             lookup_timeout_ms: 500,
+            layerwise: true,
+            layer_wait_ms: 250,
         }
     }
 }
@@ -62,6 +68,11 @@ impl ConnectorConfig {
     /// Whether the engine process runs its own fabric node.
     pub fn embedded(&self) -> bool {
         self.mode == "embedded"
+    }
+
+    /// The per-step layer wait as a duration.
+    pub fn layer_wait(&self) -> Duration {
+        Duration::from_millis(self.layer_wait_ms)
     }
 
     /// The lookup timeout as a duration.

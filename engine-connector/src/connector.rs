@@ -4,10 +4,13 @@
 //!
 //! Lookup asks (as a task, the scheduler polls the answer) how long a
 //! prefix the cluster holds and keeps the holders as hints for the load
-//! that follows. A load reads each block straight into
-//! its engine block, several in flight, and verifies every block's xxh3 in
-//! place before counting it: a block that fails, times out or mismatches
-//! ends the load there and the engine recomputes it and everything after.
+//! that follows. A load reads each block straight into its engine block
+//! and verifies it before counting it: layer by layer against the block's
+//! per-layer checksums where the backend can stream (see
+//! [`crate::LoadProgress`]), else whole blocks against the store's
+//! checksum, several in flight. A block that fails, times out or
+//! mismatches ends the load there and the engine recomputes it and
+//! everything after.
 //!
 //! Saves are write-behind: the scheduler queues a block without waiting, a
 //! worker task batches the queue, asks the cluster which keys exist
@@ -30,7 +33,7 @@ use tokio::sync::mpsc;
 use crate::metrics::ConnectorMetrics;
 use crate::{
     BlockId, ConnectFn, ConnectorConfig, ConnectorError, ConnectorStats, KvConnector, KvMemory,
-    Pending, PendingLoad, PendingLookup, SaveBlock, SaveDone,
+    LoadProgress, Pending, PendingLoad, PendingLookup, SaveBlock, SaveDone,
 };
 
 /// Most blocks one save batch checks and stores together.
@@ -44,14 +47,15 @@ const MAX_HINTS: usize = 16_384;
 pub trait Backend: Send + Sync + 'static {
     /// The best holder of each leading key the cluster holds (a gap ends it).
     fn lookup(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<HolderEntry>>;
-    /// Read `key` into engine block `block` (from `hint` first if given);
-    /// true only if it arrived whole and verified.
-    fn read(
+    /// Load `blocks` (consecutive prefix blocks, in order) into the engine's
+    /// KV memory; returns how many leading blocks arrived verified. A
+    /// backend that can, streams them layer by layer through `progress`.
+    fn load(
         self: Arc<Self>,
-        key: BlockKey,
-        block: BlockId,
-        hint: Option<HolderEntry>,
-    ) -> BoxFuture<'static, bool>;
+        blocks: Vec<LoadBlock>,
+        progress: Arc<LoadProgress>,
+        opts: LoadOptions,
+    ) -> BoxFuture<'static, usize>;
     /// Copy the leading `keys` held on other nodes into this connector's
     /// node (checksum verified); how many were copied.
     fn prefetch(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, usize>;
@@ -67,32 +71,63 @@ pub trait Backend: Send + Sync + 'static {
     fn holder(&self) -> String;
 }
 
-/// True when the bytes now in `block` have `layout`, `len` and `checksum`.
-pub(crate) fn verify_block(
-    mem: &KvMemory,
-    block: BlockId,
-    layout: &KvLayout,
-    len: u64,
-    checksum: u64,
-    from: &str,
-) -> bool {
-    if *layout != mem.layout || len != mem.block_bytes() as u64 {
+/// One block of a load: its key, the engine block it goes to, and the
+/// holder a lookup found for it.
+#[derive(Clone, Debug)]
+pub struct LoadBlock {
+    pub key: BlockKey,
+    pub block: BlockId,
+    pub hint: Option<HolderEntry>,
+}
+
+/// How a load runs.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Whole-block reads in flight.
+    pub concurrency: usize,
+    /// Stream layer by layer where the blocks allow it.
+    pub layerwise: bool,
+}
+
+/// Whether a stored payload of `len` bytes with `layout` is a block of the
+/// engine's: its KV bytes alone, or followed by the per-layer trailer.
+pub(crate) fn payload_fits(mem: &KvMemory, layout: &KvLayout, len: u64, from: &str) -> bool {
+    let kv = mem.block_bytes() as u64;
+    let ok = *layout == mem.layout
+        && (len == kv || len == kv + crate::trailer::trailer_len(layout) as u64);
+    if !ok {
         tracing::warn!(holder = %from, "fabric block has another layout or size; recomputing");
-        return false;
     }
-    // SAFETY: the engine keeps a loading block out of every forward pass
-    // until the load ends; the read into it has completed.
-    let Ok(bytes) = (unsafe {
-        mem.region
-            .slice(mem.block_offset(block) as usize, mem.block_bytes())
-    }) else {
-        return false;
-    };
-    let ok = xxhash_rust::xxh3::xxh3_64(bytes) == checksum;
+    ok
+}
+
+/// Whether `kv ‖ rest` (a block's KV bytes and whatever was stored after
+/// them) has the store's whole-block `checksum`.
+pub(crate) fn checksum_ok(kv: &[u8], rest: &[u8], checksum: u64, from: &str) -> bool {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(kv);
+    h.update(rest);
+    let ok = h.digest() == checksum;
     if !ok {
         tracing::warn!(holder = %from, "fabric block failed its checksum; recomputing");
     }
     ok
+}
+
+/// Load whole blocks with `read` (true = arrived verified), `concurrency`
+/// in flight, stopping at the first failure.
+pub(crate) async fn load_each<F, Fut>(blocks: Vec<LoadBlock>, concurrency: usize, read: F) -> usize
+where
+    F: FnMut(LoadBlock) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    // The stream is dropped when this returns: no read writes into the blocks after it.
+    futures::stream::iter(blocks)
+        .map(read)
+        .buffered(concurrency.max(1))
+        .take_while(|ok| std::future::ready(*ok))
+        .count()
+        .await
 }
 
 /// Refuse KV memory that does not hold its blocks.
@@ -231,25 +266,32 @@ impl<B: Backend> KvConnector for Connector<B> {
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad {
         let (tx, rx) = crossbeam::channel::bounded(1);
         let n = blocks.len();
-        let blocks: Vec<(BlockKey, BlockId, Option<HolderEntry>)> = {
+        let blocks: Vec<LoadBlock> = {
             let hints = self.hints.lock().unwrap_or_else(|p| p.into_inner());
             blocks
                 .into_iter()
-                .map(|(k, b)| (k, b, hints.get(&k).cloned()))
+                .map(|(key, block)| LoadBlock {
+                    key,
+                    block,
+                    hint: hints.get(&key).cloned(),
+                })
                 .collect()
         };
-        let backend = self.backend.clone();
+        let progress = Arc::new(LoadProgress::default());
+        let opts = LoadOptions {
+            concurrency: self.cfg.load_concurrency,
+            layerwise: self.cfg.layerwise,
+        };
+        let work = self.backend.clone().load(blocks, progress.clone(), opts);
         let metrics = self.metrics.clone();
-        let concurrency = self.cfg.load_concurrency;
+        let streamed = progress.clone();
         self.rt.spawn(async move {
             let started = Instant::now();
-            let loaded = futures::stream::iter(blocks)
-                .map(|(key, block, hint)| backend.clone().read(key, block, hint))
-                .buffered(concurrency)
-                .take_while(|ok| std::future::ready(*ok))
-                .count()
-                .await;
-            // The stream is dropped: no read writes into the blocks after this.
+            // When this ends, no read writes into the blocks any more.
+            let loaded = work.await;
+            if streamed.started_streaming() {
+                metrics.streamed_loads.inc();
+            }
             metrics.loaded_blocks.inc_by(loaded as u64);
             metrics.load_failed_blocks.inc_by((n - loaded) as u64);
             metrics
@@ -257,7 +299,7 @@ impl<B: Backend> KvConnector for Connector<B> {
                 .observe(started.elapsed().as_secs_f64());
             let _ = tx.send(loaded);
         });
-        Pending::new(rx, n)
+        Pending::streamed(rx, n, progress, self.cfg.layer_wait())
     }
 
     fn save(&self, block: SaveBlock) -> bool {

@@ -2,21 +2,25 @@
 //! (the default deployment, see [`crate::EmbeddedNode`]).
 //!
 //! The engine's KV pool is registered with the node's transfer engine, so a
-//! block held by a peer is READ straight into its engine block and a block
-//! held here is copied from the node's RAM tier; saves copy from the pool
-//! into the RAM tier and announce the new holdings to their owners.
+//! block held by a peer is READ straight into its engine block (layer by
+//! layer, see [`crate::stream`]) and a block held here is copied from the
+//! node's RAM tier; saves copy from the pool into the RAM tier, followed by
+//! the block's per-layer checksums, and announce the new holdings to their
+//! owners.
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use kvfabric_store::cluster::{ClusterNode, HolderEntry, ReadTarget};
+use kvfabric_store::cluster::{ClusterNode, HolderEntry};
 use kvfabric_store::keys::BlockKey;
 use kvfabric_store::{PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
 
-use crate::connector::{verify_block, Backend, Connector};
-use crate::{BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, SaveBlock};
+use crate::connector::{Backend, Connector, LoadBlock, LoadOptions};
+use crate::{
+    trailer, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, LoadProgress, SaveBlock,
+};
 
 /// The connector over an embedded [`ClusterNode`].
 pub type FabricConnector = Connector<EmbeddedBackend>;
@@ -55,34 +59,22 @@ impl Backend for EmbeddedBackend {
         async move { self.node.lookup(&keys).await }.boxed()
     }
 
-    fn read(
+    fn load(
         self: Arc<Self>,
-        key: BlockKey,
-        block: BlockId,
-        hint: Option<HolderEntry>,
-    ) -> BoxFuture<'static, bool> {
+        blocks: Vec<LoadBlock>,
+        progress: Arc<LoadProgress>,
+        opts: LoadOptions,
+    ) -> BoxFuture<'static, usize> {
         async move {
-            let mem = &self.mem;
-            let target = ReadTarget {
-                region: &mem.region,
-                segment: self.segment,
-                offset: mem.block_offset(block),
-                capacity: mem.block_bytes() as u64,
-            };
-            let read = match &hint {
-                Some(h) => self.node.get_into_hinted(&key, h, &target).await,
-                None => self.node.get_into(&key, &target).await,
-            };
-            match read {
-                Ok(Some((meta, len))) => {
-                    verify_block(mem, block, &meta.layout, len, meta.checksum, &meta.node_id)
-                }
-                Ok(None) => false,
-                Err(e) => {
-                    tracing::debug!(error = %e, "fabric block read failed; recomputing");
-                    false
-                }
-            }
+            crate::stream::load_blocks(
+                &self.node,
+                &self.mem,
+                self.segment,
+                &blocks,
+                &progress,
+                opts,
+            )
+            .await
         }
         .boxed()
     }
@@ -162,17 +154,19 @@ impl Backend for EmbeddedBackend {
     }
 }
 
-/// Copy one block from the KV pool into the node's RAM tier; Ok(false) when
-/// the node already had it.
+/// Copy one block from the KV pool into the node's RAM tier, followed by
+/// its per-layer trailer; Ok(false) when the node already had it.
 fn store_block(store: &Store, mem: &KvMemory, b: &SaveBlock) -> Result<bool, ConnectorError> {
     let len = mem.block_bytes();
-    match store.reserve(b.key, mem.layout, len as u64, b.tokens, false)? {
+    let total = len + trailer::trailer_len(&mem.layout);
+    match store.reserve(b.key, mem.layout, total as u64, b.tokens, false)? {
         ReserveOutcome::Present(_) => Ok(false),
         ReserveOutcome::Reserved(mut r) => {
             // SAFETY: the engine does not change a block queued for saving
             // until the save is reported finished.
             let bytes = unsafe { mem.region.slice(mem.block_offset(b.block) as usize, len) }?;
             r.write(0, bytes)?;
+            r.write(len as u64, &trailer::build(&mem.layout, &b.key, bytes))?;
             r.commit(None)?;
             Ok(true)
         }

@@ -10,7 +10,7 @@
 //! |-------------------------------|-------------------------------------------|
 //! | [`KvConnector::start_lookup`] | `get_num_new_matched_tokens`              |
 //! | [`KvConnector::start_load`]   | `update_state_after_alloc` + `start_load_kv` |
-//! | [`PendingLoad::wait`]         | `wait_for_layer_load` (whole blocks here) |
+//! | [`Pending::wait_layer`]        | `wait_for_layer_load`                     |
 //! | [`KvConnector::save`]         | `save_kv_layer` (whole blocks, write-behind) |
 //! | [`KvConnector::finished_saves`] | `get_finished` / `wait_for_save`        |
 //!
@@ -34,7 +34,10 @@ mod embedded;
 mod error;
 mod fabric;
 mod metrics;
+mod progress;
 mod remote;
+mod stream;
+pub mod trailer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,11 +46,12 @@ use kvfabric_store::keys::{BlockKey, KvLayout};
 use kvfabric_transfer::SharedRegion;
 
 pub use config::ConnectorConfig;
-pub use connector::{Backend, Connector};
+pub use connector::{Backend, Connector, LoadBlock, LoadOptions};
 pub use embedded::EmbeddedNode;
 pub use error::ConnectorError;
 pub use fabric::{EmbeddedBackend, FabricConnector};
 pub use metrics::ConnectorStats;
+pub use progress::LoadProgress;
 pub use remote::{RemoteBackend, RemoteConnector};
 
 /// Index of a block in the engine's KV pool.
@@ -101,11 +105,21 @@ pub struct SaveDone {
 /// Until a load ends (`try_finish`/`wait` returns Some), the connector may
 /// write into every block of the load: the engine must not compute into
 /// them, reuse them or free them.
+///
+/// A load may also *stream* (see [`LoadProgress`]): once
+/// [`Pending::streaming`] says `n`, the engine may plan the sequence with
+/// those `n` blocks in its table and wait for each layer in the forward
+/// pass ([`Pending::wait_layer`]); the blocks are still the connector's
+/// until the load ends.
 #[derive(Debug)]
 pub struct Pending {
     done: crossbeam::channel::Receiver<usize>,
     /// Most blocks the answer can count.
     most: usize,
+    /// Layer-wise progress (loads only).
+    progress: Option<Arc<LoadProgress>>,
+    /// Longest a forward pass waits for this load's layers.
+    layer_wait: Duration,
 }
 
 /// A lookup in flight: how many leading keys the fabric holds.
@@ -115,9 +129,54 @@ pub type PendingLookup = Pending;
 pub type PendingLoad = Pending;
 
 impl Pending {
-    /// An operation over `most` blocks that reports on `done`.
-    pub(crate) fn new(done: crossbeam::channel::Receiver<usize>, most: usize) -> Pending {
-        Pending { done, most }
+    /// An operation over `most` blocks that reports on `done` (for
+    /// implementations of [`KvConnector`]).
+    pub fn new(done: crossbeam::channel::Receiver<usize>, most: usize) -> Pending {
+        Pending {
+            done,
+            most,
+            progress: None,
+            layer_wait: Duration::ZERO,
+        }
+    }
+
+    /// A load that may stream layer by layer through `progress`; the engine
+    /// waits at most `layer_wait` per forward pass for its layers.
+    pub fn streamed(
+        done: crossbeam::channel::Receiver<usize>,
+        most: usize,
+        progress: Arc<LoadProgress>,
+        layer_wait: Duration,
+    ) -> Pending {
+        Pending {
+            done,
+            most,
+            progress: Some(progress),
+            layer_wait,
+        }
+    }
+
+    /// Blocks this load streams layer by layer (None: not streaming, or
+    /// not yet known, or the stream failed; then wait for the end).
+    pub fn streaming(&self) -> Option<usize> {
+        self.progress
+            .as_ref()?
+            .streaming()
+            .map(|n| n.min(self.most))
+    }
+
+    /// Wait until layer `layer` of every streamed block arrived verified:
+    /// false when the stream failed or `deadline` passed first (the engine
+    /// then discards what it computed from these blocks).
+    pub fn wait_layer(&self, layer: usize, deadline: std::time::Instant) -> bool {
+        self.progress
+            .as_ref()
+            .is_some_and(|p| p.wait_layer(layer, deadline))
+    }
+
+    /// How long one forward pass may wait for this load's layers in all.
+    pub fn layer_wait(&self) -> Duration {
+        self.layer_wait
     }
 
     /// Without waiting: Some(n) once the operation ended.

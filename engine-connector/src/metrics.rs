@@ -16,6 +16,8 @@ pub struct ConnectorStats {
     pub loaded_blocks: u64,
     /// Blocks a load could not deliver (miss, error, timeout, checksum): recomputed.
     pub load_failed_blocks: u64,
+    /// Loads that streamed layer by layer (the engine computed while they arrived).
+    pub streamed_loads: u64,
     /// Blocks copied from other nodes into this node ahead of admission.
     pub prefetched_blocks: u64,
     /// Blocks this connector stored in the fabric.
@@ -30,6 +32,32 @@ pub struct ConnectorStats {
     pub pending_saves: u64,
 }
 
+impl std::ops::Add for ConnectorStats {
+    type Output = ConnectorStats;
+
+    fn add(self, b: ConnectorStats) -> ConnectorStats {
+        ConnectorStats {
+            lookups: self.lookups + b.lookups,
+            lookup_hit_blocks: self.lookup_hit_blocks + b.lookup_hit_blocks,
+            loaded_blocks: self.loaded_blocks + b.loaded_blocks,
+            load_failed_blocks: self.load_failed_blocks + b.load_failed_blocks,
+            streamed_loads: self.streamed_loads + b.streamed_loads,
+            prefetched_blocks: self.prefetched_blocks + b.prefetched_blocks,
+            saved_blocks: self.saved_blocks + b.saved_blocks,
+            save_skipped_blocks: self.save_skipped_blocks + b.save_skipped_blocks,
+            save_dropped_blocks: self.save_dropped_blocks + b.save_dropped_blocks,
+            save_failed_blocks: self.save_failed_blocks + b.save_failed_blocks,
+            pending_saves: self.pending_saves + b.pending_saves,
+        }
+    }
+}
+
+impl std::iter::Sum for ConnectorStats {
+    fn sum<I: Iterator<Item = ConnectorStats>>(iter: I) -> ConnectorStats {
+        iter.fold(ConnectorStats::default(), |a, b| a + b)
+    }
+}
+
 /// The connector's Prometheus series.
 #[derive(Clone, Debug)]
 pub(crate) struct ConnectorMetrics {
@@ -37,6 +65,7 @@ pub(crate) struct ConnectorMetrics {
     pub lookup_hit_blocks: Counter,
     pub loaded_blocks: Counter,
     pub load_failed_blocks: Counter,
+    pub streamed_loads: Counter,
     pub prefetched_blocks: Counter,
     pub saved_blocks: Counter,
     pub save_skipped_blocks: Counter,
@@ -53,6 +82,7 @@ impl ConnectorMetrics {
             lookup_hit_blocks: Counter::default(),
             loaded_blocks: Counter::default(),
             load_failed_blocks: Counter::default(),
+            streamed_loads: Counter::default(),
             prefetched_blocks: Counter::default(),
             saved_blocks: Counter::default(),
             save_skipped_blocks: Counter::default(),
@@ -86,6 +116,11 @@ impl ConnectorMetrics {
             "load_failed_blocks",
             "Blocks a load could not deliver (recomputed)",
             self.load_failed_blocks.clone(),
+        );
+        r.register(
+            "streamed_loads",
+            "Loads streamed layer by layer into the KV pool",
+            self.streamed_loads.clone(),
         );
         r.register(
             "prefetched_blocks",
@@ -130,6 +165,7 @@ impl ConnectorMetrics {
             lookup_hit_blocks: self.lookup_hit_blocks.get(),
             loaded_blocks: self.loaded_blocks.get(),
             load_failed_blocks: self.load_failed_blocks.get(),
+            streamed_loads: self.streamed_loads.get(),
             prefetched_blocks: self.prefetched_blocks.get(),
             saved_blocks: self.saved_blocks.get(),
             save_skipped_blocks: self.save_skipped_blocks.get(),

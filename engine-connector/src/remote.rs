@@ -7,7 +7,10 @@
 //! connector's transfer READ straight into the pool); everything else is the
 //! same connector: lookups with a timeout, verified loads, write-behind
 //! saves of missing keys only. The node verifies a block's checksum when it
-//! reads it, and the connector verifies it again in the engine's pool.
+//! reads it, and the connector verifies it again before it copies the KV
+//! bytes into the engine's pool. Loads are whole blocks (no layer-wise
+//! streaming through gRPC); saves carry the per-layer trailer so engines
+//! with an embedded node can stream these blocks.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -19,8 +22,12 @@ use kvfabric_store::cluster::client::{connect_lazy, get_block, put_block, CacheC
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
 use kvfabric_store::keys::{BlockKey, KvLayout};
 
-use crate::connector::{verify_block, Backend, Connector};
-use crate::{BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, SaveBlock};
+use crate::connector::{
+    checksum_ok, load_each, payload_fits, Backend, Connector, LoadBlock, LoadOptions,
+};
+use crate::{
+    BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, LoadProgress, SaveBlock,
+};
 
 /// Limit on one call to the node (a whole-block get or put included); a
 /// call that runs over is a miss or a failed save, never a hang. Lookups
@@ -64,6 +71,47 @@ impl Connector<RemoteBackend> {
     }
 }
 
+impl RemoteBackend {
+    /// Read one whole block through the node and copy its KV bytes into
+    /// engine block `block`; true only if it matched its checksum.
+    async fn read(self: Arc<Self>, key: BlockKey, block: BlockId) -> bool {
+        let mut client = self.client.clone();
+        let (header, data) = match get_block(&mut client, &key).await {
+            Ok(Some(b)) => b,
+            Ok(None) => return false,
+            Err(s) => {
+                tracing::debug!(node = %self.addr, status = %s, "fabric block read failed; recomputing");
+                return false;
+            }
+        };
+        let Some(layout) = header
+            .layout
+            .as_ref()
+            .and_then(|l| KvLayout::try_from(l).ok())
+        else {
+            return false;
+        };
+        let mem = &self.mem;
+        let from = &header.node_id;
+        if !payload_fits(mem, &layout, data.len() as u64, from)
+            || !checksum_ok(&data, &[], header.checksum, from)
+        {
+            return false;
+        }
+        let kv = &data[..mem.block_bytes()];
+        // SAFETY: the engine keeps a loading block out of every forward
+        // pass until the load ends; this task is its only writer.
+        let Ok(dst) = (unsafe {
+            mem.region
+                .slice_mut(mem.block_offset(block) as usize, kv.len())
+        }) else {
+            return false;
+        };
+        dst.copy_from_slice(kv);
+        true
+    }
+}
+
 impl Backend for RemoteBackend {
     fn lookup(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<HolderEntry>> {
         async move {
@@ -92,40 +140,18 @@ impl Backend for RemoteBackend {
         .boxed()
     }
 
-    fn read(
+    fn load(
         self: Arc<Self>,
-        key: BlockKey,
-        block: BlockId,
-        _hint: Option<HolderEntry>,
-    ) -> BoxFuture<'static, bool> {
+        blocks: Vec<LoadBlock>,
+        _progress: Arc<LoadProgress>,
+        opts: LoadOptions,
+    ) -> BoxFuture<'static, usize> {
+        // Whole blocks only: a gRPC Get streams the block as one message.
         async move {
-            let mut client = self.client.clone();
-            let (header, data) = match get_block(&mut client, &key).await {
-                Ok(Some(b)) => b,
-                Ok(None) => return false,
-                Err(s) => {
-                    tracing::debug!(node = %self.addr, status = %s, "fabric block read failed; recomputing");
-                    return false;
-                }
-            };
-            let Some(layout) = header.layout.as_ref().and_then(|l| KvLayout::try_from(l).ok())
-            else {
-                return false;
-            };
-            let mem = &self.mem;
-            if layout != mem.layout || data.len() != mem.block_bytes() {
-                return false;
-            }
-            // SAFETY: the engine keeps a loading block out of every forward
-            // pass until the load ends; this task is its only writer.
-            let Ok(dst) = (unsafe {
-                mem.region
-                    .slice_mut(mem.block_offset(block) as usize, data.len())
-            }) else {
-                return false;
-            };
-            dst.copy_from_slice(&data);
-            verify_block(mem, block, &layout, header.size, header.checksum, &header.node_id)
+            load_each(blocks, opts.concurrency, |b| {
+                self.clone().read(b.key, b.block)
+            })
+            .await
         }
         .boxed()
     }
@@ -167,7 +193,8 @@ impl Backend for RemoteBackend {
                 let r = match bytes {
                     Ok(bytes) => {
                         let mut client = self.client.clone();
-                        put_block(&mut client, &b.key, &mem.layout, bytes, false)
+                        let payload = crate::trailer::with_trailer(&mem.layout, &b.key, bytes);
+                        put_block(&mut client, &b.key, &mem.layout, &payload, false)
                             .await
                             .map(|r| !r.already_present)
                             .map_err(|s| {

@@ -202,3 +202,81 @@ async fn a_full_save_queue_drops_saves_without_waiting() {
     drop(off);
     n.stop().await;
 }
+
+/// Blocks the connector saved carry per-layer checksums and load layer by
+/// layer; a block another client stored without them loads whole against
+/// the store's checksum; with `layerwise = false` every load is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saved_blocks_stream_layer_by_layer_and_plain_blocks_load_whole() {
+    let n = node().await;
+    let mem = memory();
+    let c = connector(&n, &mem, ConnectorConfig::default());
+    let whole_only = connector(
+        &n,
+        &mem,
+        ConnectorConfig {
+            layerwise: false,
+            ..ConnectorConfig::default()
+        },
+    );
+    // A block stored by another client: KV bytes only.
+    let plain: Vec<u8> = (0..mem.block_bytes()).map(|i| (i % 253) as u8).collect();
+    n.node()
+        .store()
+        .put(
+            key(50),
+            layout(),
+            &plain,
+            kvfabric_store::PutOptions::default(),
+        )
+        .expect("put");
+    let (c2, w2, mem2) = (c.clone(), whole_only.clone(), mem.clone());
+    tokio::task::spawn_blocking(move || {
+        let c = c2.as_ref();
+        for b in 0..3u32 {
+            // Different bytes per layer, so a layer landing in the wrong place shows.
+            let n = mem2.block_bytes();
+            // SAFETY: test-owned region, no concurrent access to this block.
+            let dst = unsafe { mem2.region.slice_mut(mem2.block_offset(b) as usize, n) }.unwrap();
+            for (i, x) in dst.iter_mut().enumerate() {
+                *x = (i * 7 + b as usize * 13 + i / mem2.layout.layer_bytes()) as u8;
+            }
+            assert!(c.save(SaveBlock {
+                key: key(60 + b as u8),
+                block: b,
+                tokens: 16,
+                tag: 0
+            }));
+        }
+        finished(c, 3);
+        assert!(c.flush(Duration::from_secs(5)));
+
+        let load = c.start_load(vec![(key(60), 4), (key(61), 5), (key(62), 6)]);
+        assert_eq!(load.wait(Duration::from_secs(10)), Some(3));
+        assert_eq!(load.streaming(), Some(3), "the load streamed");
+        assert!(load.wait_layer(1, Instant::now()), "every layer published");
+        assert_eq!(c.stats().streamed_loads, 1);
+        for (b, src) in [(4u32, 0u32), (5, 1), (6, 2)] {
+            assert_eq!(bytes(&mem2, b), bytes(&mem2, src));
+        }
+
+        let load = c.start_load(vec![(key(50), 7)]);
+        assert_eq!(load.wait(Duration::from_secs(10)), Some(1));
+        assert_eq!(load.streaming(), None, "no trailer: loaded whole");
+        assert_eq!(bytes(&mem2, 7), plain);
+        assert_eq!(c.stats().streamed_loads, 1);
+
+        let w = w2.as_ref();
+        let load = w.start_load(vec![(key(60), 8), (key(61), 9)]);
+        assert_eq!(load.wait(Duration::from_secs(10)), Some(2));
+        assert_eq!(load.streaming(), None);
+        assert_eq!(bytes(&mem2, 9), bytes(&mem2, 1));
+        assert_eq!(w.stats().streamed_loads, 0);
+        assert_eq!(w.stats().loaded_blocks, 2);
+    })
+    .await
+    .expect("blocking part");
+    drop(c);
+    drop(whole_only);
+    n.stop().await;
+}

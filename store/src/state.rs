@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub reservations: HashMap<u64, ReservationSlot>,
     pub next_reservation: u64,
     pub seen: SeenKeys,
+    /// Keys of blocks that left the store entirely (evicted from their last
+    /// tier or removed), for [`crate::Store::watch_removals`].
+    pub removals: Option<tokio::sync::mpsc::UnboundedSender<BlockKey>>,
 }
 
 impl Inner {
@@ -112,6 +115,7 @@ impl Inner {
             reservations: HashMap::new(),
             next_reservation: 0,
             seen: SeenKeys::default(),
+            removals: None,
         }
     }
 
@@ -177,6 +181,7 @@ impl Inner {
         self.release_ram(ext);
         if gone {
             self.blocks.remove(key);
+            self.note_gone(key);
         }
     }
 
@@ -191,12 +196,21 @@ impl Inner {
         self.release_disk(ext);
         if gone {
             self.blocks.remove(key);
+            self.note_gone(key);
+        }
+    }
+
+    /// Tell the removals subscriber, if any, that `key` left the store.
+    fn note_gone(&self, key: &BlockKey) {
+        if let Some(tx) = &self.removals {
+            let _ = tx.send(*key);
         }
     }
 
     /// Forget `key` entirely; true when it was stored.
     pub fn remove_block(&mut self, key: &BlockKey) -> Option<Block> {
         let b = self.blocks.remove(key)?;
+        self.note_gone(key);
         if let Some(e) = b.ram {
             self.ram_order.remove(key);
             self.release_ram(e);

@@ -311,6 +311,15 @@ impl Store {
         g.blocks.iter().map(|(k, b)| block_info(k, b)).collect()
     }
 
+    /// Keys of blocks that leave the store entirely (evicted from their last
+    /// tier, or removed), sent as they go. One subscriber: a later call
+    /// replaces the earlier one. The cluster withdraws them from the directory.
+    pub fn watch_removals(&self) -> tokio::sync::mpsc::UnboundedReceiver<BlockKey> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.shared.inner.lock().removals = Some(tx);
+        rx
+    }
+
     /// Presence of each key (any tier).
     pub fn exists(&self, keys: &[BlockKey]) -> Vec<bool> {
         let started = Instant::now();

@@ -55,24 +55,6 @@ pub async fn stop_engine(e: RunningEngine) -> anyhow::Result<()> {
         .map_err(|_| anyhow!("an engine's scheduler thread panicked"))
 }
 
-/// Sum of counters over connectors.
-pub fn sum_stats(stats: impl IntoIterator<Item = ConnectorStats>) -> ConnectorStats {
-    stats
-        .into_iter()
-        .fold(ConnectorStats::default(), |a, b| ConnectorStats {
-            lookups: a.lookups + b.lookups,
-            lookup_hit_blocks: a.lookup_hit_blocks + b.lookup_hit_blocks,
-            loaded_blocks: a.loaded_blocks + b.loaded_blocks,
-            load_failed_blocks: a.load_failed_blocks + b.load_failed_blocks,
-            prefetched_blocks: a.prefetched_blocks + b.prefetched_blocks,
-            saved_blocks: a.saved_blocks + b.saved_blocks,
-            save_skipped_blocks: a.save_skipped_blocks + b.save_skipped_blocks,
-            save_dropped_blocks: a.save_dropped_blocks + b.save_dropped_blocks,
-            save_failed_blocks: a.save_failed_blocks + b.save_failed_blocks,
-            pending_saves: a.pending_saves + b.pending_saves,
-        })
-}
-
 /// The connector counters as JSON.
 pub fn stats_json(s: &ConnectorStats) -> serde_json::Value {
     serde_json::json!({
@@ -81,6 +63,7 @@ pub fn stats_json(s: &ConnectorStats) -> serde_json::Value {
         "loaded_blocks": s.loaded_blocks,
         "prefetched_blocks": s.prefetched_blocks,
         "load_failed_blocks": s.load_failed_blocks,
+        "streamed_loads": s.streamed_loads,
         "saved_blocks": s.saved_blocks,
         "save_skipped_blocks": s.save_skipped_blocks,
         "save_dropped_blocks": s.save_dropped_blocks,

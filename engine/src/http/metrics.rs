@@ -50,6 +50,11 @@ pub struct EngineMetrics {
     pub kv_blocks_used: Gauge,
     /// KV pool capacity in blocks (scheduler).
     pub kv_blocks_total: Gauge,
+    /// Forward passes that waited on a layer-wise load's layers (scheduler).
+    pub streamed_steps: Counter,
+    /// Layer-wise loads whose layer failed or came late: that step of the
+    /// sequence was discarded and the load finished whole (scheduler).
+    pub stream_fallbacks: Counter,
 }
 
 impl Default for EngineMetrics {
@@ -76,6 +81,8 @@ impl EngineMetrics {
             waiting_requests: Gauge::default(),
             kv_blocks_used: Gauge::default(),
             kv_blocks_total: Gauge::default(),
+            streamed_steps: Counter::default(),
+            stream_fallbacks: Counter::default(),
         }
     }
 
@@ -136,6 +143,16 @@ impl EngineMetrics {
             "kv_blocks_total",
             "KV pool capacity in blocks",
             self.kv_blocks_total.clone(),
+        );
+        r.register(
+            "streamed_steps",
+            "Forward passes that waited on layers of a layer-wise load",
+            self.streamed_steps.clone(),
+        );
+        r.register(
+            "stream_fallbacks",
+            "Layer-wise loads that failed or came late in a forward pass (step discarded, load finished whole)",
+            self.stream_fallbacks.clone(),
         );
     }
 

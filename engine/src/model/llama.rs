@@ -52,6 +52,20 @@ impl LlamaModel {
         kv: &mut KvPool,
         chunks: &[SeqChunk],
     ) -> Result<ForwardOutput, EngineError> {
+        self.forward_gated(cx, kv, chunks, &mut |_| {})
+    }
+
+    /// [`Self::forward`], calling `before_attention(l)` once per layer after
+    /// the batch's K/V of layer `l` are written and before attention reads
+    /// the pool at layer `l`: the scheduler waits there for blocks that are
+    /// still arriving layer by layer, so computing overlaps their transfer.
+    pub fn forward_gated(
+        &self,
+        cx: &Compute,
+        kv: &mut KvPool,
+        chunks: &[SeqChunk],
+        before_attention: &mut dyn FnMut(usize),
+    ) -> Result<ForwardOutput, EngineError> {
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
         let bt = kv.layout().block_tokens as usize;
@@ -141,6 +155,7 @@ impl LlamaModel {
                 let block = chunks[ci].blocks[pos / bt];
                 kv.write_token(block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
             }
+            before_attention(l);
             let tables: Vec<Vec<BlockKv>> = chunks
                 .iter()
                 .map(|ch| {

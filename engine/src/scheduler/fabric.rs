@@ -7,6 +7,14 @@
 //!   the engine); when the load ends, the blocks that arrived verified join
 //!   its table and the rest are freed and recomputed. Other sequences keep
 //!   stepping: the scheduler only polls.
+//! * Layer-wise: once a load says it streams `n` blocks layer by layer,
+//!   the sequence runs with them in its table ([`Streaming`]); its forward
+//!   pass waits per layer (the gate in `step`). If every layer came in
+//!   time, the blocks are registered after that pass; if not, the pass's
+//!   work for the sequence is dropped, its table goes back to what it was,
+//!   and it waits in `loading` for the load to end like any other. Blocks
+//!   still being written are never freed or reused: a sequence that goes
+//!   away mid-stream leaves its load behind as an [`Orphan`].
 //! * Save: each block a sequence completes is pinned (one more reference)
 //!   and queued with the connector; the pin is dropped when the connector
 //!   reports the save finished. A full queue drops the save, never waits.
@@ -22,6 +30,7 @@ use kvfabric_store::keys::BlockKey;
 use super::{FabricWait, Loading, Scheduler, Seq};
 use crate::kv::{BlockId, BlockManager};
 use crate::request::{GenerationEvent, TransferParams};
+use kvfabric_connector::PendingLoad;
 
 /// Block indices fit in the low bits of a save's tag, the sequence id above.
 const TAG_BLOCK_BITS: u32 = 24;
@@ -70,6 +79,22 @@ pub(super) fn save_block(
     }
 }
 
+/// A load streaming into a running sequence: `blocks[..n]` sit in its
+/// table from index `from`, unregistered, still written by the connector.
+pub(super) struct Streaming {
+    pub(super) load: PendingLoad,
+    blocks: Vec<BlockId>,
+    keys: Vec<BlockKey>,
+    from: usize,
+    n: usize,
+}
+
+/// The load of a sequence that went away; its blocks are freed when it ends.
+pub(super) struct Orphan {
+    load: PendingLoad,
+    blocks: Vec<BlockId>,
+}
+
 impl Scheduler {
     /// Ask the fabric for the blocks after the sequence's local prefix;
     /// None when the sequence went to `loading` to wait for the answer.
@@ -112,7 +137,12 @@ impl Scheduler {
         let load = c.start_load(keys.iter().copied().zip(blocks.iter().copied()).collect());
         self.loading.push(Loading {
             seq,
-            stage: FabricWait::Load { load, blocks, keys },
+            stage: FabricWait::Load {
+                load,
+                blocks,
+                keys,
+                streamable: true,
+            },
         });
     }
 
@@ -129,6 +159,23 @@ impl Scheduler {
         while i < self.loading.len() {
             let budget = if waited { Duration::ZERO } else { wait };
             waited = true;
+            if let FabricWait::Load {
+                load,
+                streamable: true,
+                ..
+            } = &self.loading[i].stage
+            {
+                if let Some(n) = load.streaming().filter(|&n| n > 0) {
+                    let l = self.loading.swap_remove(i);
+                    if let FabricWait::Load {
+                        load, blocks, keys, ..
+                    } = l.stage
+                    {
+                        self.start_streamed(l.seq, load, blocks, keys, n);
+                    }
+                    continue;
+                }
+            }
             let outcome = match &self.loading[i].stage {
                 FabricWait::Lookup { pending, .. } => pending.wait(budget),
                 FabricWait::Load { load, .. } => load.wait(budget),
@@ -141,6 +188,16 @@ impl Scheduler {
             match l.stage {
                 FabricWait::Lookup { keys, .. } => self.after_lookup(l.seq, keys, n, c.as_ref()),
                 FabricWait::Load { blocks, keys, .. } => self.finish_load(l.seq, blocks, keys, n),
+            }
+        }
+        let mut i = 0;
+        while i < self.orphans.len() {
+            if self.orphans[i].load.try_finish().is_some() {
+                for b in self.orphans.swap_remove(i).blocks {
+                    self.blocks.release(b);
+                }
+            } else {
+                i += 1;
             }
         }
         let saves_wait = if waited { Duration::ZERO } else { wait };
@@ -173,6 +230,97 @@ impl Scheduler {
             } else {
                 i += 1;
             }
+        }
+    }
+
+    /// Run `seq` with the `n` blocks its load streams in its table.
+    fn start_streamed(
+        &mut self,
+        mut seq: Seq,
+        load: PendingLoad,
+        blocks: Vec<BlockId>,
+        keys: Vec<BlockKey>,
+        n: usize,
+    ) {
+        let from = seq.table.len();
+        seq.table.extend_from_slice(&blocks[..n]);
+        seq.computed = seq.table.len() * self.kv.layout().block_tokens as usize;
+        seq.stream = Some(Streaming {
+            load,
+            blocks,
+            keys,
+            from,
+            n,
+        });
+        self.begin(seq);
+    }
+
+    /// Every layer of running sequence `i`'s stream passed the gate: its
+    /// blocks join the prefix cache. False if the load did not end with all
+    /// of them (the caller unloads the sequence).
+    pub(super) fn finish_stream(&mut self, i: usize) -> bool {
+        let Some(st) = self.running[i].stream.take() else {
+            return true;
+        };
+        // The last layer is published just before the load reports its end.
+        let loaded = st.load.wait(st.load.layer_wait()).unwrap_or(0);
+        if loaded < st.n {
+            self.running[i].stream = Some(st);
+            return false;
+        }
+        let s = &mut self.running[i];
+        for (&b, &k) in st.blocks[..st.n].iter().zip(&st.keys) {
+            self.blocks.register(b, k);
+            s.fabric.push(FabricState::In);
+            s.parent = Some(k);
+            s.registered += 1;
+        }
+        for &b in &st.blocks[st.n..] {
+            self.blocks.release(b);
+        }
+        // Called before advance(): `computed` is the prefix in place.
+        let cached = s.computed.min(s.prompt_len);
+        s.cached_tokens = Some(cached);
+        let _ = s.events.blocking_send(GenerationEvent::Admitted {
+            cached_tokens: cached,
+        });
+        true
+    }
+
+    /// Running sequence `s`'s stream did not deliver in time: drop what this
+    /// step computed for it and wait for the load to end.
+    pub(super) fn unload(&mut self, mut s: Seq) {
+        let Some(st) = s.stream.take() else {
+            self.begin(s);
+            return;
+        };
+        // Blocks this step allocated after the streamed ones.
+        for b in s.table.drain(st.from + st.n..) {
+            self.blocks.release(b);
+        }
+        s.table.truncate(st.from);
+        s.computed = st.from * self.kv.layout().block_tokens as usize;
+        self.loading.push(Loading {
+            seq: s,
+            stage: FabricWait::Load {
+                load: st.load,
+                blocks: st.blocks,
+                keys: st.keys,
+                streamable: false,
+            },
+        });
+    }
+
+    /// `seq` goes away: a load still streaming into it keeps its blocks
+    /// until it ends.
+    pub(super) fn orphan_stream(&mut self, seq: &mut Seq) {
+        if let Some(st) = seq.stream.take() {
+            let end = (st.from + st.n).min(seq.table.len());
+            seq.table.drain(st.from.min(end)..end);
+            self.orphans.push(Orphan {
+                load: st.load,
+                blocks: st.blocks,
+            });
         }
     }
 

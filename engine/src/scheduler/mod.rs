@@ -13,10 +13,13 @@
 //! A closed event channel cancels a request and frees its blocks.
 //!
 //! With a fabric connector (see `fabric.rs`), admission also asks the fabric
-//! for the blocks after the local prefix and loads them into the pool while
-//! the sequence waits (it runs once they arrived, or recomputes what did
-//! not); the scheduler never waits on the network for it. Every block a
-//! sequence completes is queued for saving.
+//! for the blocks after the local prefix and loads them into the pool. A
+//! load that streams layer by layer lets the sequence run at once: the
+//! forward pass waits for each layer (at most `layer_wait_ms` per step)
+//! right before attention reads it. Otherwise the sequence waits aside
+//! until its blocks arrived, or recomputes what did not, and the scheduler
+//! never waits on the network for it. Every block a sequence completes is
+//! queued for saving.
 
 mod fabric;
 
@@ -27,7 +30,7 @@ use kvfabric_connector::{KvConnector, PendingLoad, PendingLookup};
 use kvfabric_store::keys::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
-use fabric::FabricState;
+use fabric::{FabricState, Orphan, Streaming};
 
 use crate::config::Role;
 use crate::http::EngineMetrics;
@@ -78,6 +81,8 @@ struct Seq {
     fabric: Vec<FabricState>,
     /// Prefill role: how the request ended, sent once its saves are done.
     finished: Option<(FinishReason, Usage)>,
+    /// A load still streaming into this sequence's table.
+    stream: Option<Streaming>,
 }
 
 /// A sequence waiting on the fabric, first for its lookup, then for the
@@ -98,6 +103,8 @@ enum FabricWait {
         load: PendingLoad,
         blocks: Vec<BlockId>,
         keys: Vec<BlockKey>,
+        /// May still run layer by layer (false once a stream let it down).
+        streamable: bool,
     },
 }
 
@@ -114,6 +121,8 @@ pub struct Scheduler {
     loading: Vec<Loading>,
     /// Prefill role: finished sequences waiting for their saves.
     flushing: Vec<Seq>,
+    /// Loads whose sequence went away: their blocks are freed when they end.
+    orphans: Vec<Orphan>,
     next_id: u64,
 }
 
@@ -139,6 +148,7 @@ impl Scheduler {
             connector,
             loading: Vec::new(),
             flushing: Vec::new(),
+            orphans: Vec::new(),
             next_id: 0,
         }
     }
@@ -149,6 +159,7 @@ impl Scheduler {
             && self.waiting.is_empty()
             && self.loading.is_empty()
             && self.flushing.is_empty()
+            && self.orphans.is_empty()
     }
 
     /// Start the scheduler thread; it exits when every handle is dropped and the work is done.
@@ -258,10 +269,12 @@ impl Scheduler {
             cached_tokens: None,
             fabric: Vec::new(),
             finished: None,
+            stream: None,
         });
     }
 
     fn release(&mut self, seq: &mut Seq) {
+        self.orphan_stream(seq);
         for b in seq.table.drain(..) {
             self.blocks.release(b);
         }
@@ -294,7 +307,8 @@ impl Scheduler {
 
     /// Put an admitted sequence (prefix in place) in the running set.
     fn begin(&mut self, mut seq: Seq) {
-        if seq.cached_tokens.is_none() {
+        // A streaming sequence is admitted once its stream is in (or not).
+        if seq.cached_tokens.is_none() && seq.stream.is_none() {
             let cached = seq.computed.min(seq.prompt_len);
             seq.cached_tokens = Some(cached);
             let _ = seq.events.blocking_send(GenerationEvent::Admitted {
@@ -346,8 +360,37 @@ impl Scheduler {
             })
             .collect();
         self.report(chunks.len());
-        let result = self.model.forward(&self.cx, &mut self.kv, &chunks);
+        // Sequences whose blocks still stream in: wait for each layer before
+        // attention reads it, up to the load's budget for this step.
+        let gated: Vec<&PendingLoad> = plan
+            .iter()
+            .filter_map(|&(i, _)| self.running[i].stream.as_ref().map(|st| &st.load))
+            .collect();
+        let started = std::time::Instant::now();
+        let mut late = vec![false; gated.len()];
+        let mut gate = |layer: usize| {
+            for (load, late) in gated.iter().zip(late.iter_mut()) {
+                if !*late && !load.wait_layer(layer, started + load.layer_wait()) {
+                    *late = true;
+                }
+            }
+        };
+        let result = self
+            .model
+            .forward_gated(&self.cx, &mut self.kv, &chunks, &mut gate);
         drop(chunks);
+        drop(gated);
+        if !late.is_empty() {
+            self.cfg.metrics.streamed_steps.inc();
+        }
+        let mut late = late.into_iter();
+        let mut unloaded = Vec::new();
+        for &(i, _) in &plan {
+            if self.running[i].stream.is_some() && late.next() != Some(false) {
+                self.cfg.metrics.stream_fallbacks.inc();
+                unloaded.push(i);
+            }
+        }
         let mut done = Vec::new();
         match result {
             Err(e) => {
@@ -360,14 +403,32 @@ impl Scheduler {
             }
             Ok(out) => {
                 for (&(i, n), logits) in plan.iter().zip(out) {
+                    // A stream that failed or ran late: this step of the sequence is void.
+                    if unloaded.contains(&i) {
+                        continue;
+                    }
+                    if self.running[i].stream.is_some() && !self.finish_stream(i) {
+                        unloaded.push(i);
+                        continue;
+                    }
                     if self.advance(i, n, logits) {
                         done.push(i);
                     }
                 }
             }
         }
-        done.sort_unstable();
-        for i in done.into_iter().rev() {
+        // Unloaded sequences go back to waiting for their loads to end.
+        let mut gone: Vec<(usize, bool)> = done.into_iter().map(|i| (i, true)).collect();
+        gone.extend(unloaded.into_iter().map(|i| (i, false)));
+        // A sequence both finished (an error) and unloaded is finished.
+        gone.sort_unstable_by_key(|&(i, finished)| (i, !finished));
+        gone.dedup_by_key(|g| g.0);
+        for (i, finished) in gone.into_iter().rev() {
+            if !finished {
+                let s = self.running.remove(i);
+                self.unload(s);
+                continue;
+            }
             let s = self.running.remove(i);
             if s.finished.is_some() {
                 self.start_flush(s);
@@ -412,8 +473,12 @@ impl Scheduler {
                     Some(b) => self.running[i].table.push(b),
                     None => {
                         // Preempt the latest sequence not planned yet (not this one).
+                        // Not one whose blocks are still arriving.
                         let victim = (0..self.running.len()).rev().find(|&v| {
-                            v != i && !preempted.contains(&v) && !plan.iter().any(|p| p.0 == v)
+                            v != i
+                                && !preempted.contains(&v)
+                                && !plan.iter().any(|p| p.0 == v)
+                                && self.running[v].stream.is_none()
                         });
                         match victim {
                             Some(v) => {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use kvfabric_proto::internal::v1::{AnnounceRequest, DirectoryEntry, WithdrawRequest};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::cluster::directory::HolderEntry;
 use crate::cluster::membership::{MembershipView, NodeInfo};
@@ -85,6 +85,75 @@ impl ClusterNode {
         *announced = next;
     }
 
+    /// Register `keys` just stored here with their owners (one Announce per
+    /// owner, in parallel) without scanning the holdings as [`Self::sync`]
+    /// does: the save path's call. Keys not stored here, or already
+    /// announced as they are, are skipped; a failed announce is retried by
+    /// the next sync.
+    pub async fn announce_keys(&self, keys: &[BlockKey]) {
+        let mut announced = self.announced.lock().await;
+        let view = self.view();
+        let mut adds: HashMap<String, (NodeInfo, Vec<(BlockKey, HolderEntry)>)> = HashMap::new();
+        for info in self.store.block_infos(keys).into_iter().flatten() {
+            let Some(owner) = view.owner(&info.key) else {
+                continue;
+            };
+            let entry = HolderEntry {
+                node_id: self.me.node_id.clone(),
+                tier: tier_of(info.tier),
+                size: info.len,
+                checksum: info.checksum,
+            };
+            let same = announced
+                .get(&info.key)
+                .is_some_and(|(o, e)| *o == owner.node_id && *e == entry);
+            if !same {
+                adds.entry(owner.node_id.clone())
+                    .or_insert_with(|| (owner.clone(), Vec::new()))
+                    .1
+                    .push((info.key, entry));
+            }
+        }
+        let sends = adds.into_values().map(|(owner, entries)| async move {
+            let ok = self.announce_to(&owner, entries.clone()).await;
+            (owner.node_id, entries, ok)
+        });
+        for (owner, entries, ok) in futures::future::join_all(sends).await {
+            if ok {
+                for (k, e) in entries {
+                    announced.insert(k, (owner.clone(), e));
+                }
+            }
+        }
+    }
+
+    /// Withdraw blocks that left the store (evictions, removals) from their
+    /// owners now, one Withdraw per owner: no scan of the holdings. Keys
+    /// stored again since are left to the next sync.
+    pub(super) async fn withdraw_removed(&self, keys: Vec<BlockKey>) {
+        let mut announced = self.announced.lock().await;
+        let view = self.view();
+        let mut by_owner: HashMap<String, Vec<BlockKey>> = HashMap::new();
+        for (k, info) in keys.iter().zip(self.store.block_infos(&keys)) {
+            if info.is_some() {
+                continue;
+            }
+            if let Some((owner, _)) = announced.remove(k) {
+                by_owner.entry(owner).or_default().push(*k);
+            }
+        }
+        let view = &view;
+        let sends = by_owner.into_iter().map(|(owner, keys)| async move {
+            tracing::debug!(%owner, blocks = keys.len(), "withdrawing removed blocks");
+            if let Some(o) = view.nodes.get(&owner) {
+                self.withdraw_at(o, keys).await;
+            }
+        });
+        futures::future::join_all(sends).await;
+        // Held until the owners have heard: a sync cannot re-announce under us.
+        drop(announced);
+    }
+
     async fn announce_to(&self, owner: &NodeInfo, entries: Vec<(BlockKey, HolderEntry)>) -> bool {
         if owner.node_id == self.me.node_id {
             self.shard_announce(entries);
@@ -139,10 +208,13 @@ impl ClusterNode {
     }
 }
 
-/// Membership changes, periodic reconcile, kicks and lease expiry, until the node drops.
+/// Membership changes, periodic reconcile, kicks, removed blocks (withdrawn
+/// as they go, in batches of whatever queued meanwhile) and lease expiry,
+/// until the node drops.
 pub(super) async fn background(
     node: Weak<ClusterNode>,
     mut views: watch::Receiver<Arc<MembershipView>>,
+    mut removed: mpsc::UnboundedReceiver<BlockKey>,
 ) {
     let period = match node.upgrade() {
         Some(n) => Duration::from_millis(n.cfg.reconcile_interval_ms),
@@ -172,6 +244,14 @@ pub(super) async fn background(
             }
             _ = tick.tick() => false,
             _ = n.kick.notified() => false,
+            Some(k) = removed.recv() => {
+                let mut keys = vec![k];
+                while let Ok(k) = removed.try_recv() {
+                    keys.push(k);
+                }
+                n.withdraw_removed(keys).await;
+                continue;
+            }
         };
         if changed {
             let new = views.borrow_and_update().clone();

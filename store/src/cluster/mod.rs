@@ -5,7 +5,9 @@
 //! - [`directory`]: the entries a node owns (who holds which block, where).
 //! - [`config`]: the `[cluster]` section.
 //! - [`client`]: a CacheService client for tools and tests.
-//! - [`node`]: a node's cluster side (announce, locate, remote reads).
+//! - [`node`]: a node's cluster side (announce, locate, remote reads);
+//!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
+//!   [`ClusterNode::read_leased`] of [`RangeRead`]s (or [`ClusterNode::get_many_into`]).
 //! - [`service`], [`rpc`], [`server`]: the cluster-wide CacheService, the
 //!   internal Directory/Holder services, and the node process that serves them.
 
@@ -15,6 +17,7 @@ pub mod config;
 pub mod directory;
 #[doc(hidden)]
 pub mod etcd_process;
+mod lease;
 pub mod membership;
 pub mod node;
 mod read;
@@ -26,7 +29,8 @@ pub mod staging;
 
 pub use config::{parse_peer, ClusterConfig};
 pub use directory::{DirectoryShard, HolderEntry, HolderTier};
+pub use lease::LeasedBlock;
 pub use membership::{Membership, MembershipSource, MembershipView, NodeInfo};
-pub use node::{ClusterNode, FetchedBlock, ReadTarget};
+pub use node::{ClusterNode, FetchedBlock, RangeRead, ReadTarget};
 pub use server::{serve_cluster, serve_cluster_node, serve_node};
 pub use service::{ClusterCacheService, LOCAL_ONLY_HEADER};

@@ -10,8 +10,10 @@
 //! announced and sends one batched Announce / Withdraw per owner. It runs
 //! after every put through the gRPC API, on every membership change (keys
 //! whose owner changed are re-announced; owners drop entries of nodes that
-//! left and keys they no longer own), and periodically (evictions; a full
-//! refresh every 30 periods re-seeds an owner that restarted unseen).
+//! left and keys they no longer own), and periodically (a full refresh every
+//! 30 periods re-seeds an owner that restarted unseen). Blocks that leave the
+//! store (evictions, removals) are withdrawn as they go: the store sends their
+//! keys on a channel the announcer drains, one Withdraw per owner per batch.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,14 +26,16 @@ use kvfabric_proto::internal::v1::LocateRequest;
 use kvfabric_proto::v1::{Holder, Tier};
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferConfig, TransferEngine};
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster::config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
+use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
-pub use crate::cluster::read::{FetchedBlock, ReadTarget};
+pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
 use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
@@ -64,6 +68,12 @@ pub struct ClusterNode {
     /// key -> (owner it was announced to, entry announced)
     pub(super) announced: tokio::sync::Mutex<HashMap<BlockKey, (String, HolderEntry)>>,
     pub(super) kick: Notify,
+    /// Remote leases to give back (drained by the releaser task).
+    pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,
+    /// Lease RPCs this node served as a holder (Lease and LeaseMany).
+    pub(super) lease_requests: Counter,
+    /// Blocks this node leased to remote readers.
+    pub(super) leased_blocks: Counter,
 }
 
 pub(crate) fn tier_of(t: Tier) -> HolderTier {
@@ -140,6 +150,19 @@ impl ClusterNode {
         let membership = Membership::start(me.clone(), cfg.membership_source()?).await?;
         let view_rx = membership.subscribe();
         tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
+        let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
+        let lease_requests = Counter::default();
+        let leased_blocks = Counter::default();
+        registry.register(
+            "kvfabric_holder_lease_requests",
+            "Lease RPCs served to remote readers (one per reader batch)",
+            lease_requests.clone(),
+        );
+        registry.register(
+            "kvfabric_holder_leased_blocks",
+            "Blocks leased to remote readers",
+            leased_blocks.clone(),
+        );
         let node = Arc::new(ClusterNode {
             me,
             cfg,
@@ -155,10 +178,18 @@ impl ClusterNode {
             next_lease: AtomicU64::new(1),
             announced: tokio::sync::Mutex::new(HashMap::new()),
             kick: Notify::new(),
+            releases,
+            lease_requests,
+            leased_blocks,
         });
+        tokio::spawn(crate::cluster::lease::releaser(
+            Arc::downgrade(&node),
+            release_rx,
+        ));
         tokio::spawn(crate::cluster::announce::background(
             Arc::downgrade(&node),
             node.view_rx.clone(),
+            node.store.watch_removals(),
         ));
         Ok(node)
     }
@@ -191,6 +222,16 @@ impl ClusterNode {
     /// The current membership view.
     pub fn view(&self) -> Arc<MembershipView> {
         self.view_rx.borrow().clone()
+    }
+
+    /// (lease RPCs served as a holder, blocks leased to remote readers) so far.
+    pub fn holder_lease_counts(&self) -> (u64, u64) {
+        (self.lease_requests.get(), self.leased_blocks.get())
+    }
+
+    /// Leases this node holds for remote readers right now.
+    pub fn remote_leases_held(&self) -> usize {
+        self.leases.lock().len()
     }
 
     /// Leave the cluster cleanly (etcd: the lease is revoked, peers see it at once).
@@ -397,39 +438,83 @@ impl ClusterNode {
 
     // ---- holder side ----
 
-    /// Lease `key` for a remote reader (promoting it from disk if needed):
-    /// (lease id, RAM segment, offset, info); None when not stored here.
-    pub(crate) async fn lease_for_peer(
-        &self,
-        key: BlockKey,
-        ttl: Duration,
-    ) -> Result<Option<(u64, SegmentId, u64, BlockInfo)>, StoreError> {
-        let in_ram = self.store.block_infos(std::slice::from_ref(&key))[0]
-            .is_some_and(|i| i.tier == Tier::Ram);
-        let lease = if in_ram {
-            // A RAM block leases under the store lock alone: no blocking hop.
-            self.store.lease(&key)?
-        } else {
-            let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.lease(&key))
-                .await
-                .map_err(|e| StoreError::Server(format!("lease task: {e}")))??
-        };
-        let Some(lease) = lease else { return Ok(None) };
-        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        let (offset, info) = (lease.region_offset(), *lease.info());
-        self.leases.lock().insert(
-            id,
-            HeldLease {
-                _lease: lease,
-                deadline: Instant::now() + ttl.min(MAX_LEASE),
-            },
-        );
-        Ok(Some((id, self.ram_segment, offset, info)))
+    /// Store leases of `keys` held here (None where not stored): RAM blocks
+    /// lease under the store lock alone, disk blocks are promoted in one
+    /// blocking task. A block that fails to lease is a miss (logged).
+    pub(crate) async fn lease_local(&self, keys: &[BlockKey]) -> Vec<Option<ReadLease>> {
+        let mut out: Vec<Option<ReadLease>> = (0..keys.len()).map(|_| None).collect();
+        let mut on_disk = Vec::new();
+        for (i, info) in self.store.block_infos(keys).into_iter().enumerate() {
+            match info {
+                Some(info) if info.tier == Tier::Ram => match self.store.lease(&keys[i]) {
+                    Ok(l) => out[i] = l,
+                    Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
+                },
+                Some(_) => on_disk.push(i),
+                None => {}
+            }
+        }
+        if on_disk.is_empty() {
+            return out;
+        }
+        let store = self.store.clone();
+        let ks: Vec<BlockKey> = on_disk.iter().map(|&i| keys[i]).collect();
+        let promoted = tokio::task::spawn_blocking(move || {
+            ks.iter().map(|k| store.lease(k)).collect::<Vec<_>>()
+        })
+        .await;
+        match promoted {
+            Ok(leases) => {
+                for (i, l) in on_disk.into_iter().zip(leases) {
+                    match l {
+                        Ok(l) => out[i] = l,
+                        Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "disk lease task failed"),
+        }
+        out
     }
 
-    pub(crate) fn release_lease(&self, id: u64) {
-        self.leases.lock().remove(&id);
+    /// Lease `keys` for a remote reader (promoting from disk if needed):
+    /// (lease id, RAM segment, offset, info) each; None when not stored here.
+    pub(crate) async fn lease_for_peer(
+        &self,
+        keys: &[BlockKey],
+        ttl: Duration,
+    ) -> Vec<Option<(u64, SegmentId, u64, BlockInfo)>> {
+        let leases = self.lease_local(keys).await;
+        self.lease_requests.inc();
+        self.leased_blocks
+            .inc_by(leases.iter().filter(|l| l.is_some()).count() as u64);
+        let deadline = Instant::now() + ttl.min(MAX_LEASE);
+        let mut held = self.leases.lock();
+        leases
+            .into_iter()
+            .map(|lease| {
+                let lease = lease?;
+                let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+                let (offset, info) = (lease.region_offset(), *lease.info());
+                held.insert(
+                    id,
+                    HeldLease {
+                        _lease: lease,
+                        deadline,
+                    },
+                );
+                Some((id, self.ram_segment, offset, info))
+            })
+            .collect()
+    }
+
+    pub(crate) fn release_leases(&self, ids: &[u64]) {
+        let released: Vec<HeldLease> = {
+            let mut held = self.leases.lock();
+            ids.iter().filter_map(|id| held.remove(id)).collect()
+        };
+        // Store leases end outside the lease-table lock.
+        drop(released);
     }
 
     pub(super) fn reap_leases(&self) {

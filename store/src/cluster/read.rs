@@ -1,17 +1,22 @@
-//! Cluster-wide reads of whole blocks: this node's tiers first, else the
-//! best remote holder — lease at the holder (HolderService, which promotes
-//! from disk if needed), transfer READ of the leased range into staging or a
-//! caller's registered memory, xxh3 verification, release. A failed or
-//! timed-out read is a miss for that holder, reported stale to the key's
-//! owner; the next holder is tried.
+//! Cluster-wide reads of leased blocks ([`crate::cluster::lease`]):
+//! [`ClusterNode::read_leased`] moves byte ranges of many leased blocks into
+//! caller memory — all ranges at one holder in ONE transfer batch, holders in
+//! parallel, blocks leased here copied — and the whole-block reads built on
+//! it: [`ClusterNode::get_many_into`] (a batch, xxh3-verified in place, stops
+//! at the first miss) and the single-block `get` / `get_into` /
+//! `get_into_hinted`, which try the next holder when one fails. A failed,
+//! timed-out or corrupt remote read is a miss for that holder, reported stale
+//! to the key's owner.
 
-use kvfabric_proto::internal::v1::holder_service_client::HolderServiceClient;
-use kvfabric_proto::internal::v1::{LeaseRequest, ReleaseRequest, StaleRequest};
+use std::collections::HashMap;
+
+use kvfabric_proto::internal::v1::StaleRequest;
 use kvfabric_proto::v1::Tier;
-use kvfabric_transfer::{SegmentId, SharedRegion, TransferOp};
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferError, TransferOp};
 
 use crate::cluster::directory::HolderEntry;
-use crate::cluster::membership::{MembershipView, NodeInfo};
+use crate::cluster::lease::{LeaseSource, LeasedBlock};
+use crate::cluster::membership::MembershipView;
 use crate::cluster::node::{tier_pb, ClusterNode};
 use crate::keys::{BlockKey, KvLayout};
 use crate::StoreError;
@@ -28,6 +33,7 @@ pub struct FetchedBlock {
 
 /// Caller memory a block is read into: a range of a region registered with
 /// the node's transfer engine as `segment`.
+#[derive(Clone, Copy)]
 pub struct ReadTarget<'a> {
     pub region: &'a SharedRegion,
     pub segment: SegmentId,
@@ -41,8 +47,10 @@ impl ReadTarget<'_> {
         let end = self.offset.checked_add(len);
         if len > self.capacity || end.is_none_or(|e| e > self.region.len() as u64) {
             return Err(StoreError::InvalidArgument(format!(
-                "a {len}-byte block does not fit the read target ({} bytes at {})",
-                self.capacity, self.offset
+                "{len} bytes do not fit the read target ({} bytes at {} of a {}-byte region)",
+                self.capacity,
+                self.offset,
+                self.region.len()
             )));
         }
         Ok(())
@@ -55,16 +63,269 @@ impl ReadTarget<'_> {
     }
 }
 
+/// One range `[offset, offset + len)` of a leased block, to land at `target`.
+pub struct RangeRead<'a> {
+    pub block: &'a LeasedBlock,
+    pub offset: u64,
+    pub len: u64,
+    pub target: ReadTarget<'a>,
+}
+
+impl RangeRead<'_> {
+    fn check(&self) -> Result<(), StoreError> {
+        let end = self.offset.checked_add(self.len);
+        if end.is_none_or(|e| e > self.block.len()) {
+            return Err(StoreError::InvalidArgument(format!(
+                "range {}+{} is outside the {}-byte block {:?}",
+                self.offset,
+                self.len,
+                self.block.len(),
+                self.block.key()
+            )));
+        }
+        self.target.check(self.len)
+    }
+
+    /// Copy from a block leased in this node's tiers.
+    fn copy_local(&self, lease: &crate::lifecycle::ReadLease) -> Result<(), StoreError> {
+        let (o, n) = (self.offset as usize, self.len as usize);
+        let src = lease.bytes().get(o..o + n).ok_or_else(|| {
+            StoreError::InvalidArgument(format!("range {o}+{n} is outside the stored block"))
+        })?;
+        // SAFETY: the caller owns the target range for the duration of the call.
+        let dst = unsafe { self.target.region.slice_mut(self.target.offset as usize, n) }?;
+        dst.copy_from_slice(src);
+        Ok(())
+    }
+}
+
+/// Blocks per verification wave of [`ClusterNode::get_many_into`].
+const VERIFY_WAVE: usize = 4;
+
+/// Check a wave's results and xxh3 of each block, in order: (blocks sound,
+/// the first that is not with its read error — None = corrupt bytes).
+fn verify_wave<'r, 'a>(
+    wave: &'r [RangeRead<'a>],
+    results: Vec<Result<(), StoreError>>,
+) -> (usize, Option<(&'r RangeRead<'a>, Option<StoreError>)>) {
+    let mut ok = 0;
+    for (r, res) in wave.iter().zip(results) {
+        if let Err(e) = res {
+            return (ok, Some((r, Some(e))));
+        }
+        let sound = r
+            .target
+            .bytes(r.len)
+            .is_ok_and(|b| xxhash_rust::xxh3::xxh3_64(b) == r.block.checksum());
+        if !sound {
+            return (ok, Some((r, None)));
+        }
+        ok += 1;
+    }
+    (ok, None)
+}
+
 impl ClusterNode {
+    /// Read byte ranges of leased blocks into their targets: all ops to one
+    /// holder in ONE transfer batch, holders in parallel; blocks leased here
+    /// are copied. Each op is bounds-checked against its block and target
+    /// first (a refused op moves nothing). No checksum check here (the caller
+    /// verifies). One result per op, in order; a holder that does not finish
+    /// within `remote_read_timeout_ms` fails its ops.
+    pub async fn read_leased(&self, reads: &[RangeRead<'_>]) -> Vec<Result<(), StoreError>> {
+        let mut out: Vec<Result<(), StoreError>> = (0..reads.len()).map(|_| Ok(())).collect();
+        let mut local = Vec::new();
+        let mut groups: HashMap<&str, (&str, Vec<usize>, Vec<TransferOp>)> = HashMap::new();
+        for (i, r) in reads.iter().enumerate() {
+            if let Err(e) = r.check() {
+                out[i] = Err(e);
+                continue;
+            }
+            if r.len == 0 {
+                continue;
+            }
+            match &r.block.source {
+                LeaseSource::Local(_) => local.push(i),
+                LeaseSource::Remote(l) => {
+                    let g = groups
+                        .entry(l.transfer_addr.as_str())
+                        .or_insert_with(|| (r.block.holder(), Vec::new(), Vec::new()));
+                    g.1.push(i);
+                    g.2.push(TransferOp::read(
+                        r.target.segment,
+                        r.target.offset,
+                        l.segment,
+                        l.offset + r.offset,
+                        r.len,
+                    ));
+                }
+            }
+        }
+        let batches = groups
+            .into_iter()
+            .map(|(addr, (holder, idx, ops))| async move {
+                (idx, self.transfer_batch(addr, holder, ops).await)
+            });
+        // Remote batches are polled first (requests go out), then the local copies run.
+        let copies = async {
+            local
+                .iter()
+                .map(|&i| match &reads[i].block.source {
+                    LeaseSource::Local(l) => (i, reads[i].copy_local(l)),
+                    LeaseSource::Remote(_) => (i, Ok(())),
+                })
+                .collect::<Vec<_>>()
+        };
+        let (remote, copied) =
+            futures::future::join(futures::future::join_all(batches), copies).await;
+        for (idx, results) in remote {
+            for (i, r) in idx.into_iter().zip(results) {
+                out[i] = r;
+            }
+        }
+        for (i, r) in copied {
+            out[i] = r;
+        }
+        out
+    }
+
+    /// One transfer batch to a holder, bounded by the remote read timeout.
+    /// Ops that fail on a broken pooled connection (the holder restarted) are
+    /// retried once on a fresh one.
+    async fn transfer_batch(
+        &self,
+        addr: &str,
+        holder: &str,
+        ops: Vec<TransferOp>,
+    ) -> Vec<Result<(), StoreError>> {
+        let n = ops.len();
+        let run = async {
+            let mut res = self.transfer.batch(addr, ops.clone()).await;
+            let again: Vec<usize> = (0..res.len())
+                .filter(|&i| matches!(res[i], Err(TransferError::Connection { .. })))
+                .collect();
+            if !again.is_empty() {
+                let retry = self
+                    .transfer
+                    .batch(addr, again.iter().map(|&i| ops[i]).collect())
+                    .await;
+                for (i, r) in again.into_iter().zip(retry) {
+                    res[i] = r;
+                }
+            }
+            res
+        };
+        let fail = |m: String| StoreError::Server(format!("read from {holder}: {m}"));
+        match tokio::time::timeout(self.cfg.remote_read_timeout(), run).await {
+            Ok(res) if res.len() == n => res
+                .into_iter()
+                .map(|r| r.map_err(|e| fail(format!("transfer: {e}"))))
+                .collect(),
+            Ok(_) => (0..n)
+                .map(|_| Err(fail("transfer answered the wrong number of ops".into())))
+                .collect(),
+            Err(_) => {
+                let ms = self.cfg.remote_read_timeout_ms;
+                (0..n)
+                    .map(|_| Err(fail(format!("timed out after {ms} ms"))))
+                    .collect()
+            }
+        }
+    }
+
+    /// The caller found a leased block's bytes corrupt: its holder is
+    /// reported stale to the key's owner (a copy in this node's tiers is
+    /// dropped, so it is never served again).
+    pub async fn report_corrupt(&self, block: &LeasedBlock) {
+        tracing::warn!(holder = %block.holder(), key = ?block.key(), "corrupt block read; holder reported stale");
+        if block.is_local() {
+            let store = self.store.clone();
+            let key = *block.key();
+            let removed = tokio::task::spawn_blocking(move || store.remove(&[key])).await;
+            if !matches!(removed, Ok(Ok(_))) {
+                tracing::warn!(key = ?key, "dropping a corrupt local block failed");
+            }
+        }
+        let view = self.view();
+        self.report_stale_many(&view, vec![(block.holder().to_string(), *block.key())])
+            .await;
+    }
+
+    /// Whole blocks into `targets[i]`, xxh3-verified in place: leases with
+    /// [`Self::lease_many`], reads the leased prefix with
+    /// [`Self::read_leased`]. Returns how many leading blocks were read and
+    /// verified (stops at the first miss or failure; a failed or corrupt read
+    /// is reported stale).
+    pub async fn get_many_into(
+        &self,
+        keys: &[BlockKey],
+        hints: &[Option<HolderEntry>],
+        targets: &[ReadTarget<'_>],
+    ) -> usize {
+        let n = keys.len().min(targets.len());
+        if n == 0 {
+            return 0;
+        }
+        let leased = self
+            .lease_many(&keys[..n], &hints[..hints.len().min(n)])
+            .await;
+        let reads: Vec<RangeRead<'_>> = leased
+            .iter()
+            .map_while(|b| b.as_ref())
+            .zip(targets)
+            .map(|(b, t)| RangeRead {
+                block: b,
+                offset: 0,
+                len: b.len(),
+                target: *t,
+            })
+            .collect();
+        // Waves of VERIFY_WAVE blocks: the next wave's transfer runs while
+        // this one is hashed (while its bytes are still in cache).
+        let waves: Vec<&[RangeRead<'_>]> = reads.chunks(VERIFY_WAVE).collect();
+        let mut verified = 0;
+        let mut results = match waves.first() {
+            Some(w) => self.read_leased(w).await,
+            None => return 0,
+        };
+        for (w, wave) in waves.iter().enumerate() {
+            let following = async {
+                match waves.get(w + 1) {
+                    Some(next) => self.read_leased(next).await,
+                    None => Vec::new(),
+                }
+            };
+            let check = async { verify_wave(wave, std::mem::take(&mut results)) };
+            let (next_results, (ok, failure)) = futures::future::join(following, check).await;
+            verified += ok;
+            if ok < wave.len() && failure.is_none() {
+                return verified;
+            }
+            if let Some((r, error)) = failure {
+                match error {
+                    None => self.report_corrupt(r.block).await,
+                    Some(e) => {
+                        tracing::info!(holder = %r.block.holder(), error = %e, "batched read failed; miss");
+                        if !matches!(e, StoreError::InvalidArgument(_)) {
+                            let view = self.view();
+                            let stale = vec![(r.block.holder().into(), *r.block.key())];
+                            self.report_stale_many(&view, stale).await;
+                        }
+                    }
+                }
+                return verified;
+            }
+            results = next_results;
+        }
+        verified
+    }
+
     /// Read a whole block: from this node's tiers, else from the best remote
     /// holder through the transfer engine (checksum verified). A failed or
     /// timed-out remote read is a miss for that holder and is reported stale
     /// to the key's owner; the next holder is tried. None = no holder served it.
     pub async fn get(&self, key: &BlockKey) -> Result<Option<FetchedBlock>, StoreError> {
-        if let Some(b) = self.get_local(*key).await? {
-            return Ok(Some(b));
-        }
-        Ok(self.fetch_remote(key, None).await.map(|(b, _)| b))
+        Ok(self.read_one(key, None, None).await?.map(|(b, _)| b))
     }
 
     /// Read a whole block into `target` (a region registered with this
@@ -76,234 +337,134 @@ impl ClusterNode {
         key: &BlockKey,
         target: &ReadTarget<'_>,
     ) -> Result<Option<(FetchedBlock, u64)>, StoreError> {
-        // Not held here (the common case for a remote read): no blocking hop.
-        let held_here = self.store.block_infos(std::slice::from_ref(key))[0].is_some();
-        let lease = if held_here {
-            let store = self.store.clone();
-            let k = *key;
-            tokio::task::spawn_blocking(move || store.lease(&k))
-                .await
-                .map_err(|e| StoreError::Server(format!("local read task: {e}")))??
-        } else {
-            None
-        };
-        if let Some(l) = lease {
-            let bytes = l.bytes();
-            target.check(bytes.len() as u64)?;
-            // SAFETY: the caller owns the target range for the duration of the call.
-            let dst = unsafe { target.region.slice_mut(target.offset as usize, bytes.len()) }?;
-            dst.copy_from_slice(bytes);
-            let i = *l.info();
-            let meta = FetchedBlock {
-                layout: i.layout,
-                checksum: i.checksum,
-                node_id: self.me.node_id.clone(),
-                tier: i.tier,
-                data: Vec::new(),
-            };
-            return Ok(Some((meta, i.len)));
-        }
-        Ok(self.fetch_remote(key, Some(target)).await)
+        self.read_one(key, None, Some(target)).await
     }
 
     /// [`Self::get_into`] trying `hint` (e.g. the holder a lookup just
-    /// returned) first, which saves the Locate round trip; any other
-    /// holder is still tried if the hinted one fails.
+    /// returned) right after this node's tiers, which saves the Locate round
+    /// trip; any other holder is still tried if the hinted one fails.
     pub async fn get_into_hinted(
         &self,
         key: &BlockKey,
         hint: &HolderEntry,
         target: &ReadTarget<'_>,
     ) -> Result<Option<(FetchedBlock, u64)>, StoreError> {
-        if hint.node_id != self.me.node_id {
-            if let Some(b) = self.read_from(key, vec![hint.clone()], Some(target)).await {
-                return Ok(Some(b));
-            }
-        }
-        self.get_into(key, target).await
+        self.read_one(key, Some(hint), Some(target)).await
     }
 
-    async fn fetch_remote(
+    /// One block, trying holders until one serves it; `target` None = a
+    /// local block is copied out of its lease, a remote one lands in staging.
+    async fn read_one(
         &self,
         key: &BlockKey,
+        hint: Option<&HolderEntry>,
         target: Option<&ReadTarget<'_>>,
-    ) -> Option<(FetchedBlock, u64)> {
-        let holders = self.locate(std::slice::from_ref(key)).await;
-        self.read_from(key, holders.into_iter().flatten().collect(), target)
-            .await
-    }
-
-    /// Read from the first of `holders` (other than this node) that serves the block.
-    async fn read_from(
-        &self,
-        key: &BlockKey,
-        holders: Vec<HolderEntry>,
-        target: Option<&ReadTarget<'_>>,
-    ) -> Option<(FetchedBlock, u64)> {
-        let view = self.view();
-        for h in holders {
-            if h.node_id == self.me.node_id {
-                continue;
-            }
-            let Some(peer) = view.nodes.get(&h.node_id).cloned() else {
-                continue;
+    ) -> Result<Option<(FetchedBlock, u64)>, StoreError> {
+        let hints = [hint.cloned()];
+        let mut skip: Vec<String> = Vec::new();
+        loop {
+            let leased = self
+                .lease_skipping(std::slice::from_ref(key), &hints, &skip)
+                .await;
+            let Some(Some(block)) = leased.into_iter().next() else {
+                return Ok(None);
             };
-            let read = tokio::time::timeout(
-                self.cfg.remote_read_timeout(),
-                self.read_remote(&peer, key, &h, target),
-            );
-            match read.await {
-                Ok(Ok(b)) => return Some(b),
-                Ok(Err(e)) => {
-                    tracing::info!(holder = %peer.node_id, error = %e, "remote read failed; miss")
-                }
-                Err(_) => tracing::info!(holder = %peer.node_id, "remote read timed out; miss"),
+            let facts = |data: Vec<u8>| FetchedBlock {
+                layout: *block.layout(),
+                checksum: block.checksum(),
+                node_id: block.holder().to_string(),
+                tier: tier_pb(block.tier()),
+                data,
+            };
+            if let (None, LeaseSource::Local(l)) = (target, &block.source) {
+                return Ok(Some((facts(l.bytes().to_vec()), block.len())));
             }
-            self.report_stale(&view, &peer.node_id, key).await;
-        }
-        None
-    }
-
-    async fn get_local(&self, key: BlockKey) -> Result<Option<FetchedBlock>, StoreError> {
-        let store = self.store.clone();
-        let node_id = self.me.node_id.clone();
-        tokio::task::spawn_blocking(move || {
-            Ok(store.lease(&key)?.map(|l| {
-                let i = *l.info();
-                FetchedBlock {
-                    layout: i.layout,
-                    checksum: i.checksum,
-                    node_id,
-                    tier: i.tier,
-                    data: l.bytes().to_vec(),
-                }
-            }))
-        })
-        .await
-        .map_err(|e| StoreError::Server(format!("local read task: {e}")))?
-    }
-
-    async fn read_remote(
-        &self,
-        peer: &NodeInfo,
-        key: &BlockKey,
-        expect: &HolderEntry,
-        target: Option<&ReadTarget<'_>>,
-    ) -> Result<(FetchedBlock, u64), StoreError> {
-        let fail = |m: String| StoreError::Server(format!("read from {}: {m}", peer.node_id));
-        let mut holder = HolderServiceClient::new(self.channel(&peer.grpc_addr)?);
-        let lease = holder
-            .lease(LeaseRequest {
-                key: key.as_bytes().to_vec(),
-                ttl_ms: self.cfg.remote_read_timeout_ms,
-            })
-            .await
-            .map_err(|s| fail(format!("lease: {s}")))?
-            .into_inner();
-        if lease.lease_id == 0 {
-            return Err(fail("the holder no longer has the block".into()));
-        }
-        let release = {
-            let mut holder = holder.clone();
-            let id = lease.lease_id;
-            async move {
-                let _ = holder.release(ReleaseRequest { lease_id: id }).await;
-            }
-        };
-        let result = async {
-            if lease.size != expect.size {
-                return Err(fail(format!(
-                    "size {} != directory's {}",
-                    lease.size, expect.size
-                )));
-            }
-            let layout = lease
-                .layout
-                .as_ref()
-                .ok_or_else(|| fail("lease without layout".into()))
-                .and_then(|l| KvLayout::try_from(l).map_err(|e| fail(e.to_string())))?;
             let slot = match target {
-                Some(t) => {
-                    t.check(lease.size)?;
-                    None
-                }
-                None => Some(self.staging.alloc(lease.size)?),
+                Some(_) => None,
+                None => Some(self.staging.alloc(block.len())?),
             };
-            let (dst_segment, dst_offset) = match (target, &slot) {
-                (Some(t), _) => (t.segment, t.offset),
-                (None, Some(s)) => (self.staging.segment(), s.offset()),
-                (None, None) => return Err(fail("no destination".into())),
-            };
-            let op = TransferOp::read(
-                dst_segment,
-                dst_offset,
-                SegmentId(lease.segment_id),
-                lease.offset,
-                lease.size,
-            );
-            // A pooled connection to a holder that restarted fails once; the
-            // engine reconnects on the next batch, so one retry is worth it.
-            let mut outcome = Err(fail("transfer not run".into()));
-            for _ in 0..2 {
-                outcome = match self
-                    .transfer
-                    .batch(&peer.transfer_addr, vec![op])
-                    .await
-                    .pop()
-                {
-                    Some(Ok(())) => Ok(()),
-                    Some(Err(e)) => Err(fail(format!("transfer: {e}"))),
-                    None => Err(fail("transfer returned no result".into())),
-                };
-                if outcome.is_ok() {
-                    break;
-                }
-            }
-            outcome?;
-            let bytes = match (target, &slot) {
-                (Some(t), _) => t.bytes(lease.size)?,
-                (None, Some(s)) => s.bytes()?,
-                (None, None) => return Err(fail("no destination".into())),
-            };
-            let sum = xxhash_rust::xxh3::xxh3_64(bytes);
-            if sum != lease.checksum {
-                return Err(fail(format!("checksum {sum:#x} != {:#x}", lease.checksum)));
-            }
-            let data = if target.is_some() {
-                Vec::new()
-            } else {
-                bytes.to_vec()
-            };
-            Ok((
-                FetchedBlock {
-                    layout,
-                    checksum: sum,
-                    node_id: peer.node_id.clone(),
-                    tier: tier_pb(expect.tier),
-                    data,
+            let dest = match (target, &slot) {
+                (Some(t), _) => *t,
+                (None, Some(s)) => ReadTarget {
+                    region: self.staging.region(),
+                    segment: self.staging.segment(),
+                    offset: s.offset(),
+                    capacity: block.len(),
                 },
-                lease.size,
-            ))
+                (None, None) => return Err(StoreError::Server("no read destination".into())),
+            };
+            let read = RangeRead {
+                block: &block,
+                offset: 0,
+                len: block.len(),
+                target: dest,
+            };
+            let result = self.read_leased(std::slice::from_ref(&read)).await;
+            match result.into_iter().next() {
+                Some(Ok(())) => {
+                    let bytes = dest.bytes(block.len())?;
+                    // Blocks in this node's tiers are trusted (disk copies are
+                    // verified when promoted); remote bytes crossed the network.
+                    if block.is_local() || xxhash_rust::xxh3::xxh3_64(bytes) == block.checksum() {
+                        let data = if target.is_some() {
+                            Vec::new()
+                        } else {
+                            bytes.to_vec()
+                        };
+                        return Ok(Some((facts(data), block.len())));
+                    }
+                    self.report_corrupt(&block).await;
+                }
+                // The caller's target cannot hold the block: its error, not the holder's.
+                Some(Err(StoreError::InvalidArgument(m))) => {
+                    return Err(StoreError::InvalidArgument(m))
+                }
+                Some(Err(e)) => {
+                    tracing::info!(holder = %block.holder(), error = %e, "remote read failed; miss");
+                    let view = self.view();
+                    self.report_stale_many(&view, vec![(block.holder().into(), *key)])
+                        .await;
+                }
+                None => return Err(StoreError::Server("read returned no result".into())),
+            }
+            skip.push(block.holder().to_string());
         }
-        .await;
-        tokio::spawn(release);
-        result
     }
 
-    async fn report_stale(&self, view: &MembershipView, holder: &str, key: &BlockKey) {
-        let Some(owner) = view.owner(key).cloned() else {
-            return;
-        };
-        if owner.node_id == self.me.node_id {
-            self.shard_withdraw(holder, std::slice::from_ref(key));
-            return;
+    /// Report `(holder, key)` pairs stale to each key's owner: one
+    /// ReportStale per owner and holder, in parallel; this node's own shard
+    /// drops them directly.
+    pub(super) async fn report_stale_many(
+        &self,
+        view: &MembershipView,
+        stale: Vec<(String, BlockKey)>,
+    ) {
+        let mut by_owner: HashMap<(String, String), (String, Vec<BlockKey>)> = HashMap::new();
+        for (holder, key) in stale {
+            if let Some(owner) = view.owner(&key) {
+                by_owner
+                    .entry((owner.node_id.clone(), holder))
+                    .or_insert_with(|| (owner.grpc_addr.clone(), Vec::new()))
+                    .1
+                    .push(key);
+            }
         }
-        let req = StaleRequest {
-            node_id: holder.to_string(),
-            keys: vec![key.as_bytes().to_vec()],
-        };
-        if let Ok(mut c) = self.directory_client(&owner.grpc_addr) {
-            let _ = tokio::time::timeout(self.cfg.rpc_timeout(), c.report_stale(req)).await;
-        }
+        let me = self.me.node_id.as_str();
+        let sends = by_owner
+            .into_iter()
+            .map(|((owner, holder), (addr, keys))| async move {
+                if owner == me {
+                    self.shard_withdraw(&holder, &keys);
+                    return;
+                }
+                let req = StaleRequest {
+                    node_id: holder,
+                    keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+                };
+                if let Ok(mut c) = self.directory_client(&addr) {
+                    let _ = tokio::time::timeout(self.cfg.rpc_timeout(), c.report_stale(req)).await;
+                }
+            });
+        futures::future::join_all(sends).await;
     }
 }

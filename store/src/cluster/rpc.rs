@@ -8,8 +8,9 @@ use std::time::Duration;
 use kvfabric_proto::internal::v1::directory_service_server::DirectoryService;
 use kvfabric_proto::internal::v1::holder_service_server::HolderService;
 use kvfabric_proto::internal::v1::{
-    AnnounceRequest, AnnounceResponse, LeaseRequest, LeaseResponse, LocateRequest, LocateResponse,
-    Located, ReleaseRequest, ReleaseResponse, StaleRequest, StaleResponse, WithdrawRequest,
+    AnnounceRequest, AnnounceResponse, LeaseManyRequest, LeaseManyResponse, LeaseRequest,
+    LeaseResponse, LocateRequest, LocateResponse, Located, ReleaseManyRequest, ReleaseManyResponse,
+    ReleaseRequest, ReleaseResponse, StaleRequest, StaleResponse, WithdrawRequest,
     WithdrawResponse,
 };
 use tonic::{Request, Response, Status};
@@ -95,32 +96,62 @@ impl DirectoryService for DirectoryRpc {
 /// `HolderService`: leases blocks of this node's RAM arena for remote readers.
 pub struct HolderRpc(pub Arc<ClusterNode>);
 
+impl HolderRpc {
+    async fn lease_keys(
+        &self,
+        keys: &[Vec<u8>],
+        ttl_ms: u64,
+    ) -> Result<Vec<LeaseResponse>, Status> {
+        let keys = parse_keys(keys)?;
+        let ttl = Duration::from_millis(ttl_ms.max(1));
+        let leased = self.0.lease_for_peer(&keys, ttl).await;
+        Ok(leased
+            .into_iter()
+            .map(|l| match l {
+                None => LeaseResponse::default(),
+                Some((lease_id, segment, offset, info)) => LeaseResponse {
+                    lease_id,
+                    segment_id: segment.0,
+                    offset,
+                    size: info.len,
+                    checksum: info.checksum,
+                    layout: Some((&info.layout).into()),
+                },
+            })
+            .collect())
+    }
+}
+
 #[tonic::async_trait]
 impl HolderService for HolderRpc {
     async fn lease(&self, req: Request<LeaseRequest>) -> Result<Response<LeaseResponse>, Status> {
         let req = req.into_inner();
-        let key = BlockKey::from_slice(&req.key)?;
-        let ttl = Duration::from_millis(req.ttl_ms.max(1));
-        let leased = self.0.lease_for_peer(key, ttl).await?;
-        let resp = match leased {
-            None => LeaseResponse::default(),
-            Some((lease_id, segment, offset, info)) => LeaseResponse {
-                lease_id,
-                segment_id: segment.0,
-                offset,
-                size: info.len,
-                checksum: info.checksum,
-                layout: Some((&info.layout).into()),
-            },
-        };
-        Ok(Response::new(resp))
+        let mut leases = self.lease_keys(&[req.key], req.ttl_ms).await?;
+        Ok(Response::new(leases.pop().unwrap_or_default()))
     }
 
     async fn release(
         &self,
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
-        self.0.release_lease(req.into_inner().lease_id);
+        self.0.release_leases(&[req.into_inner().lease_id]);
         Ok(Response::new(ReleaseResponse {}))
+    }
+
+    async fn lease_many(
+        &self,
+        req: Request<LeaseManyRequest>,
+    ) -> Result<Response<LeaseManyResponse>, Status> {
+        let req = req.into_inner();
+        let leases = self.lease_keys(&req.keys, req.ttl_ms).await?;
+        Ok(Response::new(LeaseManyResponse { leases }))
+    }
+
+    async fn release_many(
+        &self,
+        req: Request<ReleaseManyRequest>,
+    ) -> Result<Response<ReleaseManyResponse>, Status> {
+        self.0.release_leases(&req.into_inner().lease_ids);
+        Ok(Response::new(ReleaseManyResponse {}))
     }
 }

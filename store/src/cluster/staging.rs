@@ -41,6 +41,11 @@ impl Staging {
         })
     }
 
+    /// The registered region.
+    pub fn region(&self) -> &SharedRegion {
+        &self.region
+    }
+
     /// The transfer segment of the region.
     pub fn segment(&self) -> SegmentId {
         self.segment

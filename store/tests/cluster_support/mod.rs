@@ -1,0 +1,281 @@
+//! In-process clusters for the cluster tests: N nodes on loopback (static
+//! peers, tcp transport), each with its own store, gRPC server, directory
+//! shard and transfer engine; and a tcp proxy in front of a holder's
+//! transfer port that a test can freeze or cut mid-stream (a holder that
+//! stalls or dies mid-read).
+
+#![allow(dead_code)]
+
+use std::net::TcpListener as StdListener;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvfabric_store::cluster::{serve_cluster_node, ClusterConfig, ClusterNode};
+use kvfabric_store::{
+    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// 2 layers x K,V x 64 tokens x 1 head x `head_dim` f16.
+pub fn layout(head_dim: u32) -> KvLayout {
+    KvLayout {
+        layers: 2,
+        kv_heads: 1,
+        head_dim,
+        dtype: DType::F16,
+        block_tokens: 64,
+        order: BlockOrder::LayerKvTokenHead,
+    }
+}
+
+pub fn key(tag: u8, i: u32) -> BlockKey {
+    let mut k = [tag; 32];
+    k[..4].copy_from_slice(&i.to_le_bytes());
+    BlockKey(k)
+}
+
+/// Distinct bytes per key.
+pub fn data(k: &BlockKey, len: usize) -> Vec<u8> {
+    let seed = u64::from_le_bytes(k.0[..8].try_into().unwrap_or_default());
+    (0..len)
+        .map(|j| (seed.wrapping_mul(31).wrapping_add(j as u64 * 7) >> 3) as u8 ^ (j as u8))
+        .collect()
+}
+
+pub struct Options {
+    pub ram: u64,
+    pub remote_read_timeout_ms: u64,
+    pub reconcile_interval_ms: u64,
+    /// Nodes (by index) whose transfer port peers reach through a [`Proxy`].
+    pub proxied: Vec<usize>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            ram: 64 << 20,
+            remote_read_timeout_ms: 1500,
+            reconcile_interval_ms: 1000,
+            proxied: Vec::new(),
+        }
+    }
+}
+
+pub struct Cluster {
+    pub nodes: Vec<Arc<ClusterNode>>,
+    /// proxies[i]: the proxy in front of node i's transfer port, if proxied.
+    pub proxies: Vec<Option<Proxy>>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Cluster {
+    /// Nodes "n0", "n1", ... that all see each other.
+    pub async fn start(n: usize, opts: Options) -> Cluster {
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let mut proxies = Vec::new();
+        for (i, (_, t)) in ports.iter().enumerate() {
+            proxies.push(if opts.proxied.contains(&i) {
+                Some(Proxy::start(format!("127.0.0.1:{t}")).await)
+            } else {
+                None
+            });
+        }
+        let peers: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (g, t))| {
+                let transfer = match &proxies[i] {
+                    Some(p) => p.addr.clone(),
+                    None => format!("127.0.0.1:{t}"),
+                };
+                format!("n{i}=127.0.0.1:{g}={transfer}")
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        let mut stops = Vec::new();
+        for (i, (g, t)) in ports.iter().enumerate() {
+            let cfg = NodeConfig {
+                node_id: format!("n{i}"),
+                ram_capacity: bytesize::ByteSize::b(opts.ram),
+                ..NodeConfig::default()
+            };
+            let mut registry = Registry::default();
+            let store = Store::open(cfg, &mut registry).expect("store opens");
+            let cluster = ClusterConfig {
+                peers: peers.clone(),
+                transfer_listen: format!("127.0.0.1:{t}"),
+                transfer_transport: "tcp".into(),
+                probe_interval_ms: 100,
+                remote_read_timeout_ms: opts.remote_read_timeout_ms,
+                reconcile_interval_ms: opts.reconcile_interval_ms,
+                ..ClusterConfig::default()
+            };
+            let grpc = TcpListener::bind(("127.0.0.1", *g))
+                .await
+                .expect("grpc bind");
+            let http = TcpListener::bind("127.0.0.1:0").await.expect("http bind");
+            let addr = grpc.local_addr().expect("grpc addr");
+            let node = ClusterNode::start(store, cluster, addr, &mut registry)
+                .await
+                .expect("node starts");
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(serve_cluster_node(
+                node.clone(),
+                registry,
+                grpc,
+                http,
+                async {
+                    let _ = rx.await;
+                },
+            ));
+            nodes.push(node);
+            stops.push(tx);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nodes.iter().any(|x| x.view().nodes.len() < n) {
+            assert!(Instant::now() < deadline, "nodes did not see each other");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let each node's announcer handle the view change (a sync) before
+        // the test starts counting on what was or was not announced.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Cluster {
+            nodes,
+            proxies,
+            stops,
+        }
+    }
+
+    /// Store `keys` (layout `l`) on node `i` and register them with their owners.
+    pub async fn put(&self, i: usize, keys: &[BlockKey], l: KvLayout) {
+        let store = self.nodes[i].store();
+        for k in keys {
+            store
+                .put(*k, l, &data(k, l.block_bytes()), PutOptions::default())
+                .expect("put");
+        }
+        self.nodes[i].sync(false).await;
+    }
+
+    /// Stop node `i`'s gRPC server (it leaves membership first).
+    pub fn stop(&mut self, i: usize) {
+        let (tx, _) = tokio::sync::oneshot::channel();
+        let _ = std::mem::replace(&mut self.stops[i], tx).send(());
+    }
+}
+
+const PASS: u8 = 0;
+const FREEZE: u8 = 1;
+const CUT: u8 = 2;
+
+/// A tcp proxy to one address. Frozen, it stops forwarding (connections
+/// stay open, bytes stop); cut, it closes every connection and refuses new
+/// ones — optionally only after a number of bytes came back from the target.
+pub struct Proxy {
+    pub addr: String,
+    state: Arc<ProxyState>,
+}
+
+struct ProxyState {
+    mode: AtomicU8,
+    /// Cut once this many bytes flowed back from the target (u64::MAX = never).
+    cut_after: AtomicU64,
+    back_bytes: AtomicU64,
+}
+
+impl Proxy {
+    pub async fn start(target: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
+        let addr = listener.local_addr().expect("proxy addr").to_string();
+        let state = Arc::new(ProxyState {
+            mode: AtomicU8::new(PASS),
+            cut_after: AtomicU64::new(u64::MAX),
+            back_bytes: AtomicU64::new(0),
+        });
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                if st.mode.load(Ordering::SeqCst) == CUT {
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, st.clone(), false));
+                tokio::spawn(pump(sr, cw, st.clone(), true));
+            }
+        });
+        Proxy { addr, state }
+    }
+
+    pub fn freeze(&self) {
+        self.state.mode.store(FREEZE, Ordering::SeqCst);
+    }
+
+    pub fn cut(&self) {
+        self.state.mode.store(CUT, Ordering::SeqCst);
+    }
+
+    /// Cut every connection once `bytes` more have come back from the target.
+    pub fn cut_after(&self, bytes: u64) {
+        let now = self.state.back_bytes.load(Ordering::SeqCst);
+        self.state.cut_after.store(now + bytes, Ordering::SeqCst);
+    }
+
+    /// Bytes that came back from the target so far.
+    pub fn back_bytes(&self) -> u64 {
+        self.state.back_bytes.load(Ordering::SeqCst)
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    st: Arc<ProxyState>,
+    back: bool,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let Ok(n) = from.read(&mut buf).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        let chunk = &buf[..n];
+        if back {
+            let before = st.back_bytes.fetch_add(n as u64, Ordering::SeqCst);
+            let limit = st.cut_after.load(Ordering::SeqCst);
+            if before + n as u64 >= limit {
+                // Forward up to the limit, then the holder "dies".
+                let keep = limit.saturating_sub(before) as usize;
+                let _ = to.write_all(&chunk[..keep.min(n)]).await;
+                st.mode.store(CUT, Ordering::SeqCst);
+                return;
+            }
+        }
+        loop {
+            match st.mode.load(Ordering::SeqCst) {
+                PASS => break,
+                CUT => return,
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
+}
