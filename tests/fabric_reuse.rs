@@ -115,7 +115,10 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
     );
     assert_eq!(stats.loaded_blocks, 4);
     assert!(stats.load_failed_blocks >= 1);
-    assert_eq!(stats.streamed_loads, 1, "the load streamed before the bad layer");
+    assert_eq!(
+        stats.streamed_loads, 1,
+        "the load streamed before the bad layer"
+    );
     assert_eq!(warm.tokens, cold.tokens);
     for (w, c) in warm.logits.iter().zip(&cold.logits) {
         assert!(same_bits(w, c), "logits differ from the cold run");

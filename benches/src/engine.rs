@@ -346,7 +346,7 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
             report["threads"]
         );
         println!(
-            "  {:<16} {:>12} {:>12} {:>12} {:>12}",
+            "  {:<16} {:>14} {:>14} {:>14} {:>14}",
             "tok/s", "kvfabric", "llama.cpp", "llama.cpp f32", "candle f32"
         );
         for figure in ["prefill512", "prefill2048", "decode1", "decode8"] {
@@ -361,7 +361,7 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
                     .map_or_else(|| "-".to_string(), |x| format!("{x:.1}"))
             };
             println!(
-                "  {figure:<16} {:>12} {:>12} {:>12} {:>12}",
+                "  {figure:<16} {:>14} {:>14} {:>14} {:>14}",
                 cell(""),
                 cell("llamacpp"),
                 cell("llamacpp_f32"),
@@ -463,9 +463,15 @@ mod tests {
             let why = report[format!("{peer}_status")].as_str().unwrap_or("");
             assert!(why.contains("venv"), "{peer}: {why}");
         }
-        if !cfg!(feature = "candle-peer") {
+        if cfg!(feature = "candle-peer") {
+            // candle needs no venv: it is measured regardless.
+            assert_eq!(report["candle_status"], json!("measured"));
+            assert!(report["candle_decode8_tps"].as_f64().unwrap_or(0.0) > 0.0);
+            assert!(report["prefill512_over_best_peer"].as_f64().is_some());
+        } else {
             assert_eq!(report["candle_status"], json!(CANDLE_NOT_BUILT));
             assert_eq!(report["candle_peer"], json!(CANDLE_NOT_BUILT));
+            assert!(report["prefill512_over_best_peer"].is_null());
         }
     }
 

@@ -83,7 +83,7 @@ impl Backend for EmbeddedBackend {
         async move {
             let holders = self.node.lookup(&keys).await;
             let me = self.node.info().node_id.clone();
-            let mut copied = 0;
+            let mut copied = Vec::new();
             for (key, h) in keys.iter().zip(&holders) {
                 if h.node_id == me {
                     continue;
@@ -103,14 +103,12 @@ impl Backend for EmbeddedBackend {
                 })
                 .await;
                 match put {
-                    Ok(Ok(_)) => copied += 1,
+                    Ok(Ok(_)) => copied.push(key),
                     _ => break,
                 }
             }
-            if copied > 0 {
-                self.node.sync(false).await;
-            }
-            copied
+            self.node.announce_keys(&copied).await;
+            copied.len()
         }
         .boxed()
     }
@@ -125,6 +123,7 @@ impl Backend for EmbeddedBackend {
     ) -> BoxFuture<'static, Vec<Result<bool, ConnectorError>>> {
         async move {
             let n = blocks.len();
+            let keys: Vec<BlockKey> = blocks.iter().map(|b| b.key).collect();
             let store = self.node.store().clone();
             let mem = self.mem.clone();
             // Copying megabytes is blocking work.
@@ -140,10 +139,14 @@ impl Backend for EmbeddedBackend {
                     .map(|_| Err(ConnectorError::Config(format!("save task: {e}"))))
                     .collect()
             });
-            if stored.iter().any(|r| matches!(r, Ok(true))) {
-                // Visible cluster-wide before the blocks are reported saved.
-                self.node.sync(false).await;
-            }
+            let new: Vec<BlockKey> = keys
+                .iter()
+                .zip(&stored)
+                .filter(|(_, r)| matches!(r, Ok(true)))
+                .map(|(k, _)| *k)
+                .collect();
+            // Visible cluster-wide before the blocks are reported saved.
+            self.node.announce_keys(&new).await;
             stored
         }
         .boxed()
