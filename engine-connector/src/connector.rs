@@ -104,7 +104,7 @@ pub(crate) fn payload_fits(mem: &KvMemory, layout: &KvLayout, len: u64, from: &s
 /// Whether `kv ‖ rest` (a block's KV bytes and whatever was stored after
 /// them) has the store's whole-block `checksum`.
 pub(crate) fn checksum_ok(kv: &[u8], rest: &[u8], checksum: u64, from: &str) -> bool {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    let mut h = kvfabric_transfer::checksum::Checksummer::new();
     h.update(kv);
     h.update(rest);
     let ok = h.digest() == checksum;

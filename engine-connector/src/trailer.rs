@@ -13,7 +13,7 @@
 //! still loaded, whole, against the store's checksum.
 
 use kvfabric_store::keys::{BlockKey, KvLayout};
-use xxhash_rust::xxh3::xxh3_64;
+use kvfabric_transfer::checksum::checksum as xxh3_64;
 
 /// Bytes of the trailer for `layout`.
 pub fn trailer_len(layout: &KvLayout) -> usize {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvfabric_proto::v1::Tier;
-use xxhash_rust::xxh3::Xxh3;
+use kvfabric_transfer::checksum::Checksummer;
 
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
@@ -58,7 +58,7 @@ pub struct Reservation {
     pub(crate) started: Instant,
     /// Running xxh3 of the bytes written in order from offset 0 (fused with the copy,
     /// so the checksum costs no second pass over memory); None once writes go out of order.
-    pub(crate) hasher: Option<Box<Xxh3>>,
+    pub(crate) hasher: Option<Box<Checksummer>>,
     /// How many leading bytes `hasher` has seen.
     pub(crate) hashed: u64,
 }
@@ -195,7 +195,7 @@ impl Shared {
             None => {
                 // SAFETY: the reservation is CLOSED by its owner: nobody else touches the extent.
                 let bytes = unsafe { self.region.slice(r.extent.offset as usize, r.len as usize) }?;
-                xxhash_rust::xxh3::xxh3_64(bytes)
+                kvfabric_transfer::checksum::checksum(bytes)
             }
         };
         let mut g = self.inner.lock();

@@ -240,7 +240,7 @@ impl Shared {
             .map_err(StoreError::from)
             .and_then(|buf| disk.read(dext, buf).map(|()| buf));
         let verified = match read {
-            Ok(buf) => xxhash_rust::xxh3::xxh3_64(&buf[..len as usize]) == checksum,
+            Ok(buf) => kvfabric_transfer::checksum::checksum(&buf[..len as usize]) == checksum,
             Err(e) => {
                 tracing::warn!("disk read of {key:?} failed: {e}");
                 false

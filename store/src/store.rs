@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use kvfabric_proto::v1::{StatsResponse, Tier, TierStats};
+use kvfabric_transfer::checksum::Checksummer;
 use kvfabric_transfer::SharedRegion;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
@@ -196,7 +197,7 @@ impl Store {
             durable,
             state,
             started,
-            hasher: Some(Box::new(xxhash_rust::xxh3::Xxh3::new())),
+            hasher: Some(Box::new(Checksummer::new())),
             hashed: 0,
         }))
     }

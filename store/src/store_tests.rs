@@ -273,7 +273,7 @@ fn dropped_or_failed_reservations_store_nothing() {
     assert!(matches!(bad, Err(StoreError::InvalidArgument(_))));
     assert_eq!(s.exists(&[key(1)]), vec![false]);
     assert_eq!(tier(&s, Tier::Ram).used_bytes, 0);
-    let sum = xxhash_rust::xxh3::xxh3_64(&data(1));
+    let sum = kvfabric_transfer::checksum::checksum(&data(1));
     s.put(
         key(1),
         layout(),
@@ -377,7 +377,7 @@ fn lookup_counts_the_present_prefix() {
 fn checksum_is_right_for_in_order_and_out_of_order_writes() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(&dir, 4, false, |_| {});
-    let sum = |i| xxhash_rust::xxh3::xxh3_64(&data(i));
+    let sum = |i| kvfabric_transfer::checksum::checksum(&data(i));
     for (i, order) in [(1u32, [0usize, 1]), (2, [1, 0])] {
         let ReserveOutcome::Reserved(mut r) =
             s.reserve(key(i), layout(), BLOCK as u64, 0, false).unwrap()

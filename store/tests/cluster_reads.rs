@@ -68,7 +68,7 @@ async fn lease_many_across_two_holders_and_local() {
             assert_eq!(b.is_local(), want == "n0");
             assert_eq!(b.len(), l.block_bytes() as u64);
             assert_eq!(b.layout(), &l);
-            let sum = xxhash_rust::xxh3::xxh3_64(&data(k, l.block_bytes()));
+            let sum = kvfabric_transfer::checksum::checksum(&data(k, l.block_bytes()));
             assert_eq!(b.checksum(), sum);
         }
         // ONE lease RPC per holder, carrying all of its keys.

@@ -10,6 +10,7 @@
 //! let results = engine.batch("10.0.0.2:7400", vec![TransferOp::read(seg, 0, remote, 0, 4096)]).await;
 //! ```
 
+pub mod checksum;
 mod config;
 mod engine;
 mod error;

@@ -198,10 +198,7 @@ impl Response {
     }
 }
 
-/// The xxh3 checksum carried with payloads.
-pub fn checksum(bytes: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(bytes)
-}
+pub use crate::checksum::checksum;
 
 #[cfg(test)]
 mod tests {

@@ -116,7 +116,7 @@ fn verify_wave<'r, 'a>(
         let sound = r
             .target
             .bytes(r.len)
-            .is_ok_and(|b| xxhash_rust::xxh3::xxh3_64(b) == r.block.checksum());
+            .is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
         if !sound {
             return (ok, Some((r, None)));
         }
@@ -405,7 +405,7 @@ impl ClusterNode {
                     let bytes = dest.bytes(block.len())?;
                     // Blocks in this node's tiers are trusted (disk copies are
                     // verified when promoted); remote bytes crossed the network.
-                    if block.is_local() || xxhash_rust::xxh3::xxh3_64(bytes) == block.checksum() {
+                    if block.is_local() || kvfabric_transfer::checksum::checksum(bytes) == block.checksum() {
                         let data = if target.is_some() {
                             Vec::new()
                         } else {
