@@ -11,14 +11,17 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportChoice {
-    /// shm when the peer is on this host, rdma when a device exists (feature
-    /// `rdma`), tcp otherwise.
+    /// shm when the peer is on this host; else rdma when both ends have a
+    /// device (feature `rdma`) and the queue-pair exchange works; tcp otherwise.
     #[default]
     Auto,
     /// Always tcp, even to a peer on this host.
     Tcp,
     /// Always shm; batches to a peer on another host fail with `Unsupported`.
     Shm,
+    /// Always rdma; batches fail with `Unsupported` when this build lacks the
+    /// `rdma` feature, either end has no device, or the queue-pair exchange fails.
+    Rdma,
 }
 
 /// Configuration of a [`crate::TransferEngine`].
@@ -42,7 +45,7 @@ pub struct TransferConfig {
     /// A peer that makes no progress for this long fails every unfinished op
     /// of the batch. Default 5000 ms.
     pub op_timeout_ms: u64,
-    /// Transport override: `auto`, `tcp` or `shm`. Default `auto`.
+    /// Transport override: `auto`, `tcp`, `shm` or `rdma`. Default `auto`.
     pub transport: TransportChoice,
     /// Node name reported in segment metadata. Default: the listen address
     /// actually bound.
@@ -83,6 +86,8 @@ mod tests {
             serde_json::from_str(r#"{"transport":"shm","slice_bytes":65536}"#).unwrap();
         assert_eq!(c.transport, TransportChoice::Shm);
         assert_eq!(c.slice_bytes, 65536);
+        let c: TransferConfig = serde_json::from_str(r#"{"transport":"rdma"}"#).unwrap();
+        assert_eq!(c.transport, TransportChoice::Rdma);
         assert!(serde_json::from_str::<TransferConfig>(r#"{"bogus":1}"#).is_err());
     }
 }

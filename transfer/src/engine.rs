@@ -1,6 +1,10 @@
 //! The transfer engine: owns the segment table, the tcp and shm servers, the
 //! per-peer connection state, and turns a batch of ops into per-op results
 //! over the transport chosen for the peer.
+//!
+//! Per peer the engine pools links of every transport (tcp connections, shm
+//! sockets, rdma queue pairs; see `peer.rs`); each batch checks out its own,
+//! so concurrent batches to one peer run in parallel.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -8,16 +12,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::config::{TransferConfig, TransportChoice};
+use crate::config::TransferConfig;
 use crate::metrics::{DirectionLabel, TransferMetrics, TransportLabel};
 use crate::op::{BatchReport, Notification, OpKind, TransferOp};
+use crate::peer::PeerState;
 use crate::protocol::{Hello, MAX_NOTIFY_BYTES};
 use crate::segment::{check_range, SegmentId, SegmentMeta, SegmentTable, TransportKeys};
-use crate::shm::{self, ShmLink};
+use crate::shm;
 use crate::{tcp_client, tcp_server, SharedRegion, TransferError};
 
 /// The transport that carries a peer's batches.
@@ -25,6 +30,9 @@ use crate::{tcp_client, tcp_server, SharedRegion, TransferError};
 pub enum Transport {
     Tcp,
     Shm,
+    /// Only with the `rdma` feature, a device on both ends and a working
+    /// queue-pair exchange.
+    Rdma,
 }
 
 /// An op whose local range has been checked, holding its local region.
@@ -45,7 +53,7 @@ pub(crate) struct Inner {
     pub notify_tx: broadcast::Sender<Notification>,
     peers: Mutex<HashMap<String, Arc<PeerState>>>,
     #[cfg(feature = "rdma")]
-    rdma: Option<crate::rdma::RdmaNic>,
+    pub rdma: Option<crate::rdma_link::RdmaNic>,
 }
 
 impl Inner {
@@ -55,14 +63,6 @@ impl Inner {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok()
     }
-}
-
-/// What this engine knows about one peer.
-#[derive(Default)]
-struct PeerState {
-    idle: Mutex<Vec<TcpStream>>,
-    chosen: Mutex<Option<Transport>>,
-    shm: tokio::sync::Mutex<Option<ShmLink>>,
 }
 
 /// A running transfer engine. Dropping it stops its servers.
@@ -88,10 +88,16 @@ impl TransferEngine {
         let pid = std::process::id();
         let socket = shm::socket_name(pid, local_addr.port());
         let shm_listener = shm::bind(&socket)?;
+        #[cfg(feature = "rdma")]
+        let nic = crate::rdma_link::RdmaNic::discover();
         let hello = Hello {
             pid,
             boot_id: boot_id(),
             shm_socket: socket,
+            #[cfg(feature = "rdma")]
+            rdma: nic.is_some(),
+            #[cfg(not(feature = "rdma"))]
+            rdma: false,
         };
         let node = config
             .node_name
@@ -108,7 +114,7 @@ impl TransferEngine {
             notify_tx,
             peers: Mutex::new(HashMap::new()),
             #[cfg(feature = "rdma")]
-            rdma: crate::rdma::RdmaNic::discover(),
+            rdma: nic,
         });
         let servers = vec![
             tokio::spawn(tcp_server::accept_loop(listener, inner.clone())),
@@ -189,7 +195,7 @@ impl TransferEngine {
     /// The transport chosen for `peer`, once a batch has reached it.
     pub fn transport_for(&self, peer: &str) -> Option<Transport> {
         let peers = lock(&self.inner.peers);
-        peers.get(peer).and_then(|p| *lock(&p.chosen))
+        peers.get(peer).and_then(|p| p.chosen())
     }
 
     /// Arm the next `count` checksummed payloads this engine sends (or copies,
@@ -237,29 +243,31 @@ impl TransferEngine {
             ));
         }
         let state = self.peer_state(peer);
-        match self.choose(peer, &state).await? {
+        match state.choose(&self.inner, peer).await? {
             Transport::Shm => {
-                let mut link = state.shm.lock().await;
-                let r = match link.as_mut() {
-                    Some(l) => l.notify(&self.inner, peer, note).await,
-                    None => Err(TransferError::Connection {
-                        peer: peer.into(),
-                        reason: "no shm link".into(),
-                    }),
+                let mut link = match state.shm_checkout(&self.inner, peer) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        state.shm_broken();
+                        return Err(e);
+                    }
                 };
-                if r.is_err() {
-                    *link = None;
+                let r = link.notify(&self.inner, peer, note).await;
+                match r {
+                    Ok(()) => state.shm_put_back(&self.inner, link),
+                    Err(_) => state.shm_broken(),
                 }
                 r
             }
-            Transport::Tcp => {
-                let mut conns = self.checkout(peer, &state, 1).await?;
+            // rdma carries data only; notifications ride its control plane, tcp.
+            Transport::Tcp | Transport::Rdma => {
+                let mut conns = state.tcp_checkout(&self.inner, peer, 1).await?;
                 let mut c = conns.pop().ok_or_else(|| TransferError::Connection {
                     peer: peer.into(),
                     reason: "no connection".into(),
                 })?;
                 tcp_client::notify(&self.inner, peer, &mut c, note).await?;
-                lock(&state.idle).push(c);
+                state.tcp_put_back(vec![c], false);
                 Ok(())
             }
         }
@@ -283,27 +291,10 @@ impl TransferEngine {
         }
         if !prepared.is_empty() {
             let state = self.peer_state(peer);
-            let kinds: Vec<OpKind> = prepared.iter().map(|p| p.op.kind).collect();
-            let lens: Vec<u64> = prepared.iter().map(|p| p.op.len).collect();
-            let outcome = match self.choose(peer, &state).await {
+            let outcome = match state.choose(&self.inner, peer).await {
                 Ok(Transport::Shm) => self.run_shm(peer, &state, prepared).await,
-                Ok(Transport::Tcp) => {
-                    let out = self.run_tcp(peer, &state, prepared).await;
-                    for (i, r) in out.iter().enumerate() {
-                        let dir = match kinds[i] {
-                            OpKind::Read => DirectionLabel::Read,
-                            OpKind::Write => DirectionLabel::Write,
-                        };
-                        match r {
-                            Ok(()) => self
-                                .inner
-                                .metrics
-                                .op_done(TransportLabel::Tcp, dir, lens[i]),
-                            Err(_) => self.inner.metrics.op_failed(TransportLabel::Tcp),
-                        }
-                    }
-                    out
-                }
+                Ok(Transport::Tcp) => self.run_tcp(peer, &state, prepared).await,
+                Ok(Transport::Rdma) => self.run_rdma(peer, &state, prepared).await,
                 Err(e) => vec![Err(e); index.len()],
             };
             for (i, r) in index.into_iter().zip(outcome) {
@@ -329,7 +320,29 @@ impl TransferEngine {
         Ok(PreparedOp { op, local })
     }
 
+    /// Run ops over tcp and count them in the tcp metrics.
     async fn run_tcp(
+        &self,
+        peer: &str,
+        state: &PeerState,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<Result<(), TransferError>> {
+        let flows: Vec<(OpKind, u64)> = ops.iter().map(|p| (p.op.kind, p.op.len)).collect();
+        let results = self.run_tcp_uncounted(peer, state, ops).await;
+        for ((kind, len), r) in flows.into_iter().zip(&results) {
+            let dir = match kind {
+                OpKind::Read => DirectionLabel::Read,
+                OpKind::Write => DirectionLabel::Write,
+            };
+            match r {
+                Ok(()) => self.inner.metrics.op_done(TransportLabel::Tcp, dir, len),
+                Err(_) => self.inner.metrics.op_failed(TransportLabel::Tcp),
+            }
+        }
+        results
+    }
+
+    async fn run_tcp_uncounted(
         &self,
         peer: &str,
         state: &PeerState,
@@ -339,17 +352,13 @@ impl TransferEngine {
         let slice = self.inner.config.slice_bytes as u64;
         let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
         let want = (slices as usize).clamp(1, self.inner.config.connections_per_peer);
-        let conns = match self.checkout(peer, state, want).await {
+        let conns = match state.tcp_checkout(&self.inner, peer, want).await {
             Ok(c) => c,
             Err(e) => return vec![Err(e); n],
         };
         let (results, healthy) = tcp_client::run_batch(&self.inner, peer, ops, conns).await;
-        let mut idle = lock(&state.idle);
-        if healthy.len() < want {
-            // A connection broke: the peer may have restarted; reconnect next batch.
-            idle.clear();
-        }
-        idle.extend(healthy);
+        let one_broke = healthy.len() < want;
+        state.tcp_put_back(healthy, one_broke);
         results
     }
 
@@ -360,25 +369,80 @@ impl TransferEngine {
         ops: Vec<PreparedOp>,
     ) -> Vec<Result<(), TransferError>> {
         let n = ops.len();
-        let mut link = state.shm.lock().await;
-        let Some(l) = link.as_mut() else {
-            return vec![
-                Err(TransferError::Connection {
-                    peer: peer.into(),
-                    reason: "no shm link".into()
-                });
-                n
-            ];
+        let mut link = match state.shm_checkout(&self.inner, peer) {
+            Ok(l) => l,
+            Err(e) => {
+                state.shm_broken();
+                return vec![Err(e); n];
+            }
         };
-        match l.run_batch(&self.inner, peer, ops).await {
-            Ok(r) => r,
+        match link.run_batch(&self.inner, peer, ops).await {
+            Ok(r) => {
+                state.shm_put_back(&self.inner, link);
+                r
+            }
             Err(e) => {
                 // Reconnect (and re-decide the transport) on the next batch.
-                *link = None;
-                *lock(&state.chosen) = None;
+                state.shm_broken();
                 vec![Err(e); n]
             }
         }
+    }
+
+    /// Run ops over rdma; the ops it cannot carry (a segment without NIC
+    /// registration) go over tcp.
+    #[cfg(feature = "rdma")]
+    async fn run_rdma(
+        &self,
+        peer: &str,
+        state: &PeerState,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<Result<(), TransferError>> {
+        let n = ops.len();
+        let slice = self.inner.config.slice_bytes.max(4096) as u64;
+        let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
+        let want = (slices as usize).clamp(1, self.inner.config.connections_per_peer);
+        let links = match state.rdma.checkout(&self.inner, peer, want).await {
+            Ok(l) => l,
+            Err(e) => {
+                state.rdma_finished(peer, false, true);
+                return vec![Err(e); n];
+            }
+        };
+        let leftover_ops = ops.clone();
+        let out = crate::rdma_batch::run_batch(&self.inner, peer, ops, links).await;
+        let any_ok = out.results.iter().any(|r| matches!(r, Some(Ok(()))));
+        state.rdma_finished(peer, any_ok, out.broken);
+        state
+            .rdma
+            .put_back(out.healthy, self.inner.config.connections_per_peer.max(1));
+        let mut results = out.results;
+        let (index, leftover): (Vec<usize>, Vec<PreparedOp>) = leftover_ops
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| results[*i].is_none())
+            .unzip();
+        if !leftover.is_empty() {
+            let tcp = self.run_tcp(peer, state, leftover).await;
+            for (i, r) in index.into_iter().zip(tcp) {
+                results[i] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(TransferError::InvalidArgument("op not run".into()))))
+            .collect()
+    }
+
+    #[cfg(not(feature = "rdma"))]
+    async fn run_rdma(
+        &self,
+        _peer: &str,
+        _state: &PeerState,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<Result<(), TransferError>> {
+        let e = TransferError::Unsupported("built without the rdma feature".into());
+        vec![Err(e); ops.len()]
     }
 
     fn peer_state(&self, peer: &str) -> Arc<PeerState> {
@@ -386,67 +450,6 @@ impl TransferEngine {
             .entry(peer.to_string())
             .or_default()
             .clone()
-    }
-
-    /// Take `want` connections to `peer` from its pool, opening what is missing.
-    async fn checkout(
-        &self,
-        peer: &str,
-        state: &PeerState,
-        want: usize,
-    ) -> Result<Vec<TcpStream>, TransferError> {
-        let mut conns: Vec<TcpStream> = {
-            let mut idle = lock(&state.idle);
-            let keep = idle.len().saturating_sub(want);
-            idle.drain(keep..).collect()
-        };
-        while conns.len() < want {
-            let (c, _) = tcp_client::connect(&self.inner, peer).await?;
-            conns.push(c);
-        }
-        Ok(conns)
-    }
-
-    /// Decide (once per peer link) which transport carries its batches.
-    async fn choose(&self, peer: &str, state: &PeerState) -> Result<Transport, TransferError> {
-        let chosen = *lock(&state.chosen);
-        if let Some(t) = chosen {
-            if t == Transport::Tcp || state.shm.lock().await.is_some() {
-                return Ok(t);
-            }
-        }
-        let choice = self.inner.config.transport;
-        let t = if choice == TransportChoice::Tcp {
-            Transport::Tcp
-        } else {
-            let (conn, hello) = tcp_client::connect(&self.inner, peer).await?;
-            lock(&state.idle).push(conn);
-            let same_host = hello.boot_id == self.inner.hello.boot_id && !hello.boot_id.is_empty();
-            let link = if same_host {
-                Some(ShmLink::connect(&hello.shm_socket))
-            } else {
-                None
-            };
-            match (link, choice) {
-                (Some(Ok(l)), _) => {
-                    *state.shm.lock().await = Some(l);
-                    Transport::Shm
-                }
-                (Some(Err(e)), TransportChoice::Shm) => return Err(e),
-                (None, TransportChoice::Shm) => {
-                    return Err(TransferError::Unsupported(format!(
-                        "shm to {peer}: peer is on another host"
-                    )))
-                }
-                (Some(Err(e)), _) => {
-                    tracing::warn!(%peer, error = %e, "shm link failed, using tcp");
-                    Transport::Tcp
-                }
-                (None, _) => Transport::Tcp,
-            }
-        };
-        *lock(&state.chosen) = Some(t);
-        Ok(t)
     }
 }
 

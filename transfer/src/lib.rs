@@ -18,6 +18,7 @@ mod io_util;
 pub mod memory;
 mod metrics;
 mod op;
+mod peer;
 mod protocol;
 mod segment;
 mod shm;
@@ -30,6 +31,10 @@ pub mod testdata;
 pub mod cuda;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+#[cfg(feature = "rdma")]
+mod rdma_batch;
+#[cfg(feature = "rdma")]
+mod rdma_link;
 
 pub use config::{TransferConfig, TransportChoice};
 pub use engine::{TransferEngine, Transport};

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the transfer engine: bytes and ops per transport and
-//! direction, errors, ops in flight. Registered into the registry the node
+//! direction, errors, ops in flight, links opened. Registered into the registry the node
 //! passes in (no global singletons).
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -32,9 +32,9 @@ pub struct FlowLabels {
     pub direction: DirectionLabel,
 }
 
-/// Labels of the error counter.
+/// Labels of the per-transport counters without a direction (errors, links).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub struct TransportLabels {
     pub transport: TransportLabel,
 }
 
@@ -43,7 +43,10 @@ pub struct ErrorLabels {
 pub struct TransferMetrics {
     pub bytes: Family<FlowLabels, Counter>,
     pub ops: Family<FlowLabels, Counter>,
-    pub errors: Family<ErrorLabels, Counter>,
+    pub errors: Family<TransportLabels, Counter>,
+    /// Links this engine opened to peers: tcp connections, shm sockets, rdma
+    /// queue pairs. A pool that works keeps this flat under steady load.
+    pub links_opened: Family<TransportLabels, Counter>,
     pub in_flight_ops: Gauge,
 }
 
@@ -64,6 +67,11 @@ impl TransferMetrics {
         );
         sub.register("errors", "Ops failed, per transport", m.errors.clone());
         sub.register(
+            "links_opened",
+            "Links opened to peers (tcp connections, shm sockets, rdma queue pairs), per transport",
+            m.links_opened.clone(),
+        );
+        sub.register(
             "in_flight_ops",
             "Ops submitted and not yet completed",
             m.in_flight_ops.clone(),
@@ -81,8 +89,17 @@ impl TransferMetrics {
         self.ops.get_or_create(&l).inc();
     }
 
+    /// Count one link opened to a peer.
+    pub fn link_opened(&self, transport: TransportLabel) {
+        self.links_opened
+            .get_or_create(&TransportLabels { transport })
+            .inc();
+    }
+
     /// Count one failed op.
     pub fn op_failed(&self, transport: TransportLabel) {
-        self.errors.get_or_create(&ErrorLabels { transport }).inc();
+        self.errors
+            .get_or_create(&TransportLabels { transport })
+            .inc();
     }
 }

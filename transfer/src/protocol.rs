@@ -2,7 +2,14 @@
 //! fixed-size little-endian request and response headers, each followed by
 //! its payload (a slice of a segment), so payloads can be read straight into
 //! and written straight from registered memory.
+//!
+//! The same connection carries the rdma control plane: a queue-pair exchange
+//! ([`RequestKind::RdmaConnect`], payload an [`RdmaEndpoint`]) and per-op range
+//! checks that answer with the segment's [`RdmaKey`] ([`RequestKind::RdmaRange`]).
 
+use serde::{Deserialize, Serialize};
+
+use crate::segment::RdmaKey;
 use crate::TransferError;
 
 /// "KVFT".
@@ -20,6 +27,12 @@ pub const HELLO_BYTES: usize = 12 + BOOT_ID_BYTES + SOCKET_BYTES;
 pub const REQUEST_BYTES: usize = 56;
 /// Size of an encoded [`Response`] header.
 pub const RESPONSE_BYTES: usize = 24;
+/// Size of an encoded [`RdmaEndpoint`].
+pub const RDMA_ENDPOINT_BYTES: usize = 24;
+/// Size of an encoded [`RdmaKey`].
+pub const RDMA_KEY_BYTES: usize = 16;
+/// Hello flag: this engine has an RDMA device and accepts queue pairs.
+const HELLO_RDMA: u8 = 1;
 
 /// Identity exchanged when a connection opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +40,8 @@ pub struct Hello {
     pub pid: u32,
     pub boot_id: String,
     pub shm_socket: String,
+    /// The engine has an RDMA device (older peers send 0: no).
+    pub rdma: bool,
 }
 
 impl Hello {
@@ -34,6 +49,7 @@ impl Hello {
         let mut b = [0u8; HELLO_BYTES];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        b[6] = if self.rdma { HELLO_RDMA } else { 0 };
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
         put_str(&mut b[12..12 + BOOT_ID_BYTES], &self.boot_id);
         put_str(&mut b[12 + BOOT_ID_BYTES..], &self.shm_socket);
@@ -52,6 +68,7 @@ impl Hello {
             pid: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
             boot_id: get_str(&b[12..12 + BOOT_ID_BYTES]),
             shm_socket: get_str(&b[12 + BOOT_ID_BYTES..]),
+            rdma: b[6] & HELLO_RDMA != 0,
         })
     }
 }
@@ -75,6 +92,15 @@ pub enum RequestKind {
     Write = 2,
     /// Deliver the `slice_len` payload bytes that follow as a notification.
     Notify = 3,
+    /// rdma: the payload is the initiator's [`RdmaEndpoint`]; the server
+    /// creates a queue pair connected to it (alive as long as this
+    /// connection) and answers with its own endpoint as the response payload.
+    RdmaConnect = 4,
+    /// rdma: check the op range `segment[op_offset..+op_len]` and answer with
+    /// the segment's [`RdmaKey`] as payload, and with the range's checksum in
+    /// the response when `FLAG_CHECKSUM` is set. `Unsupported` when the
+    /// segment has no NIC registration.
+    RdmaRange = 5,
 }
 
 /// Request flag: the payload carries an xxh3 checksum.
@@ -120,6 +146,8 @@ impl Request {
             1 => RequestKind::Read,
             2 => RequestKind::Write,
             3 => RequestKind::Notify,
+            4 => RequestKind::RdmaConnect,
+            5 => RequestKind::RdmaRange,
             k => {
                 return Err(TransferError::InvalidArgument(format!(
                     "unknown request kind {k}"
@@ -154,6 +182,8 @@ pub enum Status {
     OutOfBounds = 2,
     Checksum = 3,
     BadRequest = 4,
+    /// The server cannot serve this over rdma (no device, no NIC registration).
+    Unsupported = 5,
 }
 
 /// Response header; an error status is followed by `message_len` bytes of
@@ -183,6 +213,7 @@ impl Response {
             2 => Status::OutOfBounds,
             3 => Status::Checksum,
             4 => Status::BadRequest,
+            5 => Status::Unsupported,
             s => {
                 return Err(TransferError::InvalidArgument(format!(
                     "unknown response status {s}"
@@ -200,6 +231,70 @@ impl Response {
 
 pub use crate::checksum::checksum;
 
+/// The address of one end of an rdma RC connection, exchanged over tcp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaEndpoint {
+    pub qp_num: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+}
+
+impl RdmaEndpoint {
+    pub fn encode(&self) -> [u8; RDMA_ENDPOINT_BYTES] {
+        let mut b = [0u8; RDMA_ENDPOINT_BYTES];
+        b[0..4].copy_from_slice(&self.qp_num.to_le_bytes());
+        b[4..6].copy_from_slice(&self.lid.to_le_bytes());
+        b[8..24].copy_from_slice(&self.gid);
+        b
+    }
+
+    /// Decode; refuses a wrong length, set reserved bytes, or a queue pair
+    /// number that is not a 24-bit nonzero value.
+    pub fn decode(b: &[u8]) -> Result<Self, TransferError> {
+        let bad = |why: &str| TransferError::InvalidArgument(format!("bad rdma endpoint: {why}"));
+        if b.len() != RDMA_ENDPOINT_BYTES {
+            return Err(bad(&format!("{} bytes", b.len())));
+        }
+        if b[6] != 0 || b[7] != 0 {
+            return Err(bad("reserved bytes set"));
+        }
+        let qp_num = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if qp_num == 0 || qp_num > 0x00ff_ffff {
+            return Err(bad(&format!("queue pair number {qp_num:#x}")));
+        }
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&b[8..24]);
+        Ok(RdmaEndpoint {
+            qp_num,
+            lid: u16::from_le_bytes([b[4], b[5]]),
+            gid,
+        })
+    }
+}
+
+/// Encode a segment's rdma key (address, rkey, 4 reserved zero bytes).
+pub fn encode_rdma_key(key: &RdmaKey) -> [u8; RDMA_KEY_BYTES] {
+    let mut b = [0u8; RDMA_KEY_BYTES];
+    b[0..8].copy_from_slice(&key.addr.to_le_bytes());
+    b[8..12].copy_from_slice(&key.rkey.to_le_bytes());
+    b
+}
+
+/// Decode a segment's rdma key; refuses a wrong length or set reserved bytes.
+#[cfg_attr(not(any(feature = "rdma", test)), allow(dead_code))]
+pub fn decode_rdma_key(b: &[u8]) -> Result<RdmaKey, TransferError> {
+    if b.len() != RDMA_KEY_BYTES || b[12..].iter().any(|&x| x != 0) {
+        return Err(TransferError::InvalidArgument(format!(
+            "bad rdma key ({} bytes)",
+            b.len()
+        )));
+    }
+    Ok(RdmaKey {
+        addr: u64_at(b, 0),
+        rkey: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,8 +305,14 @@ mod tests {
             pid: 42,
             boot_id: "abc".into(),
             shm_socket: "kvfabric-1".into(),
+            rdma: false,
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let with_nic = Hello {
+            rdma: true,
+            ..h.clone()
+        };
+        assert_eq!(Hello::decode(&with_nic.encode()).unwrap(), with_nic);
         assert!(Hello::decode(&[7u8; HELLO_BYTES]).is_err());
         let r = Request {
             kind: RequestKind::Write,
@@ -232,5 +333,69 @@ mod tests {
             payload_len: 11,
         };
         assert_eq!(Response::decode(&s.encode()).unwrap(), s);
+    }
+
+    #[test]
+    fn rdma_messages_round_trip_and_malformed_are_refused() {
+        let ep = RdmaEndpoint {
+            qp_num: 0x12_3456,
+            lid: 7,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+        };
+        let b = ep.encode();
+        assert_eq!(RdmaEndpoint::decode(&b).unwrap(), ep);
+        assert!(RdmaEndpoint::decode(&b[..23]).is_err(), "short");
+        assert!(
+            RdmaEndpoint::decode(&[b.as_slice(), &[0]].concat()).is_err(),
+            "long"
+        );
+        let mut reserved = b;
+        reserved[6] = 1;
+        assert!(RdmaEndpoint::decode(&reserved).is_err(), "reserved bytes");
+        let mut big_qpn = b;
+        big_qpn[3] = 1;
+        assert!(
+            RdmaEndpoint::decode(&big_qpn).is_err(),
+            "qp number over 24 bits"
+        );
+        assert!(
+            RdmaEndpoint::decode(&[0u8; RDMA_ENDPOINT_BYTES]).is_err(),
+            "qp 0"
+        );
+
+        let key = RdmaKey {
+            addr: 0x7f00_dead_b000,
+            rkey: 0xabcd_ef01,
+        };
+        let kb = encode_rdma_key(&key);
+        assert_eq!(decode_rdma_key(&kb).unwrap(), key);
+        assert!(decode_rdma_key(&kb[..15]).is_err());
+        let mut bad = kb;
+        bad[15] = 9;
+        assert!(decode_rdma_key(&bad).is_err());
+
+        for kind in [RequestKind::RdmaConnect, RequestKind::RdmaRange] {
+            let r = Request {
+                kind,
+                flags: FLAG_CHECKSUM,
+                segment: 1,
+                op_offset: 2,
+                op_len: 3,
+                slice_offset: 2,
+                slice_len: 3,
+                checksum: 0,
+            };
+            assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        }
+        let s = Response {
+            status: Status::Unsupported,
+            message_len: 3,
+            checksum: 0,
+            payload_len: 0,
+        };
+        assert_eq!(Response::decode(&s.encode()).unwrap(), s);
+        let mut unknown = s.encode();
+        unknown[0] = 6;
+        assert!(Response::decode(&unknown).is_err());
     }
 }

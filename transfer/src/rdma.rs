@@ -1,25 +1,35 @@
-//! The rdma transport's data path (feature `rdma`): device discovery, memory
+//! The rdma transport's verbs layer (feature `rdma`): device discovery, memory
 //! registration of segments (rkeys go into segment metadata), RC queue pairs
-//! and one-sided RDMA READ/WRITE work requests with completion polling.
+//! and one-sided RDMA READ/WRITE work requests with completion waiting.
 //!
 //! Built on raw verbs (ibverbs-sys) because ibverbs 0.9's safe API can only
 //! register memory it allocates itself and only posts SENDs. It compiles in CI;
 //! it runs only where an RDMA NIC exists. With no device, discovery logs once
-//! and the engine uses tcp.
+//! and the engine uses tcp. The engine side (queue-pair exchange, batches) is
+//! in `rdma_link.rs`.
+//!
+//! Each queue pair has its own completion queue and completion channel, so a
+//! batch that owns a queue pair reaps exactly its own completions, and waits
+//! for them on the channel's fd (tokio `AsyncFd`, `rdma/completions.rs`)
+//! instead of spinning.
 
 use std::ffi::CStr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Once};
-use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
-use serde::{Deserialize, Serialize};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
+pub use crate::protocol::RdmaEndpoint;
 use crate::segment::RdmaKey;
 use crate::{OpKind, SharedRegion, TransferError};
 
+mod completions;
+
 const PORT_NUM: u8 = 1;
-const CQ_ENTRIES: i32 = 1024;
-const MAX_SEND_WR: u32 = 512;
+/// Work requests a queue pair holds (its completion queue holds as many).
+pub const MAX_SEND_WR: u32 = 512;
 
 static DISCOVERY: Once = Once::new();
 
@@ -57,64 +67,6 @@ fn errno_err(what: &str, errno: i32) -> TransferError {
     ))
 }
 
-/// The engine's NIC: the device opened at start (if any) and the NIC
-/// registration of every segment, whose rkeys go into segment metadata.
-pub struct RdmaNic {
-    device: Arc<RdmaDevice>,
-    memory: std::sync::Mutex<std::collections::HashMap<crate::SegmentId, RdmaMemory>>,
-}
-
-impl RdmaNic {
-    /// Discover devices (logging once) and open the first; None without one.
-    pub fn discover() -> Option<Self> {
-        log_devices_once();
-        if device_names().is_empty() {
-            return None;
-        }
-        match RdmaDevice::open(None) {
-            Ok(device) => Some(RdmaNic {
-                device,
-                memory: Default::default(),
-            }),
-            Err(e) => {
-                tracing::warn!(error = %e, "RDMA device present but unusable; using tcp");
-                None
-            }
-        }
-    }
-
-    /// Register a segment with the NIC; failure is logged and leaves the
-    /// segment reachable over tcp/shm only.
-    pub fn register(&self, id: crate::SegmentId, region: Arc<SharedRegion>) {
-        match self.device.register(region) {
-            Ok(mem) => {
-                self.memory
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, mem);
-            }
-            Err(e) => tracing::warn!(segment = %id, error = %e, "RDMA registration failed"),
-        }
-    }
-
-    /// Drop a segment's NIC registration.
-    pub fn unregister(&self, id: crate::SegmentId) {
-        self.memory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-    }
-
-    /// The segment's RDMA key, when registered with the NIC.
-    pub fn key(&self, id: crate::SegmentId) -> Option<RdmaKey> {
-        self.memory
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .map(RdmaMemory::key)
-    }
-}
-
 /// A reaped work completion: its `wr_id` and outcome.
 pub type Completion = (u64, Result<(), TransferError>);
 
@@ -129,11 +81,10 @@ pub struct RdmaOp {
     pub wr_id: u64,
 }
 
-/// An opened device: context, protection domain and one completion queue.
+/// An opened device: context and protection domain.
 pub struct RdmaDevice {
     ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
-    cq: *mut ffi::ibv_cq,
     lid: u16,
     gid: [u8; 16],
     pub name: String,
@@ -201,22 +152,9 @@ impl RdmaDevice {
                 ffi::ibv_close_device(ctx);
                 return Err(os_err("ibv_alloc_pd"));
             }
-            let cq = ffi::ibv_create_cq(
-                ctx,
-                CQ_ENTRIES,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            );
-            if cq.is_null() {
-                ffi::ibv_dealloc_pd(pd);
-                ffi::ibv_close_device(ctx);
-                return Err(os_err("ibv_create_cq"));
-            }
             Ok(Arc::new(RdmaDevice {
                 ctx,
                 pd,
-                cq,
                 lid: port.lid,
                 gid,
                 name,
@@ -250,58 +188,12 @@ impl RdmaDevice {
             mr,
         })
     }
-
-    /// Reap up to `max` completions, waiting at most `timeout` for the first.
-    pub fn poll(&self, max: usize, timeout: Duration) -> Result<Vec<Completion>, TransferError> {
-        // SAFETY: ibv_wc is plain data; zero is a valid bit pattern.
-        let mut wcs: Vec<ffi::ibv_wc> = (0..max.max(1))
-            .map(|_| unsafe { std::mem::zeroed() })
-            .collect();
-        let deadline = Instant::now() + timeout;
-        loop {
-            // SAFETY: poll_cq is the provider's entry point for this CQ.
-            let n = unsafe {
-                let ops = &mut (*self.ctx).ops;
-                match ops.poll_cq.as_mut() {
-                    Some(poll) => poll(self.cq, wcs.len() as i32, wcs.as_mut_ptr()),
-                    None => {
-                        return Err(TransferError::Unsupported("provider has no poll_cq".into()))
-                    }
-                }
-            };
-            if n < 0 {
-                return Err(TransferError::Io("ibv_poll_cq failed".into()));
-            }
-            if n > 0 {
-                return Ok(wcs[..n as usize]
-                    .iter()
-                    .map(|wc| {
-                        let r = match wc.error() {
-                            None => Ok(()),
-                            Some((status, vendor)) => Err(TransferError::Io(format!(
-                                "work completion status {status} (vendor {vendor})"
-                            ))),
-                        };
-                        (wc.wr_id(), r)
-                    })
-                    .collect());
-            }
-            if Instant::now() >= deadline {
-                return Err(TransferError::Timeout {
-                    peer: "rdma".into(),
-                    timeout_ms: timeout.as_millis() as u64,
-                });
-            }
-            std::hint::spin_loop();
-        }
-    }
 }
 
 impl Drop for RdmaDevice {
     fn drop(&mut self) {
         // SAFETY: destroying what `open` created, in reverse order.
         unsafe {
-            ffi::ibv_destroy_cq(self.cq);
             ffi::ibv_dealloc_pd(self.pd);
             ffi::ibv_close_device(self.ctx);
         }
@@ -345,30 +237,81 @@ impl Drop for RdmaMemory {
     }
 }
 
-/// The address of one end of an RC connection, exchanged over tcp.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RdmaEndpoint {
-    pub qp_num: u32,
-    pub lid: u16,
-    pub gid: [u8; 16],
+/// The fd of a completion channel, for tokio's reactor.
+struct ChannelFd(RawFd);
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
 }
 
-/// A reliable-connected queue pair to one peer.
+/// A reliable-connected queue pair to one peer, with its own completion
+/// queue and completion channel.
 pub struct RcQueuePair {
     device: Arc<RdmaDevice>,
     qp: *mut ffi::ibv_qp,
+    cq: *mut ffi::ibv_cq,
+    channel: *mut ffi::ibv_comp_channel,
+    /// Readiness of the channel's fd; `None` only while dropping.
+    events: Option<AsyncFd<ChannelFd>>,
 }
 
-// SAFETY: posting to a QP from one thread at a time is enforced by &mut self.
+// SAFETY: posting to and polling a QP from one thread at a time is enforced
+// by &mut self; verbs objects may move between threads.
 unsafe impl Send for RcQueuePair {}
 
 impl RcQueuePair {
     /// Create a QP in RESET state; send its [`Self::endpoint`] to the peer.
+    /// Must run inside a tokio runtime (the completion channel registers with it).
     pub fn create(device: &Arc<RdmaDevice>) -> Result<Self, TransferError> {
+        // SAFETY: plain verbs calls on a live context; every object created is
+        // destroyed on the error paths below or by Drop.
+        let (channel, cq) = unsafe {
+            let channel = ffi::ibv_create_comp_channel(device.ctx);
+            if channel.is_null() {
+                return Err(os_err("ibv_create_comp_channel"));
+            }
+            let fd = (*channel).fd;
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+                let e = os_err("fcntl(O_NONBLOCK) on the completion channel");
+                ffi::ibv_destroy_comp_channel(channel);
+                return Err(e);
+            }
+            let cq = ffi::ibv_create_cq(
+                device.ctx,
+                MAX_SEND_WR as i32,
+                std::ptr::null_mut(),
+                channel,
+                0,
+            );
+            if cq.is_null() {
+                let e = os_err("ibv_create_cq");
+                ffi::ibv_destroy_comp_channel(channel);
+                return Err(e);
+            }
+            (channel, cq)
+        };
+        // From here on Drop cleans up whatever exists.
+        let mut this = RcQueuePair {
+            device: device.clone(),
+            qp: std::ptr::null_mut(),
+            cq,
+            channel,
+            events: None,
+        };
+        // SAFETY: the channel is live until Drop.
+        let fd = unsafe { (*channel).fd };
+        // SAFETY: the fd stays open while the AsyncFd lives: Drop takes the
+        // AsyncFd out before destroying the channel that owns the fd.
+        let events = unsafe { AsyncFd::register_with_interest(ChannelFd(fd), Interest::READABLE) }
+            .map_err(std::io::Error::from)?;
+        this.events = Some(events);
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
-            send_cq: device.cq,
-            recv_cq: device.cq,
+            send_cq: cq,
+            recv_cq: cq,
             srq: std::ptr::null_mut(),
             cap: ffi::ibv_qp_cap {
                 max_send_wr: MAX_SEND_WR,
@@ -381,14 +324,11 @@ impl RcQueuePair {
             sq_sig_all: 0,
         };
         // SAFETY: pd and cq are live for as long as `device`.
-        let qp = unsafe { ffi::ibv_create_qp(device.pd, &mut init) };
-        if qp.is_null() {
+        this.qp = unsafe { ffi::ibv_create_qp(device.pd, &mut init) };
+        if this.qp.is_null() {
             return Err(os_err("ibv_create_qp"));
         }
-        Ok(RcQueuePair {
-            device: device.clone(),
-            qp,
-        })
+        Ok(this)
     }
 
     /// This end's address.
@@ -540,9 +480,17 @@ impl RcQueuePair {
 
 impl Drop for RcQueuePair {
     fn drop(&mut self) {
-        // SAFETY: destroying the QP created in `create`.
+        // Deregister the fd from tokio before the channel (its owner) goes.
+        drop(self.events.take());
+        // SAFETY: destroying what `create` made, QP first (no more DMA on
+        // behalf of this QP once it returns), then its CQ (every event was
+        // acknowledged when read), then the channel.
         unsafe {
-            ffi::ibv_destroy_qp(self.qp);
+            if !self.qp.is_null() {
+                ffi::ibv_destroy_qp(self.qp);
+            }
+            ffi::ibv_destroy_cq(self.cq);
+            ffi::ibv_destroy_comp_channel(self.channel);
         }
     }
 }

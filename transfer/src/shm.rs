@@ -5,11 +5,16 @@
 //! The range check is one round trip per batch and is done by the segment's
 //! owner, so a segment unregistered there is refused even if it is still mapped
 //! here.
+//!
+//! Each batch checks out its own link (one socket) from the peer's
+//! [`ShmPool`], so concurrent batches to one peer run in parallel; the links to
+//! one peer process share its mapped segments (a segment id is never reused by
+//! its owner, and a restarted owner gets a new socket name, hence a new pool).
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
@@ -134,22 +139,72 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// An initiator's link to one local peer: the control socket and the peer
-/// segments mapped so far.
+/// The segments of one peer process mapped here, by id, shared by its links.
+type MapCache = Mutex<HashMap<u64, Arc<SharedRegion>>>;
+
+fn lock_maps(m: &MapCache) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<SharedRegion>>> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shm links to one local peer process: its socket name (from its hello),
+/// the segments mapped from it, and the links no batch is using.
+#[derive(Debug)]
+pub(crate) struct ShmPool {
+    socket: String,
+    maps: Arc<MapCache>,
+    idle: Vec<ShmLink>,
+}
+
+impl ShmPool {
+    /// A pool for the peer serving shm at `socket`, with one link opened (so a
+    /// peer whose socket cannot be reached is found out now).
+    pub(crate) fn open(socket: String) -> Result<Self, TransferError> {
+        let maps = Arc::new(MapCache::default());
+        let first = ShmLink::connect(&socket, maps.clone())?;
+        Ok(ShmPool {
+            socket,
+            maps,
+            idle: vec![first],
+        })
+    }
+
+    /// An idle link, if any.
+    pub(crate) fn take_idle(&mut self) -> Option<ShmLink> {
+        self.idle.pop()
+    }
+
+    /// Open one more link to the same peer process. Cheap: a local socket
+    /// connect; no mapping happens until a batch needs one.
+    pub(crate) fn connector(&self) -> impl FnOnce() -> Result<ShmLink, TransferError> {
+        let (socket, maps) = (self.socket.clone(), self.maps.clone());
+        move || ShmLink::connect(&socket, maps)
+    }
+
+    /// Take back a healthy link; keeps at most `cap` idle. A link opened for an
+    /// earlier pool (the peer was re-decided since) is closed instead.
+    pub(crate) fn put_back(&mut self, link: ShmLink, cap: usize) {
+        if Arc::ptr_eq(&link.maps, &self.maps) && self.idle.len() < cap {
+            self.idle.push(link);
+        }
+    }
+}
+
+/// An initiator's link to one local peer: one control socket (one batch at a
+/// time) and the pool's shared cache of mapped peer segments.
 #[derive(Debug)]
 pub(crate) struct ShmLink {
     stream: UnixStream,
-    mapped: HashMap<u64, Arc<SharedRegion>>,
+    maps: Arc<MapCache>,
 }
 
 impl ShmLink {
-    pub(crate) fn connect(name: &str) -> Result<Self, TransferError> {
+    fn connect(name: &str, maps: Arc<MapCache>) -> Result<Self, TransferError> {
         let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
         let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
         s.set_nonblocking(true)?;
         Ok(ShmLink {
             stream: UnixStream::from_std(s)?,
-            mapped: HashMap::new(),
+            maps,
         })
     }
 
@@ -159,7 +214,7 @@ impl ShmLink {
         peer: &str,
         seg: u64,
     ) -> Result<Arc<SharedRegion>, TransferError> {
-        if let Some(r) = self.mapped.get(&seg) {
+        if let Some(r) = lock_maps(&self.maps).get(&seg) {
             return Ok(r.clone());
         }
         let timeout = inner.config.op_timeout();
@@ -188,7 +243,7 @@ impl ShmLink {
         match (reply[0], fd) {
             (ST_OK, Some(fd)) => {
                 let region = Arc::new(SharedRegion::from_fd(fd, len)?);
-                self.mapped.insert(seg, region.clone());
+                lock_maps(&self.maps).insert(seg, region.clone());
                 Ok(region)
             }
             _ => Err(TransferError::UnknownSegment {
@@ -233,7 +288,7 @@ impl ShmLink {
                 }),
             };
             if let Some(e) = refused {
-                self.mapped.remove(&p.op.remote.0);
+                lock_maps(&self.maps).remove(&p.op.remote.0);
                 results.push(Err(e));
                 continue;
             }

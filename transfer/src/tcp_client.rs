@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 
 use crate::engine::{Inner, PreparedOp};
 use crate::io_util::{bounded, read_message, write_all_2};
-use crate::op::OpKind;
+use crate::metrics::TransportLabel;
+use crate::op::{OpKind, TransferOp};
 use crate::protocol::{
     checksum, Hello, Request, RequestKind, Response, Status, FLAG_CHECKSUM, HELLO_BYTES,
     RESPONSE_BYTES,
@@ -27,6 +28,7 @@ pub(crate) async fn connect(
 ) -> Result<(TcpStream, Hello), TransferError> {
     let timeout = inner.config.op_timeout();
     let mut stream = bounded(addr, timeout, TcpStream::connect(addr)).await?;
+    inner.metrics.link_opened(TransportLabel::Tcp);
     stream.set_nodelay(true)?;
     bounded(addr, timeout, stream.write_all(&inner.hello.encode())).await?;
     let mut buf = [0u8; HELLO_BYTES];
@@ -292,28 +294,9 @@ async fn receive_reply<R: AsyncRead + Unpin>(
             }
             OpKind::Write => Ok(()),
         },
-        status => {
+        _ => {
             let reason = bounded(peer, timeout, read_message(rd, resp.message_len)).await?;
-            Err(match status {
-                Status::UnknownSegment => TransferError::UnknownSegment {
-                    side: peer.clone(),
-                    segment: p.op.remote.0,
-                },
-                Status::OutOfBounds => TransferError::OutOfBounds {
-                    offset: p.op.remote_offset,
-                    len: p.op.len,
-                    segment_len: resp.checksum,
-                },
-                Status::Checksum => TransferError::Checksum {
-                    segment: p.op.remote.0,
-                    offset: p.op.remote_offset.wrapping_add(job.at),
-                    len: job.len,
-                },
-                _ => TransferError::Refused {
-                    peer: peer.clone(),
-                    reason,
-                },
-            })
+            Err(refusal(peer, &resp, reason, &p.op, job.at, job.len))
         }
     };
     let mut tallies = lock(&shared.tallies);
@@ -323,6 +306,39 @@ async fn receive_reply<R: AsyncRead + Unpin>(
         t.error.get_or_insert(e);
     }
     Ok(())
+}
+
+/// The error a peer's non-OK response means for (the slice at `at`, `len`
+/// bytes of) `op`; `reason` is the message that followed the header.
+pub(crate) fn refusal(
+    peer: &str,
+    resp: &Response,
+    reason: String,
+    op: &TransferOp,
+    at: u64,
+    len: u64,
+) -> TransferError {
+    match resp.status {
+        Status::UnknownSegment => TransferError::UnknownSegment {
+            side: peer.to_string(),
+            segment: op.remote.0,
+        },
+        Status::OutOfBounds => TransferError::OutOfBounds {
+            offset: op.remote_offset,
+            len: op.len,
+            segment_len: resp.checksum,
+        },
+        Status::Checksum => TransferError::Checksum {
+            segment: op.remote.0,
+            offset: op.remote_offset.wrapping_add(at),
+            len,
+        },
+        Status::Unsupported => TransferError::Unsupported(format!("{peer}: {reason}")),
+        Status::Ok | Status::BadRequest => TransferError::Refused {
+            peer: peer.to_string(),
+            reason,
+        },
+    }
 }
 
 /// Deliver a notification over one connection.

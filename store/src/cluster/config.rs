@@ -31,7 +31,7 @@ pub struct ClusterConfig {
     pub failure_timeout_ms: u64,
     /// Transfer engine listen address. Default: 127.0.0.1:0 (an ephemeral port).
     pub transfer_listen: String,
-    /// Transfer transport: auto, tcp or shm. Default: auto.
+    /// Transfer transport: auto, tcp, shm or rdma. Default: auto.
     pub transfer_transport: String,
     /// gRPC address peers use for this node. Default: the bound gRPC address.
     pub advertise_grpc: Option<String>,
@@ -104,8 +104,9 @@ impl ClusterConfig {
             "auto" => Ok(TransportChoice::Auto),
             "tcp" => Ok(TransportChoice::Tcp),
             "shm" => Ok(TransportChoice::Shm),
+            "rdma" => Ok(TransportChoice::Rdma),
             other => Err(StoreError::Config(format!(
-                "transfer_transport {other:?} is not auto, tcp or shm"
+                "transfer_transport {other:?} is not auto, tcp, shm or rdma"
             ))),
         }
     }

@@ -405,7 +405,9 @@ impl ClusterNode {
                     let bytes = dest.bytes(block.len())?;
                     // Blocks in this node's tiers are trusted (disk copies are
                     // verified when promoted); remote bytes crossed the network.
-                    if block.is_local() || kvfabric_transfer::checksum::checksum(bytes) == block.checksum() {
+                    if block.is_local()
+                        || kvfabric_transfer::checksum::checksum(bytes) == block.checksum()
+                    {
                         let data = if target.is_some() {
                             Vec::new()
                         } else {

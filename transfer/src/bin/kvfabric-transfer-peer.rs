@@ -5,7 +5,7 @@
 //! `VERIFY OK` or `VERIFY BAD <offset>`.
 //!
 //! Usage: kvfabric-transfer-peer [--listen ADDR] [--size BYTES] [--seed N]
-//!        [--corrupt N] [--transport auto|tcp|shm] [--timeout-ms MS]
+//!        [--corrupt N] [--transport auto|tcp|shm|rdma] [--timeout-ms MS]
 
 use std::io::Write;
 use std::sync::Arc;
@@ -40,7 +40,8 @@ fn real_main() -> Result<(), String> {
                     "auto" => TransportChoice::Auto,
                     "tcp" => TransportChoice::Tcp,
                     "shm" => TransportChoice::Shm,
-                    _ => return Err(bad(&"expected auto, tcp or shm")),
+                    "rdma" => TransportChoice::Rdma,
+                    _ => return Err(bad(&"expected auto, tcp, shm or rdma")),
                 }
             }
             _ => return Err(format!("unknown flag {flag}")),
