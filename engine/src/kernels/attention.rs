@@ -5,8 +5,18 @@
 //! every score with one fixed dot-product tree, a softmax with a sequential
 //! sum, and a sequential FMA sum of values. Nothing depends on which other
 //! rows are in the batch, and there is no split over the context (no split-K).
+//!
+//! [`attend_group`] runs several such queries of one sequence and KV head
+//! together (the query heads sharing the KV head, over consecutive rows, each
+//! with its own causal length) so every K/V row is loaded once for all of
+//! them; each query still gets exactly [`attend`]'s bits.
 
 use super::{exp_det, Isa, EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+use avx2::attend_group_avx2;
 
 /// Where one sequence's KV of one layer lives: per block, K and V base pointers,
 /// each `[block_tokens][kv_heads][head_dim]` f32.
@@ -70,8 +80,55 @@ pub unsafe fn attend(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => attend_avx512(q, out, ctx, blocks, g, kv_head, scores),
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if g.head_dim == 64 => {
+            attend_group_avx2(&[q], &mut [out], &[ctx], blocks, g, kv_head, scores)
+        }
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => attend_fma(q, out, ctx, blocks, g, kv_head, scores),
         _ => attend_ref(q, out, ctx, blocks, g, kv_head, scores),
+    }
+}
+
+/// Attention of several queries over the same KV head of one sequence, each
+/// with its own causal length `ctxs[i]` (keys `0..ctxs[i]`), into `outs[i]`.
+///
+/// Each K and V row is loaded once for the whole group; every query's output
+/// has the same bits as [`attend`] on that query alone (same dot tree, max,
+/// exp, sequential sum and sequential value FMA), so grouping never changes
+/// a result.
+///
+/// # Safety
+/// `blocks` must cover positions `0..max(ctxs)` and point to live KV of the
+/// geometry given; `queries`, `outs` and `ctxs` have the same length and every
+/// query and output holds `head_dim` values.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn attend_group(
+    isa: Isa,
+    queries: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    ctxs: &[usize],
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    scratch: &mut Vec<f32>,
+) {
+    assert!(queries.len() == outs.len() && queries.len() == ctxs.len());
+    assert!(queries.iter().all(|q| q.len() >= g.head_dim));
+    assert!(outs.iter().all(|o| o.len() >= g.head_dim));
+    if queries.is_empty() {
+        return;
+    }
+    match isa {
+        // The AVX2 group kernel also serves AVX-512 CPUs (same bits as every path).
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 if g.head_dim == 64 => {
+            attend_group_avx2(queries, outs, ctxs, blocks, g, kv_head, scratch)
+        }
+        _ => {
+            for ((q, o), &ctx) in queries.iter().zip(outs.iter_mut()).zip(ctxs) {
+                attend(isa, q, o, ctx, blocks, g, kv_head, scratch);
+            }
+        }
     }
 }
 
@@ -318,6 +375,188 @@ mod tests {
                     "{isa:?} ctx {ctx}"
                 );
             }
+        }
+    }
+    /// Random-ish KV of `nblocks` blocks of the given geometry, and its block table.
+    fn kv_fixture(g: &AttnGeometry, nblocks: usize) -> (Vec<Vec<f32>>, Vec<BlockKv>) {
+        let n = g.block_tokens * g.kv_heads * g.head_dim;
+        let kv: Vec<Vec<f32>> = (0..2 * nblocks)
+            .map(|b| {
+                (0..n)
+                    .map(|i| (((i * 7919 + b * 104729) % 2003) as f32 - 1001.0) / 250.0)
+                    .collect()
+            })
+            .collect();
+        let blocks = (0..nblocks)
+            .map(|b| BlockKv {
+                k: kv[2 * b].as_ptr(),
+                v: kv[2 * b + 1].as_ptr(),
+            })
+            .collect();
+        (kv, blocks)
+    }
+
+    fn isas() -> Vec<Isa> {
+        let best = Isa::detect();
+        let mut v = vec![Isa::Scalar];
+        if best != Isa::Scalar {
+            v.push(Isa::Avx2);
+        }
+        if best == Isa::Avx512 {
+            v.push(Isa::Avx512);
+        }
+        v
+    }
+
+    #[test]
+    fn group_gives_each_query_the_bits_of_the_reference() {
+        let g = AttnGeometry {
+            block_tokens: 16,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        let (_kv, blocks) = kv_fixture(&g, 300usize.div_ceil(16));
+        let ctx_sets: [&[usize]; 6] = [
+            &[1, 15, 16, 17, 100, 300],
+            &[300, 17, 1, 100, 16, 15, 299],
+            &[7],
+            &[64, 64, 64, 65, 65, 65, 66, 66, 66, 67, 67, 67],
+            &[129, 128, 127, 300, 2],
+            &[1, 1, 1],
+        ];
+        let mut scratch = Vec::new();
+        for (si, ctxs) in ctx_sets.iter().enumerate() {
+            let qs: Vec<Vec<f32>> = (0..ctxs.len())
+                .map(|i| {
+                    (0..64)
+                        .map(|d| (((d * 31 + i * 17 + si) % 61) as f32 - 30.0) / 9.0)
+                        .collect()
+                })
+                .collect();
+            for kvh in 0..3 {
+                let want: Vec<Vec<f32>> = qs
+                    .iter()
+                    .zip(ctxs.iter())
+                    .map(|(q, &c)| {
+                        let mut o = vec![0f32; 64];
+                        unsafe {
+                            attend(Isa::Scalar, q, &mut o, c, &blocks, &g, kvh, &mut scratch)
+                        };
+                        o
+                    })
+                    .collect();
+                for isa in isas() {
+                    let mut got = vec![vec![f32::NAN; 64]; ctxs.len()];
+                    {
+                        let qr: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                        let mut or: Vec<&mut [f32]> =
+                            got.iter_mut().map(|o| o.as_mut_slice()).collect();
+                        unsafe {
+                            attend_group(isa, &qr, &mut or, ctxs, &blocks, &g, kvh, &mut scratch)
+                        };
+                    }
+                    for (i, (w, o)) in want.iter().zip(&got).enumerate() {
+                        assert_eq!(
+                            w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            o.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                            "{isa:?} set {si} kv head {kvh} query {i} ctx {}",
+                            ctxs[i]
+                        );
+                    }
+                    // The single-query entry point agrees too.
+                    let mut one = vec![0f32; 64];
+                    unsafe {
+                        attend(
+                            isa,
+                            &qs[0],
+                            &mut one,
+                            ctxs[0],
+                            &blocks,
+                            &g,
+                            kvh,
+                            &mut scratch,
+                        )
+                    };
+                    assert_eq!(one, want[0], "{isa:?} single");
+                }
+            }
+        }
+    }
+
+    /// Timing of 64 new rows x 9 heads over a 2048-token context, one thread:
+    /// `cargo test --release -p kvfabric-engine attention_timing -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn attention_timing() {
+        let g = AttnGeometry {
+            block_tokens: 16,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        let (rows, start) = (64usize, 2048usize);
+        let (_kv, blocks) = kv_fixture(&g, (start + rows).div_ceil(16));
+        let qs: Vec<Vec<f32>> = (0..rows * 9)
+            .map(|i| {
+                (0..64)
+                    .map(|d| ((d * 13 + i * 7) % 29) as f32 / 29.0 - 0.5)
+                    .collect()
+            })
+            .collect();
+        let mut out = vec![vec![0f32; 64]; rows * 9];
+        let mut scratch = Vec::new();
+        let isa = Isa::detect();
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        for round in 0..3 {
+            let t = std::time::Instant::now();
+            for (i, (q, o)) in qs.iter().zip(out.iter_mut()).enumerate() {
+                let ctx = start + i / 9 + 1;
+                let kvh = (i % 9) / 3;
+                unsafe {
+                    scratch.clear();
+                    scratch.resize(ctx, 0.0);
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512 => {
+                            attend_avx512(q, o, ctx, &blocks, &g, kvh, &mut scratch[..ctx])
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => attend_fma(q, o, ctx, &blocks, &g, kvh, &mut scratch[..ctx]),
+                        _ => attend_ref(q, o, ctx, &blocks, &g, kvh, &mut scratch[..ctx]),
+                    }
+                }
+            }
+            let per_query = t.elapsed();
+            let mut line = format!("round {round} {isa:?}: per query {:.1} ms", ms(per_query));
+            for gr in [1usize, 2, 4, 8] {
+                let t = std::time::Instant::now();
+                for r0 in (0..rows).step_by(gr) {
+                    for kvh in 0..3 {
+                        let mut qr = Vec::new();
+                        let mut ctxs = Vec::new();
+                        let mut idx = Vec::new();
+                        for r in r0..r0 + gr {
+                            for h in 3 * kvh..3 * kvh + 3 {
+                                qr.push(qs[r * 9 + h].as_slice());
+                                ctxs.push(start + r + 1);
+                                idx.push(r * 9 + h);
+                            }
+                        }
+                        let mut or: Vec<&mut [f32]> = out
+                            .iter_mut()
+                            .enumerate()
+                            .filter(|(i, _)| idx.contains(i))
+                            .map(|(_, o)| o.as_mut_slice())
+                            .collect();
+                        unsafe {
+                            attend_group(isa, &qr, &mut or, &ctxs, &blocks, &g, kvh, &mut scratch)
+                        };
+                    }
+                }
+                line += &format!(", {gr} rows x 3 heads {:.1} ms", ms(t.elapsed()));
+            }
+            println!("{line}");
         }
     }
 }

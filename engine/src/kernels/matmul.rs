@@ -7,8 +7,12 @@
 //! (`q*d + m`, multiply then add, exactly the reference's f32 value) into an
 //! L1-resident f32 scratch and consumed by every row of the batch. Each output
 //! is accumulated with one FMA per k, k = 0..K in order, starting from 0 —
-//! independent of M, of the row grouping and of the thread split.
+//! independent of M, of the row grouping and of the thread split. A single
+//! row (decode) skips the scratch: [`super::fused`] dequantizes in registers
+//! with the same operations and the same k order, so the bits are the same.
 
+#[cfg(target_arch = "x86_64")]
+use super::fused::{fused_cols, FUSED_COLS, FUSED_MAX_ROWS};
 use crate::gguf::{GgmlType, TensorInfo};
 use crate::kernels::{f16_to_f32, Isa, ThreadPool};
 use crate::EngineError;
@@ -29,7 +33,7 @@ pub enum PackedFormat {
 }
 
 impl PackedFormat {
-    fn chunk_bytes(self) -> usize {
+    pub(crate) fn chunk_bytes(self) -> usize {
         match self {
             // d[64] f16, m[64] f16, 16 k-pairs x 64 bytes (low nibble = even k).
             PackedFormat::Q4_1 => 2 * TILE_N * 2 + 16 * TILE_N,
@@ -276,6 +280,34 @@ impl PackedMatrix {
         assert_eq!(out.len(), m * self.n, "matmul output shape");
         let tiles = self.n / TILE_N;
         let out_ptr = SendPtr(out.as_mut_ptr());
+        #[cfg(target_arch = "x86_64")]
+        if isa != Isa::Scalar && self.format != PackedFormat::F32 && m <= FUSED_MAX_ROWS {
+            // Half-tile tasks when there are few tiles, so that threads get even shares.
+            let per_task = if tiles < 16 { FUSED_COLS } else { TILE_N };
+            let per_tile = TILE_N / per_task;
+            pool.run(tiles * per_tile, &|task| {
+                let (tile, first) = (task / per_tile, (task % per_tile) * per_task);
+                let out_ptr = &out_ptr;
+                for col0 in (first..first + per_task).step_by(FUSED_COLS) {
+                    // SAFETY: SIMD ISAs imply AVX2+F16C+FMA; each task writes only its own
+                    // columns of every row; shapes were checked above.
+                    unsafe {
+                        fused_cols(
+                            self.format,
+                            self.chunk(tile, 0).as_ptr(),
+                            self.k / CHUNK_K,
+                            col0,
+                            x.as_ptr(),
+                            self.k,
+                            out_ptr.0.add(tile * TILE_N + col0),
+                            self.n,
+                            m,
+                        )
+                    }
+                }
+            });
+            return;
+        }
         pool.run(tiles, &|tile| {
             let out_ptr = &out_ptr;
             // SAFETY: each task writes only its own 64 columns of every row.
@@ -439,6 +471,38 @@ pub(crate) mod tests {
             name: "w".into(),
             dims: vec![k as u64, n as u64],
             ggml_type: GgmlType::Q4_1,
+            data_start: 0,
+            data_len: bytes.len(),
+        };
+        (info, bytes, deq)
+    }
+
+    /// A random Q8_0 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
+    pub(crate) fn random_q8_0(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
+        let mut s = seed;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut bytes = Vec::new();
+        let mut deq = Vec::new();
+        for _ in 0..n {
+            for _ in 0..k / 32 {
+                let d = (0x2000 + (rnd() % 0x800) as u16) | (((rnd() & 1) as u16) << 15);
+                bytes.extend_from_slice(&d.to_le_bytes());
+                for _ in 0..32 {
+                    let q = rnd() as u8;
+                    bytes.push(q);
+                    deq.push((q as i8 as f32) * f16_to_f32(d));
+                }
+            }
+        }
+        let info = TensorInfo {
+            name: "w8".into(),
+            dims: vec![k as u64, n as u64],
+            ggml_type: GgmlType::Q8_0,
             data_start: 0,
             data_len: bytes.len(),
         };

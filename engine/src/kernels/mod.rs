@@ -9,7 +9,11 @@
 //! on every ISA path, so the AVX-512, AVX2 and scalar paths give the same bits.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod fused;
 pub mod matmul;
+#[cfg(test)]
+mod perf_tests;
 pub mod pool;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -20,7 +24,7 @@ pub use pool::ThreadPool;
 /// The instruction set the kernels run with, picked once at runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX-512 F/BW/VL + F16C + FMA.
+    /// AVX-512 F/BW/VL + AVX2 + F16C + FMA.
     Avx512,
     /// AVX2 + F16C + FMA.
     Avx2,
@@ -42,7 +46,10 @@ impl Isa {
     fn best_supported() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            let base = is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+            // Both SIMD ISAs need AVX2 (the small-batch kernels use it on AVX-512 too).
+            let base = is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+                && is_x86_feature_detected!("avx2");
             if base
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
@@ -50,7 +57,7 @@ impl Isa {
             {
                 return Isa::Avx512;
             }
-            if base && is_x86_feature_detected!("avx2") {
+            if base {
                 return Isa::Avx2;
             }
         }

@@ -1,14 +1,28 @@
-//! A small parking thread pool for data-parallel kernels.
+//! A small thread pool for data-parallel kernels: spins briefly, then parks.
 //!
 //! `run(tasks, f)` calls `f(i)` for every `i < tasks` on the caller plus the
-//! workers, and returns when all are done. Workers block on a condition
-//! variable between jobs (no spin-waiting: the machine's cores are shared with
-//! other processes). Which thread runs which task never changes a result: the
-//! kernels only split independent outputs, never a reduction.
+//! workers, and returns when all are done. A decode step runs ~150 short jobs
+//! back to back, so waking a parked thread (a futex round trip, ~15 us) for
+//! each would cost more than the work: between jobs a worker watches for the
+//! next one for a short bounded time ([`SPIN`]) and only then blocks on a
+//! condition variable. The caller waits only for workers that joined the
+//! job (a parked or preempted worker that has not yet is shut out when the
+//! caller finishes its share), spinning briefly and then parking too.
+//! Nothing spins unbounded, so a busy machine (cores shared with other
+//! processes) costs at most one short spin window per idle period. Which thread runs which task never
+//! changes a result: the kernels only split independent outputs, never a
+//! reduction.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle thread keeps watching for work before it parks. A
+/// decode step's jobs follow each other within a few microseconds; longer
+/// gaps (between steps) park. Spinning never yields: under load, `yield_now`
+/// hands the rest of the time slice to other processes (milliseconds).
+const SPIN: Duration = Duration::from_micros(40);
 
 /// The job being run: a lifetime-erased pointer to the caller's closure.
 #[derive(Clone, Copy)]
@@ -22,19 +36,27 @@ struct Job {
 unsafe impl Send for Job {}
 
 struct State {
-    generation: u64,
     job: Option<Job>,
-    /// Workers still inside the current job.
-    busy: usize,
-    shutdown: bool,
+    /// Workers blocked (or about to block) on `wake`.
+    sleeping: usize,
+    /// The caller is blocked (or about to block) on `done`.
+    caller_waiting: bool,
 }
 
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     done: Condvar,
+    /// Job control word: generation (high 32 bits, bumped under `state` once
+    /// per job), [`CLOSED`], and the number of workers inside the job (low bits).
+    ctl: AtomicU64,
+    shutdown: AtomicBool,
     next: AtomicUsize,
 }
+
+/// Set in `ctl` once the caller has finished its share: no worker joins after.
+const CLOSED: u64 = 1 << 31;
+const ACTIVE: u64 = CLOSED - 1;
 
 /// A fixed set of worker threads plus the calling thread.
 pub struct ThreadPool {
@@ -55,18 +77,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Watch `done()` for at most [`SPIN`]; true if it became true.
+fn spin_until(done: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..16 {
+            if done() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() > SPIN {
+            return done();
+        }
+    }
+}
+
 impl ThreadPool {
     /// A pool using `threads` threads in total (the caller counts as one).
     pub fn new(threads: usize) -> ThreadPool {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                generation: 0,
                 job: None,
-                busy: 0,
-                shutdown: false,
+                sleeping: 0,
+                caller_waiting: false,
             }),
             wake: Condvar::new(),
             done: Condvar::new(),
+            ctl: AtomicU64::new(CLOSED),
+            shutdown: AtomicBool::new(false),
             next: AtomicUsize::new(0),
         });
         let workers = (1..threads.max(1))
@@ -100,22 +139,34 @@ impl ThreadPool {
             return;
         }
         let _one_job = lock(&self.caller);
+        let s = &*self.shared;
         // SAFETY: erase the lifetime; we wait below until no worker holds it.
         let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        self.shared.next.store(0, Ordering::SeqCst);
-        {
-            let mut st = lock(&self.shared.state);
+        s.next.store(0, Ordering::SeqCst);
+        let wake = {
+            let mut st = lock(&s.state);
             st.job = Some(Job { f: f_static, tasks });
-            st.generation += 1;
-            st.busy = self.workers.len();
+            let generation = (s.ctl.load(Ordering::SeqCst) >> 32) + 1;
+            s.ctl.store(generation << 32, Ordering::SeqCst);
+            st.sleeping > 0
+        };
+        if wake {
+            s.wake.notify_all();
         }
-        self.shared.wake.notify_all();
-        drain(&self.shared.next, tasks, f);
-        let mut st = lock(&self.shared.state);
-        while st.busy > 0 {
-            st = self.shared.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        drain(&s.next, tasks, f);
+        // Close the job: a worker that has not joined yet (parked, or preempted by
+        // another process) never will, and is not waited for.
+        let active = s.ctl.fetch_or(CLOSED, Ordering::SeqCst) & ACTIVE;
+        let finished = || s.ctl.load(Ordering::SeqCst) & ACTIVE == 0;
+        if active > 0 && !spin_until(finished) {
+            let mut st = lock(&s.state);
+            st.caller_waiting = true;
+            while !finished() {
+                st = s.done.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            st.caller_waiting = false;
         }
-        st.job = None;
+        lock(&s.state).job = None;
     }
 }
 
@@ -130,35 +181,61 @@ fn drain(next: &AtomicUsize, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
 }
 
 fn worker(s: Arc<Shared>) {
+    let generation = |s: &Shared| s.ctl.load(Ordering::SeqCst) >> 32;
     let mut seen = 0u64;
     loop {
-        let job = {
+        spin_until(|| generation(&s) != seen || s.shutdown.load(Ordering::Acquire));
+        {
             let mut st = lock(&s.state);
-            while st.generation == seen && !st.shutdown {
+            st.sleeping += 1;
+            while generation(&s) == seen && !s.shutdown.load(Ordering::SeqCst) {
                 st = s.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             }
-            if st.shutdown {
+            st.sleeping -= 1;
+            if s.shutdown.load(Ordering::SeqCst) {
                 return;
             }
-            seen = st.generation;
-            st.job
+        }
+        // Join the newest job unless the caller has already closed it.
+        let mut v = s.ctl.load(Ordering::SeqCst);
+        seen = v >> 32;
+        let joined = loop {
+            if v >> 32 != seen || v & CLOSED != 0 {
+                break false;
+            }
+            match s
+                .ctl
+                .compare_exchange(v, v + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break true,
+                Err(now) => v = now,
+            }
         };
-        if let Some(job) = job {
-            // SAFETY: run() keeps the closure alive until `busy` reaches 0.
+        if !joined {
+            continue;
+        }
+        // The job stays in place until every joined worker has left it.
+        if let Some(job) = lock(&s.state).job {
+            // SAFETY: run() keeps the closure alive until no worker is active.
             let f = unsafe { &*job.f };
             drain(&s.next, job.tasks, f);
         }
-        let mut st = lock(&s.state);
-        st.busy -= 1;
-        if st.busy == 0 {
-            s.done.notify_all();
+        if s.ctl.fetch_sub(1, Ordering::SeqCst) & ACTIVE == 1 {
+            // Taking the lock orders this with a caller about to wait on `done`.
+            let st = lock(&s.state);
+            if st.caller_waiting {
+                s.done.notify_one();
+            }
         }
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        lock(&self.shared.state).shutdown = true;
+        {
+            let _st = lock(&self.shared.state);
+            self.shared.shutdown.store(true, Ordering::SeqCst);
+        }
         self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -180,5 +257,28 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::SeqCst) == 1));
         }
+    }
+
+    #[test]
+    fn parked_and_spinning_threads_both_pick_up_jobs() {
+        let pool = ThreadPool::new(3);
+        let total = AtomicUsize::new(0);
+        for round in 0..3000 {
+            if round % 1000 == 0 {
+                // Long enough for every worker to stop spinning and park.
+                std::thread::sleep(SPIN * 5);
+            }
+            pool.run(5, &|i| {
+                total.fetch_add(i + 1, Ordering::SeqCst);
+            });
+        }
+        assert_eq!(total.load(Ordering::SeqCst), 3000 * 15);
+        // Tasks longer than the spin window: the caller parks until the last one ends.
+        let slow = AtomicUsize::new(0);
+        pool.run(3, &|_| {
+            std::thread::sleep(SPIN * 3);
+            slow.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(slow.load(Ordering::SeqCst), 3);
     }
 }

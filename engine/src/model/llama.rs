@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 
 use super::LlamaModel;
-use crate::kernels::attention::{attend, AttnGeometry, BlockKv};
+use crate::kernels::attention::{attend_group, AttnGeometry, BlockKv};
 use crate::kernels::{rms_norm, swiglu, Compute};
 use crate::kv::pool::{BlockId, KvPool};
 use crate::EngineError;
@@ -35,6 +35,10 @@ pub type ForwardOutput = Vec<Option<Vec<f32>>>;
 
 /// Rows per FFN slice.
 const FFN_ROWS: usize = 256;
+
+/// Consecutive rows of one sequence whose attention runs as one group (with
+/// the query heads sharing a KV head), so each K/V row is read once for all.
+const ATTN_ROWS: usize = 4;
 
 struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
@@ -131,6 +135,27 @@ impl LlamaModel {
             scale: 1.0 / (hd as f32).sqrt(),
         };
         let group = nh / nkv;
+        // Attention tasks: (chunk, first row, end row, KV head), longest contexts first so
+        // the pool's dynamic split ends balanced. With too few of them for the threads,
+        // each task takes one query head instead of the KV head's whole group.
+        let mut attn_tasks = Vec::new();
+        let mut r0 = 0;
+        for (ci, ch) in chunks.iter().enumerate() {
+            let n = ch.tokens.len();
+            for a in (0..n).step_by(ATTN_ROWS) {
+                for kh in 0..nkv {
+                    attn_tasks.push((ci, r0 + a, r0 + (a + ATTN_ROWS).min(n), kh));
+                }
+            }
+            r0 += n;
+        }
+        attn_tasks.sort_by_key(|&(ci, a, _, kh)| (std::cmp::Reverse(rows[a].1), ci, kh));
+        let split = if attn_tasks.len() < 2 * cx.pool.threads() {
+            group
+        } else {
+            1
+        };
+        let heads_per_task = group / split;
         for (l, lw) in self.layers.iter().enumerate() {
             for r in 0..t {
                 rms_norm(
@@ -170,29 +195,41 @@ impl LlamaModel {
                 .collect();
             let att_ptr = SendPtr(att.as_mut_ptr());
             let qkv_ref = &qkv;
-            cx.pool.run(t * nh, &|i| {
-                let (r, head) = (i / nh, i % nh);
-                let (ci, pos) = rows[r];
-                let q = &qkv_ref[r * qkv_n + head * hd..r * qkv_n + (head + 1) * hd];
+            cx.pool.run(attn_tasks.len() * split, &|i| {
+                let (ci, ra, rb, kh) = attn_tasks[i / split];
                 let att_ptr = &att_ptr;
-                // SAFETY: each task writes its own (row, head) slice; the tables point into
-                // the pool, which is not written while attention runs.
-                unsafe {
-                    let o = std::slice::from_raw_parts_mut(att_ptr.0.add(r * qn + head * hd), hd);
-                    SCORES.with(|s| {
-                        let mut s = s.borrow_mut();
-                        attend(
-                            cx.isa,
-                            q,
-                            o,
-                            pos + 1,
-                            &tables[ci],
-                            &geom,
-                            head / group,
-                            &mut s,
-                        )
-                    });
+                let h0 = kh * group + (i % split) * heads_per_task;
+                let n = (rb - ra) * heads_per_task;
+                let (mut qs, mut outs, mut ctxs) = (
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                );
+                for (r, &(_, pos)) in rows.iter().enumerate().take(rb).skip(ra) {
+                    for head in h0..h0 + heads_per_task {
+                        let at = r * qkv_n + head * hd;
+                        qs.push(&qkv_ref[at..at + hd]);
+                        // SAFETY: each task writes its own (row, head) slices.
+                        outs.push(unsafe {
+                            std::slice::from_raw_parts_mut(att_ptr.0.add(r * qn + head * hd), hd)
+                        });
+                        ctxs.push(pos + 1);
+                    }
                 }
+                // SAFETY: the tables point into the pool, which is not written while
+                // attention runs, and cover every row's positions.
+                SCORES.with(|s| unsafe {
+                    attend_group(
+                        cx.isa,
+                        &qs,
+                        &mut outs,
+                        &ctxs,
+                        &tables[ci],
+                        &geom,
+                        kh,
+                        &mut s.borrow_mut(),
+                    )
+                });
             });
             lw.attn_out.matmul(&cx.pool, cx.isa, &att, t, &mut tmp);
             for (a, b) in x.iter_mut().zip(&tmp) {
