@@ -65,7 +65,8 @@ pub struct ClusterArgs {
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let args = args.clone();
     crate::on_own_runtime(move |rt| {
-        let report = rt.block_on(measure(&args))?;
+        let a = args.clone();
+        let report = crate::on_worker(rt, async move { measure(&a).await })?;
         crate::print_report(args.json, &report, print_table)
     })
 }

@@ -46,6 +46,19 @@ where
     .map_err(|_| anyhow::anyhow!("bench thread panicked"))?
 }
 
+/// Run `fut` as a task on one of `rt`'s workers and wait for it. A future
+/// polled by `block_on` lives on the calling thread, so every wakeup from the
+/// I/O driver costs a thread hop that no real caller (a store or engine task)
+/// pays; latency figures are taken from a worker like theirs.
+pub(crate) fn on_worker<T, F>(rt: &tokio::runtime::Runtime, fut: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    rt.block_on(rt.spawn(fut))
+        .map_err(|e| anyhow::anyhow!("bench task failed: {e}"))?
+}
+
 /// Print a bench report: one JSON line with `--json`, else `table`.
 pub(crate) fn print_report(
     json: bool,

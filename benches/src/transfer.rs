@@ -64,7 +64,8 @@ pub fn run(args: &TransferArgs) -> anyhow::Result<()> {
     crate::on_own_runtime(move |rt| match args.peer_listen.clone() {
         Some(addr) => rt.block_on(serve_peer(&args, &addr)),
         None => {
-            let report = rt.block_on(measure(&args))?;
+            let a = args.clone();
+            let report = crate::on_worker(rt, async move { measure(&a).await })?;
             crate::print_report(args.json, &report, print_table)
         }
     })

@@ -223,3 +223,25 @@ fn perf_attention() {
         );
     }
 }
+
+/// Prefill-sized matmul throughput (GFLOP/s) on the model's largest shape, one
+/// thread: the figure to compare with the core's FMA peak.
+#[test]
+#[ignore]
+fn perf_prefill_matmul() {
+    let pool = ThreadPool::new(1);
+    let isa = Isa::detect();
+    let (n, k) = (3072, 576);
+    let (info, bytes, _) = random_q4_1(n, k, 3);
+    let w = PackedMatrix::pack(&[(&info, &bytes)]).expect("pack");
+    for m in [6usize, 64, 512] {
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 / 17.0 - 0.5).collect();
+        let mut out = vec![0f32; m * n];
+        let t = min_time(20, || w.matmul(&pool, isa, &x, m, &mut out));
+        let gflops = 2.0 * (m * n * k) as f64 / t / 1e9;
+        println!(
+            "{isa:?} gate_up m={m}: {:.2} ms, {gflops:.1} GFLOP/s",
+            t * 1e3
+        );
+    }
+}
