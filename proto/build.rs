@@ -13,6 +13,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        // Block payloads as `bytes::Bytes`: a Get serves slices of the leased
+        // block without copying them into messages, and a decoded message
+        // shares tonic's receive buffer instead of copying out of it.
+        .bytes(".kvfabric.v1.GetResponse.data")
+        .bytes(".kvfabric.v1.PutRequest.data")
         .file_descriptor_set_path(out.join("kvfabric_descriptor.bin"))
         .compile_protos(&protos, &["proto"])?;
     Ok(())

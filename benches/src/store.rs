@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store, WritePolicy,
@@ -354,13 +353,8 @@ fn grpc(
         }));
         let mut cs = Vec::new();
         for _ in 0..clients {
-            let ch = tonic::transport::Endpoint::from_shared(url.clone())?
-                .initial_stream_window_size(kvfabric_store::GRPC_STREAM_WINDOW)
-                .initial_connection_window_size(kvfabric_store::GRPC_CONNECTION_WINDOW)
-                .tcp_nodelay(true)
-                .connect()
-                .await?;
-            cs.push(CacheServiceClient::new(ch));
+            // The store's own client: the same windows and frame size as the server.
+            cs.push(kvfabric_store::cluster::client::connect(&url, Duration::from_secs(60)).await?);
         }
         let sources = Arc::new(sources.to_vec());
         let phase = |get: bool| {
@@ -397,7 +391,7 @@ fn grpc(
                                 };
                                 let msg = PutRequest {
                                     header: Some(header),
-                                    data: sources[i].clone(),
+                                    data: sources[i].clone().into(),
                                 };
                                 client.put(tokio_stream::iter(vec![msg])).await?;
                             }

@@ -8,6 +8,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use kvfabric_proto::v1::cache_service_server::CacheService;
 use kvfabric_proto::v1::{
@@ -19,6 +20,7 @@ use kvfabric_proto::v1::{
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::keys::{BlockKey, KvLayout};
+use crate::lifecycle::ReadLease;
 use crate::store::{ReserveOutcome, Store};
 use crate::StoreError;
 
@@ -51,6 +53,24 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| Status::internal(format!("store task failed: {e}")))?
         .map_err(Status::from)
+}
+
+/// A leased block's bytes, owned by `Bytes`: Get stream chunks are slices of
+/// the RAM arena, not copies. The lease (the block cannot be evicted or its
+/// extent reused) ends when tonic has encoded the last chunk and dropped it.
+struct LeasedBytes(ReadLease);
+
+impl AsRef<[u8]> for LeasedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+/// `body` cut into Get stream chunks of [`GET_CHUNK`] bytes, without copying.
+pub(crate) fn chunks(body: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
+    (0..body.len())
+        .step_by(GET_CHUNK)
+        .map(move |at| body.slice(at..(at + GET_CHUNK).min(body.len())))
 }
 
 type GetStream = Pin<Box<dyn Stream<Item = Result<GetResponse, Status>> + Send + 'static>>;
@@ -199,8 +219,7 @@ impl CacheService for CacheServer {
             let Some(lease) = store.lease(&key)? else {
                 return Err(StoreError::NotFound(format!("block {key:?}")));
             };
-            let bytes = lease.bytes();
-            let range = get_range(req.offset, req.length, bytes.len() as u64)?;
+            let range = get_range(req.offset, req.length, lease.bytes().len() as u64)?;
             let info = *lease.info();
             let mut out = vec![GetResponse {
                 header: Some(GetHeader {
@@ -212,12 +231,8 @@ impl CacheService for CacheServer {
                 }),
                 data: Default::default(),
             }];
-            for chunk in bytes[range].chunks(GET_CHUNK) {
-                out.push(GetResponse {
-                    header: None,
-                    data: chunk.to_vec(),
-                });
-            }
+            let body = Bytes::from_owner(LeasedBytes(lease)).slice(range);
+            out.extend(chunks(&body).map(|data| GetResponse { header: None, data }));
             Ok(out)
         })
         .await?;

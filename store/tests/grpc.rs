@@ -47,7 +47,7 @@ fn put_msgs(
                 size,
                 ..Default::default()
             }),
-            data: c,
+            data: c.into(),
         });
     }
     msgs
@@ -142,7 +142,7 @@ async fn put_get_lookup_errors_and_metrics() {
         .into_inner();
     let first = s.message().await.unwrap().unwrap();
     assert_eq!(first.header.unwrap().size, BLOCK as u64);
-    let mut got = first.data;
+    let mut got = first.data.to_vec();
     while let Some(m) = s.message().await.unwrap() {
         got.extend_from_slice(&m.data);
     }
@@ -341,4 +341,56 @@ async fn put_get_lookup_errors_and_metrics() {
     }
     let _ = stop.send(());
     tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// A Get stream's chunks are slices of the RAM arena held by the block's
+/// read lease: until the last chunk is consumed the block must not be
+/// evicted or its extent reused, even when puts need its room.
+#[tokio::test]
+async fn a_get_stream_keeps_its_block_leased_until_consumed() {
+    use kvfabric_proto::v1::cache_service_server::CacheService;
+    use kvfabric_store::{BlockKey, CacheServer, PutOptions};
+
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::b((2 * BLOCK) as u64),
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
+        ..Default::default()
+    };
+    let mut registry = Registry::default();
+    let store = Store::open(cfg, &mut registry).unwrap();
+    let lay: kvfabric_store::KvLayout = (&layout()).try_into().unwrap();
+    let k = |i: u8| BlockKey::from_slice(&key(i)).unwrap();
+    for i in 1..=2u8 {
+        store
+            .put(k(i), lay, &data(i), PutOptions::default())
+            .unwrap();
+    }
+    let server = CacheServer::new(store.clone(), "test".into());
+    // Block 1 is the least recently used; open its stream, do not read it yet.
+    let mut stream = server
+        .get(tonic::Request::new(GetRequest {
+            key: key(1),
+            offset: 0,
+            length: 0,
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    // Two more blocks need both slots: only block 2 may go; block 1 is leased.
+    store
+        .put(k(3), lay, &data(3), PutOptions::default())
+        .unwrap();
+    let refused = store.put(k(4), lay, &data(4), PutOptions::default());
+    assert!(
+        refused.is_err() || !store.exists(&[k(3)])[0],
+        "block 4 must take block 3's room, never the leased block 1's"
+    );
+    let mut got = Vec::new();
+    while let Some(m) = futures::StreamExt::next(&mut stream).await {
+        got.extend_from_slice(&m.unwrap().data);
+    }
+    assert_eq!(got, data(1), "the streamed block was overwritten");
+    assert!(!store.exists(&[k(2)])[0], "block 2 was the one to go");
 }

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
 use tonic::transport::{Channel, Endpoint};
@@ -42,6 +43,9 @@ fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
         .connect_timeout(timeout)
         .timeout(timeout)
+        .initial_stream_window_size(crate::GRPC_STREAM_WINDOW)
+        .initial_connection_window_size(crate::GRPC_CONNECTION_WINDOW)
+        .max_frame_size(crate::server::GRPC_MAX_FRAME)
         .tcp_nodelay(true))
 }
 
@@ -71,12 +75,15 @@ pub async fn put_block(
     let mut chunks = data.chunks(PUT_CHUNK);
     msgs.push(PutRequest {
         header: Some(header),
-        data: chunks.next().map(<[u8]>::to_vec).unwrap_or_default(),
+        data: chunks
+            .next()
+            .map(Bytes::copy_from_slice)
+            .unwrap_or_default(),
     });
     for c in chunks {
         msgs.push(PutRequest {
             header: None,
-            data: c.to_vec(),
+            data: Bytes::copy_from_slice(c),
         });
     }
     Ok(client.put(futures::stream::iter(msgs)).await?.into_inner())

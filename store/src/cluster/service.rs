@@ -10,6 +10,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::cache_service_server::CacheService;
@@ -23,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::cluster::node::{holder_pb, ClusterNode};
 use crate::keys::BlockKey;
-use crate::service::{CacheServer, GET_CHUNK};
+use crate::service::{chunks, CacheServer};
 
 /// Metadata header marking a fanned-out call: act on the local store only.
 pub const LOCAL_ONLY_HEADER: &str = "x-kvfabric-local";
@@ -167,14 +168,10 @@ impl CacheService for ClusterCacheService {
                 node_id: block.node_id.clone(),
                 tier: block.tier as i32,
             }),
-            data: Vec::new(),
+            data: Bytes::new(),
         }];
-        for chunk in block.data[range].chunks(GET_CHUNK) {
-            out.push(GetResponse {
-                header: None,
-                data: chunk.to_vec(),
-            });
-        }
+        let body = Bytes::from(block.data).slice(range);
+        out.extend(chunks(&body).map(|data| GetResponse { header: None, data }));
         Ok(Response::new(
             futures::stream::iter(out.into_iter().map(Ok)).boxed(),
         ))
