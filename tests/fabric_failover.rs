@@ -86,7 +86,7 @@ fn multi_turn_with(fault: Fault) -> f64 {
         .collect();
     std::thread::sleep(Duration::from_millis(1500)); // membership settles (etcd watch)
 
-    let system = SYSTEM.repeat(6);
+    let system = SYSTEM.repeat(3);
     let mut histories: Vec<String> = (0..2)
         .map(|s| format!("{system}\nSession {s}. User: list the files in src/ and summarise main.rs.\nAssistant:"))
         .collect();
