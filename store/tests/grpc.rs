@@ -53,7 +53,8 @@ fn put_msgs(
     msgs
 }
 
-async fn start(ram_blocks: usize) -> (String, String, tokio::sync::oneshot::Sender<()>) {
+/// A RAM-only store with room for `ram_blocks` blocks, evicting only when full.
+fn open_store(ram_blocks: usize, registry: &mut Registry) -> Store {
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((ram_blocks * BLOCK) as u64),
         high_watermark: 1.0,
@@ -61,8 +62,12 @@ async fn start(ram_blocks: usize) -> (String, String, tokio::sync::oneshot::Send
         max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
         ..Default::default()
     };
+    Store::open(cfg, registry).unwrap()
+}
+
+async fn start(ram_blocks: usize) -> (String, String, tokio::sync::oneshot::Sender<()>) {
     let mut registry = Registry::default();
-    let store = Store::open(cfg, &mut registry).unwrap();
+    let store = open_store(ram_blocks, &mut registry);
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (g, h) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
@@ -351,15 +356,7 @@ async fn a_get_stream_keeps_its_block_leased_until_consumed() {
     use kvfabric_proto::v1::cache_service_server::CacheService;
     use kvfabric_store::{BlockKey, CacheServer, PutOptions};
 
-    let cfg = NodeConfig {
-        ram_capacity: bytesize::ByteSize::b((2 * BLOCK) as u64),
-        high_watermark: 1.0,
-        low_watermark: 1.0,
-        max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
-        ..Default::default()
-    };
-    let mut registry = Registry::default();
-    let store = Store::open(cfg, &mut registry).unwrap();
+    let store = open_store(2, &mut Registry::default());
     let lay: kvfabric_store::KvLayout = (&layout()).try_into().unwrap();
     let k = |i: u8| BlockKey::from_slice(&key(i)).unwrap();
     for i in 1..=2u8 {
