@@ -65,9 +65,9 @@ pub struct ClusterArgs {
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let args = args.clone();
     crate::on_own_runtime(move |rt| {
-        let a = args.clone();
-        let report = crate::on_worker(rt, async move { measure(&a).await })?;
-        crate::print_report(args.json, &report, print_table)
+        let json = args.json;
+        let report = crate::on_worker(rt, async move { measure(&args).await })?;
+        crate::print_report(json, &report, print_table)
     })
 }
 

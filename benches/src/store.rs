@@ -365,7 +365,13 @@ fn grpc(
             // The store's own client: the same windows and frame size as the server.
             cs.push(kvfabric_store::cluster::client::connect(&url, Duration::from_secs(60)).await?);
         }
-        let sources = Arc::new(sources.to_vec());
+        // Shared, not cloned per put: the timed loop moves no bytes of its own.
+        let sources: Arc<Vec<bytes::Bytes>> = Arc::new(
+            sources
+                .iter()
+                .map(|s| bytes::Bytes::copy_from_slice(s))
+                .collect(),
+        );
         let phase = |get: bool| {
             let tasks: Vec<_> = cs
                 .iter()
@@ -400,7 +406,7 @@ fn grpc(
                                 };
                                 let msg = PutRequest {
                                     header: Some(header),
-                                    data: sources[i].clone().into(),
+                                    data: sources[i].clone(),
                                 };
                                 client.put(tokio_stream::iter(vec![msg])).await?;
                             }

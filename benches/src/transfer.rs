@@ -64,9 +64,9 @@ pub fn run(args: &TransferArgs) -> anyhow::Result<()> {
     crate::on_own_runtime(move |rt| match args.peer_listen.clone() {
         Some(addr) => rt.block_on(serve_peer(&args, &addr)),
         None => {
-            let a = args.clone();
-            let report = crate::on_worker(rt, async move { measure(&a).await })?;
-            crate::print_report(args.json, &report, print_table)
+            let json = args.json;
+            let report = crate::on_worker(rt, async move { measure(&args).await })?;
+            crate::print_report(json, &report, print_table)
         }
     })
 }

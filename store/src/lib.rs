@@ -31,7 +31,7 @@ pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
-pub use server::{serve_store, GRPC_CONNECTION_WINDOW, GRPC_STREAM_WINDOW};
+pub use server::serve_store;
 pub use service::CacheServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 

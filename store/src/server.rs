@@ -22,12 +22,12 @@ use crate::store::Store;
 use crate::StoreError;
 
 /// HTTP/2 stream flow-control window of the gRPC server (clients should match it).
-pub const GRPC_STREAM_WINDOW: u32 = 16 << 20;
+const GRPC_STREAM_WINDOW: u32 = 16 << 20;
 /// Largest HTTP/2 frame either side accepts: a 1 MiB Get chunk goes out as
 /// one DATA frame instead of 64 frames of the 16 KiB default.
-pub const GRPC_MAX_FRAME: u32 = 1 << 20;
+const GRPC_MAX_FRAME: u32 = 1 << 20;
 /// HTTP/2 connection flow-control window of the gRPC server.
-pub const GRPC_CONNECTION_WINDOW: u32 = 64 << 20;
+const GRPC_CONNECTION_WINDOW: u32 = 64 << 20;
 
 /// Serve an opened `store` as a standalone single node (no directory, no
 /// transfer server) on already bound listeners; tests and the store bench
@@ -90,6 +90,15 @@ async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoRespon
 pub(crate) fn grpc_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .max_frame_size(GRPC_MAX_FRAME)
+        .tcp_nodelay(true)
+}
+
+/// A client endpoint with the server's windows and frame size (the twin of
+/// [`grpc_builder`]): HTTP/2's defaults would stall every block transfer.
+pub(crate) fn grpc_endpoint(e: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    e.initial_stream_window_size(GRPC_STREAM_WINDOW)
         .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
         .max_frame_size(GRPC_MAX_FRAME)
         .tcp_nodelay(true)

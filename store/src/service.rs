@@ -24,8 +24,8 @@ use crate::lifecycle::ReadLease;
 use crate::store::{ReserveOutcome, Store};
 use crate::StoreError;
 
-/// Size of the data chunks of a Get stream.
-pub const GET_CHUNK: usize = 1 << 20;
+/// Size of the data chunks of a Get or Put stream.
+pub const STREAM_CHUNK: usize = 1 << 20;
 
 /// The gRPC face of one node's store.
 pub struct CacheServer {
@@ -66,11 +66,11 @@ impl AsRef<[u8]> for LeasedBytes {
     }
 }
 
-/// `body` cut into Get stream chunks of [`GET_CHUNK`] bytes, without copying.
+/// `body` cut into stream chunks of [`STREAM_CHUNK`] bytes, without copying.
 pub(crate) fn chunks(body: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
     (0..body.len())
-        .step_by(GET_CHUNK)
-        .map(move |at| body.slice(at..(at + GET_CHUNK).min(body.len())))
+        .step_by(STREAM_CHUNK)
+        .map(move |at| body.slice(at..(at + STREAM_CHUNK).min(body.len())))
 }
 
 type GetStream = Pin<Box<dyn Stream<Item = Result<GetResponse, Status>> + Send + 'static>>;

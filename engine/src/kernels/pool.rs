@@ -9,9 +9,9 @@
 //! job (a parked or preempted worker that has not yet is shut out when the
 //! caller finishes its share), spinning briefly and then parking too.
 //! Nothing spins unbounded, so a busy machine (cores shared with other
-//! processes) costs at most one short spin window per idle period. Which thread runs which task never
-//! changes a result: the kernels only split independent outputs, never a
-//! reduction.
+//! processes) costs at most one short spin window per idle period. Which
+//! thread runs which task never changes a result: the kernels only split
+//! independent outputs, never a reduction.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};

@@ -10,13 +10,11 @@ use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutRespon
 use tonic::transport::{Channel, Endpoint};
 
 use crate::keys::{BlockKey, KvLayout};
+use crate::service::chunks;
 use crate::StoreError;
 
 /// A CacheService client on one channel.
 pub type CacheClient = CacheServiceClient<Channel>;
-
-/// Size of the data chunks a put streams.
-const PUT_CHUNK: usize = 1 << 20;
 
 /// Connect to the node at `addr` (`host:port` or `http://host:port`).
 pub async fn connect(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
@@ -39,14 +37,11 @@ fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
     } else {
         format!("http://{addr}")
     };
-    Ok(Endpoint::from_shared(url)
+    let e = Endpoint::from_shared(url)
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
         .connect_timeout(timeout)
-        .timeout(timeout)
-        .initial_stream_window_size(crate::GRPC_STREAM_WINDOW)
-        .initial_connection_window_size(crate::GRPC_CONNECTION_WINDOW)
-        .max_frame_size(crate::server::GRPC_MAX_FRAME)
-        .tcp_nodelay(true))
+        .timeout(timeout);
+    Ok(crate::server::grpc_endpoint(e))
 }
 
 fn client(ch: Channel) -> CacheClient {
@@ -71,21 +66,14 @@ pub async fn put_block(
         durable,
         tokens: 0,
     };
-    let mut msgs = Vec::with_capacity(data.len() / PUT_CHUNK + 1);
-    let mut chunks = data.chunks(PUT_CHUNK);
-    msgs.push(PutRequest {
+    // One copy of the block; the messages are slices of it.
+    let data = Bytes::copy_from_slice(data);
+    let mut parts = chunks(&data);
+    let mut msgs = vec![PutRequest {
         header: Some(header),
-        data: chunks
-            .next()
-            .map(Bytes::copy_from_slice)
-            .unwrap_or_default(),
-    });
-    for c in chunks {
-        msgs.push(PutRequest {
-            header: None,
-            data: Bytes::copy_from_slice(c),
-        });
-    }
+        data: parts.next().unwrap_or_default(),
+    }];
+    msgs.extend(parts.map(|data| PutRequest { header: None, data }));
     Ok(client.put(futures::stream::iter(msgs)).await?.into_inner())
 }
 
