@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
+use kvfabric_connector::ConnectorConfig;
 use kvfabric_engine::model::LlamaModel;
 use serde_json::{json, Value};
 
@@ -65,6 +66,10 @@ pub struct ReuseArgs {
     /// RAM tier of each fabric node, MiB.
     #[arg(long, default_value_t = 512)]
     pub node_ram_mib: u64,
+    /// B loads layer by layer, computing while the layers arrive (false:
+    /// the whole prefix is loaded before B's forward pass starts).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub layerwise: bool,
     /// Seed of the prompt's token ids.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -155,6 +160,8 @@ async fn measure_on(
     let mut cold: Option<Completion> = None;
     let mut warm: Option<Completion> = None;
     let mut b_stats = Vec::new();
+    // Every repeat's TTFTs (cold, warm, local hit on B), in ms.
+    let mut each: [Vec<f64>; 3] = Default::default();
     let mut exact = true;
     let mut tokens_equal = true;
     let mut logits_equal = true;
@@ -176,7 +183,12 @@ async fn measure_on(
         }
         // Warm: a fresh engine on node 1, loading A's blocks (never saving,
         // so every repeat reads them from node 0 again).
-        let b = start_engine(model, &cfg, Some(cluster.connect_fn(1, false)))?;
+        let b_connector = ConnectorConfig {
+            save: false,
+            layerwise: args.layerwise,
+            ..ConnectorConfig::default()
+        };
+        let b = start_engine(model, &cfg, Some(cluster.connect_with(1, b_connector)))?;
         let b_run = generate(&b.handle, prompt.clone(), args.gen_tokens, true).await;
         if let Some(conn) = &b.connector {
             b_stats.push(conn.stats());
@@ -192,6 +204,7 @@ async fn measure_on(
         if let Some(again) = again {
             let again = again?;
             local_ttft = local_ttft.min(again.ttft);
+            each[2].push(again.ttft.as_secs_f64() * 1e3);
         }
         let same_logits =
             run.first_logits.is_some() && bits(&run.first_logits) == bits(&b_run.first_logits);
@@ -199,6 +212,8 @@ async fn measure_on(
         logits_equal &= same_logits;
         tokens_equal &= same_tokens;
         exact &= same_logits && same_tokens;
+        each[0].push(run.ttft.as_secs_f64() * 1e3);
+        each[1].push(b_run.ttft.as_secs_f64() * 1e3);
         if cold.as_ref().is_none_or(|x| run.ttft < x.ttft) {
             cold = Some(run);
         }
@@ -231,6 +246,11 @@ async fn measure_on(
         "load_ms": ms(warm.ttft.saturating_sub(local_ttft)),
         // The same local hit on an engine without a connector.
         "no_fabric_local_hit_ttft_ms": ms(no_fabric_local_ttft),
+        "cold_ttft_ms_each": each[0],
+        "warm_ttft_ms_each": each[1],
+        "local_hit_ttft_ms_each": each[2],
+        "layerwise": args.layerwise,
+        "b_connector": b_stats.last().map(stats_json),
         "cold_cached_tokens": cold.usage.cached_tokens,
         "b_loaded_blocks": b_loaded,
         "b_load_failed_blocks": b_failed,

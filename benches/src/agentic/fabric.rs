@@ -77,14 +77,19 @@ impl FabricCluster {
     /// How an engine attaches to node `i`; `save` false = the connector
     /// loads but never saves. Call inside the runtime the nodes run on.
     pub fn connect_fn(&self, i: usize, save: bool) -> ConnectFn {
-        let node = self.nodes[i % self.nodes.len()].node().clone();
-        FabricConnector::connect_fn(
-            node,
+        self.connect_with(
+            i,
             ConnectorConfig {
                 save,
                 ..ConnectorConfig::default()
             },
         )
+    }
+
+    /// How an engine attaches to node `i` with connector settings `cfg`.
+    pub fn connect_with(&self, i: usize, cfg: ConnectorConfig) -> ConnectFn {
+        let node = self.nodes[i % self.nodes.len()].node().clone();
+        FabricConnector::connect_fn(node, cfg)
     }
 
     /// Stop every node, then etcd.

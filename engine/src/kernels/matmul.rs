@@ -319,12 +319,14 @@ impl PackedMatrix {
     unsafe fn tile(&self, isa: Isa, tile: usize, x: &[f32], m: usize, out: *mut f32) {
         let (k, n) = (self.k, self.n);
         let mut scratch = Scratch([0f32; CHUNK_K * TILE_N]);
+        // The block's sums live in a contiguous buffer, not in `out`: rows of `out`
+        // are N floats apart, often a multiple of 4 KiB, so they would all fall in
+        // the same L1 sets and evict each other between k-chunks.
+        let mut acc = Acc([0f32; ROW_BLOCK * TILE_N]);
         let mut r0 = 0;
         while r0 < m {
             let rows = (m - r0).min(ROW_BLOCK);
-            for r in r0..r0 + rows {
-                std::ptr::write_bytes(out.add(r * n + tile * TILE_N), 0, TILE_N);
-            }
+            acc.0[..rows * TILE_N].fill(0.0);
             for kb in 0..k / CHUNK_K {
                 let chunk = self.chunk(tile, kb);
                 let w: *const f32 = if self.format == PackedFormat::F32 {
@@ -334,8 +336,11 @@ impl PackedMatrix {
                     scratch.0.as_ptr()
                 };
                 let xk = x.as_ptr().add(r0 * k + kb * CHUNK_K);
-                let o = out.add(r0 * n + tile * TILE_N);
-                micro(isa, w, xk, k, o, n, rows);
+                micro(isa, w, xk, k, acc.0.as_mut_ptr(), TILE_N, rows);
+            }
+            for (r, sums) in acc.0.chunks_exact(TILE_N).take(rows).enumerate() {
+                let o = out.add((r0 + r) * n + tile * TILE_N);
+                std::ptr::copy_nonoverlapping(sums.as_ptr(), o, TILE_N);
             }
             r0 += rows;
         }
@@ -344,6 +349,10 @@ impl PackedMatrix {
 
 #[repr(align(64))]
 struct Scratch([f32; CHUNK_K * TILE_N]);
+
+/// A row block's output sums for one tile, `[rows][64]`.
+#[repr(align(64))]
+struct Acc([f32; ROW_BLOCK * TILE_N]);
 
 struct SendPtr(*mut f32);
 // SAFETY: used only to hand disjoint output columns to pool tasks.
