@@ -2,9 +2,10 @@
 //! with random routing, the workload kvfabric exists for.
 //!
 //! S sessions x T turns (in the spirit of LMCache's multi-round-qa): a shared
-//! ~1000-token system prompt with tool definitions, then per session a
-//! history that grows every turn by the previous answer and a new user
-//! message ([`trace`]). Turns are sent at most `--rate` per second, each
+//! ~1000-token system prompt with tool definitions, then per session its own
+//! ~2000-token context (earlier turns and tool output, as multi-round-qa's
+//! user history prompt) and a history that grows every turn by the previous
+//! answer and a new user message ([`trace`]). Turns are sent at most `--rate` per second, each
 //! routed uniformly at random (fixed by seed) to one of N in-process engines
 //! driven at the token level ([`driver`]). The same trace runs three times,
 //! on fresh engines each time:
@@ -43,7 +44,7 @@ use driver::{drive, DriveParams};
 use engines::{engine_config, stats_json, EngineSet};
 use fabric::{decode_step, FabricCluster};
 use stats::{same_answers, RunSummary};
-use trace::Workload;
+use trace::{Workload, WorkloadShape};
 
 /// Arguments of `kvfabric bench agentic`.
 #[derive(clap::Args, Debug, Clone)]
@@ -80,11 +81,16 @@ pub struct AgenticArgs {
     /// Tokens of the shared system prompt (grown tool definition by tool definition).
     #[arg(long, default_value_t = 1000)]
     pub system_tokens: usize,
+    /// Tokens of context each session starts with (its earlier turns and
+    /// tool output; multi-round-qa's `--user-history-prompt`, 2000 there too).
+    /// 0 = sessions start from the system prompt alone.
+    #[arg(long, default_value_t = 2000)]
+    pub session_history_tokens: usize,
     /// Kernel threads per engine (0 = one per core).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
-    /// KV pool of each engine, MiB.
-    #[arg(long, default_value_t = 256)]
+    /// KV pool of each engine, MiB (512: two ~3.5k-token sessions at once).
+    #[arg(long, default_value_t = 512)]
     pub kv_pool_mib: u64,
     /// RAM tier of each fabric node, MiB.
     #[arg(long, default_value_t = 1024)]
@@ -117,9 +123,12 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     let workload = Workload::generate(
         &|text| tokenizer.encode(text, true),
         args.seed,
-        args.sessions,
-        args.turns,
-        args.system_tokens,
+        &WorkloadShape {
+            sessions: args.sessions,
+            turns: args.turns,
+            system_tokens: args.system_tokens,
+            history_tokens: args.session_history_tokens,
+        },
     );
     let args = args.clone();
     let model_name = path.display().to_string();
@@ -255,6 +264,7 @@ async fn measure_all(
         "burst_start": args.burst_start,
         "threads_per_engine": args.threads,
         "system_prompt_tokens": workload.system.len(),
+        "session_history_tokens": args.session_history_tokens,
         "oracle_hit_ratio": f.oracle_hit_ratio,
         "none": none.summary.to_json(),
         "local": local.summary.to_json(),
@@ -351,8 +361,9 @@ mod tests {
             seed: 1,
             burst_start: false,
             system_tokens: 1000,
+            session_history_tokens: 2000,
             threads: 1,
-            kv_pool_mib: 256,
+            kv_pool_mib: 512,
             node_ram_mib: 1024,
             step_batch: 8,
             step_tokens: 96,

@@ -280,6 +280,7 @@ mod tests {
             threads: 0,
             kv_pool_mib: 256,
             node_ram_mib: 512,
+            layerwise: true,
             seed: 1,
         };
         let err = measure(&args).expect_err("no model");
@@ -315,6 +316,7 @@ mod tests {
             threads: 0,
             kv_pool_mib: 256,
             node_ram_mib: 512,
+            layerwise: true,
             seed: 1,
         };
         let report = measure(&args).expect("bench");

@@ -213,6 +213,16 @@ mod tests {
     use kvfabric_engine::{FinishReason, GenerationRequest};
 
     use super::*;
+    use crate::agentic::trace::WorkloadShape;
+
+    fn shape(sessions: usize, turns: usize, system_tokens: usize) -> WorkloadShape {
+        WorkloadShape {
+            sessions,
+            turns,
+            system_tokens,
+            history_tokens: 0,
+        }
+    }
 
     /// (engine, arrival time, prompt) of every request, in arrival order.
     type RequestLog = Arc<Mutex<Vec<(usize, Instant, Vec<u32>)>>>;
@@ -267,7 +277,7 @@ mod tests {
         let engines: Vec<EngineHandle> = (0..3)
             .map(|i| fake_engine(i, Duration::from_millis(20), log.clone()))
             .collect();
-        let workload = Workload::generate(&bytes, 3, 3, 3, 200);
+        let workload = Workload::generate(&bytes, 3, &shape(3, 3, 200));
         let rate = 20.0;
         let p = DriveParams {
             rate,
@@ -323,7 +333,7 @@ mod tests {
 
     #[tokio::test]
     async fn drive_reports_engine_errors_and_needs_engines() {
-        let workload = Workload::generate(&bytes, 3, 1, 1, 10);
+        let workload = Workload::generate(&bytes, 3, &shape(1, 1, 10));
         let p = DriveParams {
             rate: 0.0,
             answer_tokens: 2,

@@ -201,6 +201,51 @@ fn user_message(rng: &mut SplitMix64, session: usize, turn: usize) -> String {
     m
 }
 
+/// Session `session`'s own context: earlier user / assistant / tool turns
+/// grown until they reach `tokens` tokens (none for 0). Drawn from its own
+/// generator, so the rest of the trace is the same with or without it.
+fn session_history(
+    encode: &dyn Fn(&str) -> Vec<u32>,
+    seed: u64,
+    session: usize,
+    tokens: usize,
+) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut rng = SplitMix64::new(seed ^ 0x5e55_1095_0000_0000 ^ session as u64);
+    let mut turn = 0;
+    while out.len() < tokens {
+        let words = 10 + rng.below(20);
+        let user = sentence(&mut rng, words);
+        let tool = format!("{}_{}", rng.pick(VERBS), rng.pick(NOUNS));
+        let mut result = String::new();
+        for _ in 0..3 + rng.below(4) {
+            let words = 8 + rng.below(16);
+            result.push_str(&sentence(&mut rng, words));
+            result.push(' ');
+        }
+        let words = 8 + rng.below(12);
+        let answer = sentence(&mut rng, words);
+        out.extend(encode(&format!(
+            "<|im_start|>user\n[session {session} earlier turn {turn}] {user}\nTool result of {tool}: {result}<|im_end|>\n<|im_start|>assistant\n{answer}<|im_end|>\n"
+        )));
+        turn += 1;
+    }
+    out
+}
+
+/// The size of a generated trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkloadShape {
+    pub sessions: usize,
+    pub turns: usize,
+    /// The shared system prompt grows tool by tool to at least this many tokens.
+    pub system_tokens: usize,
+    /// Each session starts with its own context of at least this many tokens
+    /// (earlier conversation and tool output, as multi-round-qa's
+    /// `--user-history-prompt`); 0 = none.
+    pub history_tokens: usize,
+}
+
 /// Token ids of every segment of the trace, before any answer is known.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
@@ -208,19 +253,16 @@ pub struct Workload {
     pub system: Vec<u32>,
     /// `users[s][t]`: what turn t of session s appends after the previous
     /// answer (closing the assistant turn when t > 0, then the user turn and
-    /// the assistant header).
+    /// the assistant header); turn 0 starts with the session's history.
     pub users: Vec<Vec<Vec<u32>>>,
 }
 
 impl Workload {
-    /// Build `sessions` x `turns` segments from `seed`, the system prompt
-    /// grown tool by tool to at least `system_tokens` tokens of `encode`.
+    /// Build the segments of `shape` from `seed` with tokenizer `encode`.
     pub fn generate(
         encode: &dyn Fn(&str) -> Vec<u32>,
         seed: u64,
-        sessions: usize,
-        turns: usize,
-        system_tokens: usize,
+        shape: &WorkloadShape,
     ) -> Workload {
         let mut rng = SplitMix64::new(seed);
         let head =
@@ -229,20 +271,26 @@ impl Workload {
         let mut text = head.to_string();
         let mut tools = 0;
         let mut system = encode(&format!("{text}<|im_end|>\n"));
-        while system.len() < system_tokens && tools < 1000 {
+        while system.len() < shape.system_tokens && tools < 1000 {
             text.push_str(&tool_definition(&mut rng, tools));
             tools += 1;
             system = encode(&format!("{text}<|im_end|>\n"));
         }
-        let users = (0..sessions)
+        let users = (0..shape.sessions)
             .map(|s| {
-                (0..turns)
+                (0..shape.turns)
                     .map(|t| {
                         let close = if t == 0 { "" } else { "<|im_end|>\n" };
                         let msg = user_message(&mut rng, s, t);
-                        encode(&format!(
+                        let mut seg = if t == 0 {
+                            session_history(encode, seed, s, shape.history_tokens)
+                        } else {
+                            Vec::new()
+                        };
+                        seg.extend(encode(&format!(
                             "{close}<|im_start|>user\n{msg}<|im_end|>\n<|im_start|>assistant\n"
-                        ))
+                        )));
+                        seg
                     })
                     .collect()
             })
@@ -314,9 +362,15 @@ mod tests {
 
     #[test]
     fn workload_is_deterministic_and_prompts_extend_each_other() {
-        let a = Workload::generate(&bytes, 7, 3, 4, 1000);
-        let b = Workload::generate(&bytes, 7, 3, 4, 1000);
-        let c = Workload::generate(&bytes, 8, 3, 4, 1000);
+        let shape = WorkloadShape {
+            sessions: 3,
+            turns: 4,
+            system_tokens: 1000,
+            history_tokens: 0,
+        };
+        let a = Workload::generate(&bytes, 7, &shape);
+        let b = Workload::generate(&bytes, 7, &shape);
+        let c = Workload::generate(&bytes, 8, &shape);
         assert_eq!(a, b);
         assert_ne!(a.system, c.system);
         assert!(a.system.len() >= 1000 && a.system.len() < 1400);
@@ -334,6 +388,30 @@ mod tests {
         assert_eq!(&p1[p0.len()..p0.len() + 2], &[1000, 1001]);
         assert_eq!(p2[p1.len()], 1002);
         assert_eq!(p2.len(), p1.len() + 1 + a.users[1][2].len());
+    }
+
+    #[test]
+    fn session_history_opens_each_session_and_leaves_the_rest_alike() {
+        let mut shape = WorkloadShape {
+            sessions: 3,
+            turns: 3,
+            system_tokens: 200,
+            history_tokens: 0,
+        };
+        let plain = Workload::generate(&bytes, 7, &shape);
+        shape.history_tokens = 500;
+        let with = Workload::generate(&bytes, 7, &shape);
+        assert_eq!(with.system, plain.system);
+        for s in 0..3 {
+            let (h, p) = (&with.users[s][0], &plain.users[s][0]);
+            assert!(h.len() >= p.len() + 500, "session {s}: {} tokens", h.len());
+            assert!(h.ends_with(p));
+            assert_eq!(with.users[s][1..], plain.users[s][1..]);
+        }
+        // Each session's history is its own.
+        let hist = |s: usize| &with.users[s][0][..500];
+        assert_ne!(hist(0), hist(1));
+        assert_ne!(hist(1), hist(2));
     }
 
     #[test]

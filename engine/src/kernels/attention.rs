@@ -396,18 +396,6 @@ mod tests {
         (kv, blocks)
     }
 
-    fn isas() -> Vec<Isa> {
-        let best = Isa::detect();
-        let mut v = vec![Isa::Scalar];
-        if best != Isa::Scalar {
-            v.push(Isa::Avx2);
-        }
-        if best == Isa::Avx512 {
-            v.push(Isa::Avx512);
-        }
-        v
-    }
-
     #[test]
     fn group_gives_each_query_the_bits_of_the_reference() {
         let g = AttnGeometry {
@@ -446,7 +434,7 @@ mod tests {
                         o
                     })
                     .collect();
-                for isa in isas() {
+                for isa in Isa::all_detected() {
                     let mut got = vec![vec![f32::NAN; 64]; ctxs.len()];
                     {
                         let qr: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();

@@ -166,13 +166,7 @@ mod tests {
     /// both quantized formats, every ISA and thread count.
     #[test]
     fn fused_rows_equal_sequential_fma_reference() {
-        let mut isas = vec![Isa::Scalar];
-        if Isa::detect() == Isa::Avx512 {
-            isas.push(Isa::Avx2);
-        }
-        if Isa::detect() != Isa::Scalar {
-            isas.push(Isa::detect());
-        }
+        let isas = Isa::all_detected();
         let (n, k) = (192, 160);
         for q8 in [false, true] {
             let (info, bytes, deq) = if q8 {

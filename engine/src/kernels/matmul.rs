@@ -448,15 +448,20 @@ pub(crate) mod tests {
     use super::*;
     use crate::gguf::TensorInfo;
 
-    /// A random Q4_1 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
-    pub(crate) fn random_q4_1(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
+    /// A xorshift64 generator (test data only; `seed` must not be 0).
+    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
-        let mut rnd = move || {
+        move || {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
             s
-        };
+        }
+    }
+
+    /// A random Q4_1 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
+    pub(crate) fn random_q4_1(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
+        let mut rnd = xorshift(seed);
         let mut bytes = Vec::new();
         let mut deq = Vec::new();
         for _ in 0..n {
@@ -488,13 +493,7 @@ pub(crate) mod tests {
 
     /// A random Q8_0 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
     pub(crate) fn random_q8_0(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
-        let mut s = seed;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rnd = xorshift(seed);
         let mut bytes = Vec::new();
         let mut deq = Vec::new();
         for _ in 0..n {
@@ -516,18 +515,6 @@ pub(crate) mod tests {
             data_len: bytes.len(),
         };
         (info, bytes, deq)
-    }
-
-    fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Scalar];
-        let best = Isa::detect();
-        if best == Isa::Avx512 {
-            v.push(Isa::Avx2);
-        }
-        if best != Isa::Scalar {
-            v.push(best);
-        }
-        v
     }
 
     #[test]
@@ -554,7 +541,7 @@ pub(crate) mod tests {
         }
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads);
-            for isa in isas() {
+            for isa in Isa::all_detected() {
                 for rows in [1, 3, m] {
                     let mut out = vec![0f32; rows * n];
                     w.matmul(&pool, isa, &x[..rows * k], rows, &mut out);

@@ -63,6 +63,20 @@ impl Isa {
         }
         Isa::Scalar
     }
+
+    /// Every ISA this CPU can run, scalar first: the kernel tests compare them all.
+    #[cfg(test)]
+    pub(crate) fn all_detected() -> Vec<Isa> {
+        let best = Isa::detect();
+        let mut v = vec![Isa::Scalar];
+        if best != Isa::Scalar {
+            v.push(Isa::Avx2);
+        }
+        if best == Isa::Avx512 {
+            v.push(Isa::Avx512);
+        }
+        v
+    }
 }
 
 /// What the kernels run on: an ISA and a thread pool.
