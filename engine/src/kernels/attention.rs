@@ -472,19 +472,20 @@ mod tests {
         }
     }
 
-    /// Timing of 64 new rows x 9 heads over a 2048-token context, one thread:
+    /// Timing of 64 new rows x 9 heads over a 2048-token context in 64-token blocks
+    /// (as the engine pools them), one thread:
     /// `cargo test --release -p kvfabric-engine attention_timing -- --ignored --nocapture`.
     #[test]
     #[ignore]
     fn attention_timing() {
         let g = AttnGeometry {
-            block_tokens: 16,
+            block_tokens: 64,
             kv_heads: 3,
             head_dim: 64,
             scale: 0.125,
         };
         let (rows, start) = (64usize, 2048usize);
-        let (_kv, blocks) = kv_fixture(&g, (start + rows).div_ceil(16));
+        let (_kv, blocks) = kv_fixture(&g, (start + rows).div_ceil(64));
         let qs: Vec<Vec<f32>> = (0..rows * 9)
             .map(|i| {
                 (0..64)
