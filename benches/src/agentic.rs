@@ -3,7 +3,7 @@
 //!
 //! S sessions x T turns (in the spirit of LMCache's multi-round-qa): a shared
 //! ~1000-token system prompt with tool definitions, then per session its own
-//! ~2000-token context (earlier turns and tool output, as multi-round-qa's
+//! ~1500-token context (earlier turns and tool output, as multi-round-qa's
 //! user history prompt) and a history that grows every turn by the previous
 //! answer and a new user message ([`trace`]). Turns are sent at most `--rate` per second, each
 //! routed uniformly at random (fixed by seed) to one of N in-process engines
@@ -82,9 +82,10 @@ pub struct AgenticArgs {
     #[arg(long, default_value_t = 1000)]
     pub system_tokens: usize,
     /// Tokens of context each session starts with (its earlier turns and
-    /// tool output; multi-round-qa's `--user-history-prompt`, 2000 there too).
+    /// tool output; multi-round-qa's `--user-history-prompt`, 2000 in its
+    /// example: 1500 keeps the default run under 10 minutes here).
     /// 0 = sessions start from the system prompt alone.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 1500)]
     pub session_history_tokens: usize,
     /// Kernel threads per engine (0 = one per core).
     #[arg(long, default_value_t = 1)]
@@ -102,7 +103,7 @@ pub struct AgenticArgs {
     #[arg(long, default_value_t = 96)]
     pub step_tokens: usize,
     /// Save on/off measurements (alternated; the best of each is reported).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     pub step_repeats: usize,
 }
 
@@ -361,13 +362,13 @@ mod tests {
             seed: 1,
             burst_start: false,
             system_tokens: 1000,
-            session_history_tokens: 2000,
+            session_history_tokens: 1500,
             threads: 1,
             kv_pool_mib: 512,
             node_ram_mib: 1024,
             step_batch: 8,
             step_tokens: 96,
-            step_repeats: 2,
+            step_repeats: 3,
         }
     }
 
