@@ -21,7 +21,6 @@
 //! before the timed runs; during them every block is xxh3-verified.
 //! Bandwidths are GB/s (1e9 bytes/s).
 
-use std::net::TcpListener as StdListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,10 +70,6 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     })
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 fn layout(block_bytes: usize) -> KvLayout {
     // 2 layers x K,V x 64 tokens x 1 head x head_dim f16 = block_bytes.
     KvLayout {
@@ -95,7 +90,10 @@ async fn start_cluster(ram: u64) -> anyhow::Result<Started> {
     let ids = ["a", "b", "c"];
     let mut ports = Vec::new();
     for _ in &ids {
-        ports.push((free_port()?, free_port()?));
+        ports.push((
+            kvfabric_store::ports::free_loopback_port()?,
+            kvfabric_store::ports::free_loopback_port()?,
+        ));
     }
     let peers: Vec<String> = ids
         .iter()

@@ -19,6 +19,7 @@ mod lifecycle;
 mod metrics;
 mod placement;
 mod policy;
+pub mod ports;
 mod server;
 mod service;
 mod state;

@@ -5,7 +5,6 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -55,11 +54,7 @@ pub fn data(key: &BlockKey, len: usize) -> Vec<u8> {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// One `kvfabric node` child process.

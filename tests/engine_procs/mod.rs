@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,11 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// The reference model: `$KVFABRIC_MODEL_PATH` or the fetched cache path.

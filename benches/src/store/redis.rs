@@ -21,12 +21,6 @@ impl Drop for RedisServer {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn resp(conn: &mut BufReader<TcpStream>, args: &[&[u8]]) -> anyhow::Result<Option<Vec<u8>>> {
     let s = conn.get_mut();
     let mut head = format!("*{}\r\n", args.len()).into_bytes();
@@ -65,7 +59,7 @@ pub(super) fn redis(
     clients: usize,
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
-    let port = free_port()?;
+    let port = kvfabric_store::ports::free_loopback_port()?;
     let _server = RedisServer(
         Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -2,7 +2,6 @@
 //! multi-process cluster tests in tests/). Debian's `etcd-server` package
 //! provides the binary; the process is killed when the handle drops.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,18 +14,14 @@ pub struct EtcdProcess {
     peer_port: u16,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl EtcdProcess {
     /// Start etcd and wait (up to 10 s) until it accepts connections.
     pub fn start() -> std::io::Result<Self> {
         let mut e = EtcdProcess {
             child: None,
             data: tempfile::tempdir()?,
-            client_port: free_port()?,
-            peer_port: free_port()?,
+            client_port: crate::ports::free_loopback_port()?,
+            peer_port: crate::ports::free_loopback_port()?,
         };
         e.spawn()?;
         Ok(e)

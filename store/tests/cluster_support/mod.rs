@@ -6,7 +6,6 @@
 
 #![allow(dead_code)]
 
-use std::net::TcpListener as StdListener;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,10 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
 }
 
 /// 2 layers x K,V x 64 tokens x 1 head x `head_dim` f16.
