@@ -160,8 +160,8 @@ async fn measure_on(
     let mut cold: Option<Completion> = None;
     let mut warm: Option<Completion> = None;
     let mut b_stats = Vec::new();
-    // Every repeat's TTFTs (cold, warm, local hit on B), in ms.
-    let mut each: [Vec<f64>; 3] = Default::default();
+    // Every repeat's TTFTs, in ms.
+    let (mut cold_each, mut warm_each, mut local_each) = (Vec::new(), Vec::new(), Vec::new());
     let mut exact = true;
     let mut tokens_equal = true;
     let mut logits_equal = true;
@@ -204,7 +204,7 @@ async fn measure_on(
         if let Some(again) = again {
             let again = again?;
             local_ttft = local_ttft.min(again.ttft);
-            each[2].push(again.ttft.as_secs_f64() * 1e3);
+            local_each.push(again.ttft.as_secs_f64() * 1e3);
         }
         let same_logits =
             run.first_logits.is_some() && bits(&run.first_logits) == bits(&b_run.first_logits);
@@ -212,8 +212,8 @@ async fn measure_on(
         logits_equal &= same_logits;
         tokens_equal &= same_tokens;
         exact &= same_logits && same_tokens;
-        each[0].push(run.ttft.as_secs_f64() * 1e3);
-        each[1].push(b_run.ttft.as_secs_f64() * 1e3);
+        cold_each.push(run.ttft.as_secs_f64() * 1e3);
+        warm_each.push(b_run.ttft.as_secs_f64() * 1e3);
         if cold.as_ref().is_none_or(|x| run.ttft < x.ttft) {
             cold = Some(run);
         }
@@ -246,9 +246,9 @@ async fn measure_on(
         "load_ms": ms(warm.ttft.saturating_sub(local_ttft)),
         // The same local hit on an engine without a connector.
         "no_fabric_local_hit_ttft_ms": ms(no_fabric_local_ttft),
-        "cold_ttft_ms_each": each[0],
-        "warm_ttft_ms_each": each[1],
-        "local_hit_ttft_ms_each": each[2],
+        "cold_ttft_ms_each": cold_each,
+        "warm_ttft_ms_each": warm_each,
+        "local_hit_ttft_ms_each": local_each,
         "layerwise": args.layerwise,
         "b_connector": b_stats.last().map(stats_json),
         "cold_cached_tokens": cold.usage.cached_tokens,

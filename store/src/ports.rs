@@ -7,11 +7,11 @@
 //! the run can take it before the listener binds ("Address already in use").
 //! These ports come from below the ephemeral range instead
 //! ([`PORT_RANGE`]), where only another explicit bind can land, from a
-//! per-call pseudo-random start, and are checked free by binding them once.
+//! per-call random start, and are checked free by binding them once.
 
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::net::TcpListener;
 use std::ops::Range;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Below Linux's default ephemeral range (32768-60999) and above the
 /// well-known and most registered service ports.
@@ -19,19 +19,12 @@ pub const PORT_RANGE: Range<u16> = 20000..32000;
 
 /// A loopback TCP port that was free a moment ago, outside the ephemeral range.
 pub fn free_loopback_port() -> std::io::Result<u16> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    // One SplitMix64 step over the time and pid: callers racing in parallel
-    // start far apart.
-    let mut z = nanos ^ (u64::from(std::process::id()) << 32);
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    // A random start (std's per-instance random hash keys), so callers racing
+    // in parallel probe from far apart.
+    let z = RandomState::new().build_hasher().finish();
     let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
     for i in 0..span {
-        let port = PORT_RANGE.start + ((z + i) % span) as u16;
+        let port = PORT_RANGE.start + ((z.wrapping_add(i)) % span) as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return Ok(port);
         }
