@@ -2,77 +2,182 @@
 //!
 //! For one row the dequantization scratch of [`super::matmul`] costs more
 //! than it saves (every weight is stored to and reloaded from L1 for one
-//! FMA). Here each 8-column vector of weights is dequantized exactly as the
-//! reference does (convert, multiply by `d`, then add `m`: two rounded
-//! operations, never an FMA) and consumed by one FMA per row straight away.
-//! Each output is still accumulated from 0 with one FMA per k, k = 0..K in
-//! order, so the bits equal the scratch path and the scalar reference for
-//! every row count, tiling and thread split.
-//!
-//! The kernels use AVX2 (8 lanes) on both SIMD ISAs: every AVX-512 CPU has
-//! AVX2, and lane count does not change a lane's value.
+//! FMA). Here each vector of weights is dequantized to exactly the
+//! reference's f32 value (see [`super::matmul`] on why `fma(q, d, m)` equals
+//! `q*d + m`) and consumed by one FMA straight away. Each output is still
+//! accumulated from 0 with one FMA per k, k = 0..K in order, so the bits
+//! equal the scratch path and the scalar reference for every row count,
+//! tiling and thread split. Only one row: measured on AVX2 (Zen 3), for 2..=4
+//! rows register dequantization was no faster than the scratch. The AVX-512 and AVX2 twins differ only in how
+//! many columns one instruction covers (16 or 8); a lane's value is the same.
 
-// Register tiles are indexed [row][vector] explicitly: clearer than iterator chains here.
+// Register tiles are indexed by vector explicitly: clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
+use super::simd::prefetch_ahead;
+use super::Isa;
 
-/// Output columns per fused task (a half tile).
-pub(crate) const FUSED_COLS: usize = 32;
-/// Largest row count the fused kernels take. Measured on AVX2 (Zen 3): for
-/// 2..=4 rows they were no faster than dequantizing once into the scratch.
-pub(crate) const FUSED_MAX_ROWS: usize = 1;
+/// Columns of one fused call: a whole tile, or half of one when a matrix has
+/// too few tiles to share evenly between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FusedCols {
+    Half,
+    Whole,
+}
 
-/// Columns `col0..col0 + 32` of one tile for `rows` rows.
+impl FusedCols {
+    pub(crate) fn count(self) -> usize {
+        match self {
+            FusedCols::Half => TILE_N / 2,
+            FusedCols::Whole => TILE_N,
+        }
+    }
+}
+
+/// Columns `col0..col0 + cols.count()` of one tile for one row.
 ///
 /// # Safety
-/// The CPU must have AVX2, F16C and FMA; `tile` points to the tile's `kbs`
-/// chunks of `format`; `x` holds `rows` rows of `ldx >= 32 * kbs` values;
-/// `out` holds `rows` rows of stride `ldo` with 32 writable columns.
+/// `isa` is a SIMD ISA this CPU has (both imply AVX2, F16C and FMA); `tile`
+/// points to the tile's `kbs` chunks of `format` (Q4_1 or Q8_0); `x` holds
+/// `32 * kbs` values; `out` has `cols.count()` writable values.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn fused_cols(
+    isa: Isa,
     format: PackedFormat,
     tile: *const u8,
     kbs: usize,
     col0: usize,
+    cols: FusedCols,
     x: *const f32,
-    ldx: usize,
     out: *mut f32,
-    ldo: usize,
-    rows: usize,
 ) {
     let cb = format.chunk_bytes();
-    match (format, rows) {
-        // Two passes of 16 columns: with 32 at once the compiler runs out of
-        // registers and spills inside the k loop, which made it 3x slower.
-        (PackedFormat::Q4_1, 1) => {
-            q4_1::<1, 2>(tile, cb, kbs, col0, x, ldx, out, ldo);
-            q4_1::<1, 2>(tile, cb, kbs, col0 + 16, x, ldx, out.add(16), ldo);
+    match (isa, format, cols) {
+        (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Whole) => {
+            q4_1_avx512::<4>(tile, cb, kbs, col0, x, out)
         }
-        (PackedFormat::Q8_0, 1) => q8_0::<1, 4>(tile, cb, kbs, col0, x, ldx, out, ldo),
-        _ => unreachable!("fused kernels take Q4_1/Q8_0 and one row"),
+        (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Half) => {
+            q4_1_avx512::<2>(tile, cb, kbs, col0, x, out)
+        }
+        (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Whole) => {
+            q8_0_avx512::<4>(tile, cb, kbs, col0, x, out)
+        }
+        (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Half) => {
+            q8_0_avx512::<2>(tile, cb, kbs, col0, x, out)
+        }
+        // Passes of 16 (Q4_1) or 32 (Q8_0) columns: with more at once the compiler
+        // runs out of the 16 AVX2 registers and spills inside the k loop (3x slower).
+        (_, PackedFormat::Q4_1, _) => {
+            for c in (0..cols.count()).step_by(16) {
+                q4_1_avx2::<2>(tile, cb, kbs, col0 + c, x, out.add(c));
+            }
+        }
+        (_, PackedFormat::Q8_0, _) => {
+            for c in (0..cols.count()).step_by(32) {
+                q8_0_avx2::<4>(tile, cb, kbs, col0 + c, x, out.add(c));
+            }
+        }
+        (_, PackedFormat::F32, _) => unreachable!("fused kernels take Q4_1 and Q8_0"),
     }
 }
 
-/// `G` vectors of 8 columns from `col0`, `R` rows, Q4_1.
-#[target_feature(enable = "avx2,f16c,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn q4_1<const R: usize, const G: usize>(
+/// `G` vectors of 16 columns from `col0`, Q4_1, AVX-512.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+unsafe fn q4_1_avx512<const G: usize>(
     tile: *const u8,
     cb: usize,
     kbs: usize,
     col0: usize,
     x: *const f32,
-    ldx: usize,
     out: *mut f32,
-    ldo: usize,
 ) {
-    let low = _mm256_set1_epi32(0x0f);
-    let mut acc = [[_mm256_setzero_ps(); G]; R];
+    let low = _mm512_set1_epi32(0x0f);
+    let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
+        prefetch_ahead(c, cb);
+        let mut d = [_mm512_setzero_ps(); G];
+        let mut m = [_mm512_setzero_ps(); G];
+        for g in 0..G {
+            let col = col0 + 16 * g;
+            d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(2 * col) as *const __m256i));
+            m[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
+                c.add(2 * TILE_N + 2 * col) as *const __m256i
+            ));
+        }
+        let xk = x.add(kb * CHUNK_K);
+        for p in 0..CHUNK_K / 2 {
+            let x0 = _mm512_set1_ps(*xk.add(2 * p));
+            let x1 = _mm512_set1_ps(*xk.add(2 * p + 1));
+            let qp = c.add(4 * TILE_N + p * TILE_N + col0);
+            for g in 0..G {
+                let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16 * g) as *const __m128i));
+                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
+                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+                acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(lo, d[g], m[g]), x0, acc[g]);
+                acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, d[g], m[g]), x1, acc[g]);
+            }
+        }
+    }
+    for g in 0..G {
+        _mm512_storeu_ps(out.add(16 * g), acc[g]);
+    }
+}
+
+/// `G` vectors of 16 columns from `col0`, Q8_0, AVX-512.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
+unsafe fn q8_0_avx512<const G: usize>(
+    tile: *const u8,
+    cb: usize,
+    kbs: usize,
+    col0: usize,
+    x: *const f32,
+    out: *mut f32,
+) {
+    let mut acc = [_mm512_setzero_ps(); G];
+    for kb in 0..kbs {
+        let c = tile.add(kb * cb);
+        prefetch_ahead(c, cb);
+        let mut d = [_mm512_setzero_ps(); G];
+        for g in 0..G {
+            d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
+                c.add(2 * (col0 + 16 * g)) as *const __m256i
+            ));
+        }
+        let xk = x.add(kb * CHUNK_K);
+        for j in 0..CHUNK_K {
+            let xb = _mm512_set1_ps(*xk.add(j));
+            let qj = c.add(2 * TILE_N + j * TILE_N + col0);
+            for g in 0..G {
+                let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qj.add(16 * g) as *const __m128i));
+                let w = _mm512_mul_ps(_mm512_cvtepi32_ps(q), d[g]);
+                acc[g] = _mm512_fmadd_ps(w, xb, acc[g]);
+            }
+        }
+    }
+    for g in 0..G {
+        _mm512_storeu_ps(out.add(16 * g), acc[g]);
+    }
+}
+
+/// `G` vectors of 8 columns from `col0`, Q4_1, AVX2.
+#[target_feature(enable = "avx2,f16c,fma")]
+unsafe fn q4_1_avx2<const G: usize>(
+    tile: *const u8,
+    cb: usize,
+    kbs: usize,
+    col0: usize,
+    x: *const f32,
+    out: *mut f32,
+) {
+    let low = _mm256_set1_epi32(0x0f);
+    let mut acc = [_mm256_setzero_ps(); G];
+    for kb in 0..kbs {
+        let c = tile.add(kb * cb);
+        prefetch_ahead(c, cb);
         let mut d = [_mm256_setzero_ps(); G];
         let mut m = [_mm256_setzero_ps(); G];
         for g in 0..G {
@@ -84,75 +189,54 @@ unsafe fn q4_1<const R: usize, const G: usize>(
         }
         let xk = x.add(kb * CHUNK_K);
         for p in 0..CHUNK_K / 2 {
-            let mut x0 = [_mm256_setzero_ps(); R];
-            let mut x1 = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                x0[r] = _mm256_broadcast_ss(&*xk.add(r * ldx + 2 * p));
-                x1[r] = _mm256_broadcast_ss(&*xk.add(r * ldx + 2 * p + 1));
-            }
+            let x0 = _mm256_broadcast_ss(&*xk.add(2 * p));
+            let x1 = _mm256_broadcast_ss(&*xk.add(2 * p + 1));
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
             for g in 0..G {
                 let b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qp.add(8 * g) as *const __m128i));
                 let lo = _mm256_cvtepi32_ps(_mm256_and_si256(b, low));
                 let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-                let wlo = _mm256_add_ps(_mm256_mul_ps(lo, d[g]), m[g]);
-                let whi = _mm256_add_ps(_mm256_mul_ps(hi, d[g]), m[g]);
-                for r in 0..R {
-                    acc[r][g] = _mm256_fmadd_ps(wlo, x0[r], acc[r][g]);
-                }
-                for r in 0..R {
-                    acc[r][g] = _mm256_fmadd_ps(whi, x1[r], acc[r][g]);
-                }
+                acc[g] = _mm256_fmadd_ps(_mm256_fmadd_ps(lo, d[g], m[g]), x0, acc[g]);
+                acc[g] = _mm256_fmadd_ps(_mm256_fmadd_ps(hi, d[g], m[g]), x1, acc[g]);
             }
         }
     }
-    for r in 0..R {
-        for g in 0..G {
-            _mm256_storeu_ps(out.add(r * ldo + 8 * g), acc[r][g]);
-        }
+    for g in 0..G {
+        _mm256_storeu_ps(out.add(8 * g), acc[g]);
     }
 }
 
-/// `G` vectors of 8 columns from `col0`, `R` rows, Q8_0.
+/// `G` vectors of 8 columns from `col0`, Q8_0, AVX2.
 #[target_feature(enable = "avx2,f16c,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn q8_0<const R: usize, const G: usize>(
+unsafe fn q8_0_avx2<const G: usize>(
     tile: *const u8,
     cb: usize,
     kbs: usize,
     col0: usize,
     x: *const f32,
-    ldx: usize,
     out: *mut f32,
-    ldo: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); G]; R];
+    let mut acc = [_mm256_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
+        prefetch_ahead(c, cb);
         let mut d = [_mm256_setzero_ps(); G];
         for g in 0..G {
             d[g] = _mm256_cvtph_ps(_mm_loadu_si128(c.add(2 * (col0 + 8 * g)) as *const __m128i));
         }
         let xk = x.add(kb * CHUNK_K);
         for j in 0..CHUNK_K {
-            let mut xb = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                xb[r] = _mm256_broadcast_ss(&*xk.add(r * ldx + j));
-            }
+            let xb = _mm256_broadcast_ss(&*xk.add(j));
             let qj = c.add(2 * TILE_N + j * TILE_N + col0);
             for g in 0..G {
                 let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(qj.add(8 * g) as *const __m128i));
                 let w = _mm256_mul_ps(_mm256_cvtepi32_ps(q), d[g]);
-                for r in 0..R {
-                    acc[r][g] = _mm256_fmadd_ps(w, xb[r], acc[r][g]);
-                }
+                acc[g] = _mm256_fmadd_ps(w, xb, acc[g]);
             }
         }
     }
-    for r in 0..R {
-        for g in 0..G {
-            _mm256_storeu_ps(out.add(r * ldo + 8 * g), acc[r][g]);
-        }
+    for g in 0..G {
+        _mm256_storeu_ps(out.add(8 * g), acc[g]);
     }
 }
 

@@ -4,15 +4,19 @@
 //! each 32-wide k-block is one chunk whose layout puts the 64 columns of one k
 //! next to each other, so a k-step loads a vector of columns. Q4_1 and Q8_0
 //! stay packed (4 and 8 bits per weight, f16 scales); a chunk is dequantized
-//! (`q*d + m`, multiply then add, exactly the reference's f32 value) into an
-//! L1-resident f32 scratch and consumed by every row of the batch. Each output
+//! to exactly the reference's f32 value into an L1-resident f32 scratch and
+//! consumed by every row of the batch. The reference computes Q4_1 as
+//! `q*d + m` (two roundings); the SIMD paths use one `fma(q, d, m)`, which is
+//! the same value: `q` has at most 4 significant bits and `d` (an f16) 11, so
+//! `q*d` is exact in f32 and rounding it first changes nothing (checked over
+//! every finite f16 `d` by `fma_dequant_equals_multiply_then_add`). Each output
 //! is accumulated with one FMA per k, k = 0..K in order, starting from 0 —
 //! independent of M, of the row grouping and of the thread split. A single
 //! row (decode) skips the scratch: [`super::fused`] dequantizes in registers
 //! with the same operations and the same k order, so the bits are the same.
 
 #[cfg(target_arch = "x86_64")]
-use super::fused::{fused_cols, FUSED_COLS, FUSED_MAX_ROWS};
+use super::fused::{fused_cols, FusedCols};
 use crate::gguf::{GgmlType, TensorInfo};
 use crate::kernels::{f16_to_f32, Isa, ThreadPool};
 use crate::EngineError;
@@ -281,29 +285,30 @@ impl PackedMatrix {
         let tiles = self.n / TILE_N;
         let out_ptr = SendPtr(out.as_mut_ptr());
         #[cfg(target_arch = "x86_64")]
-        if isa != Isa::Scalar && self.format != PackedFormat::F32 && m <= FUSED_MAX_ROWS {
+        if isa != Isa::Scalar && self.format != PackedFormat::F32 && m == 1 {
             // Half-tile tasks when there are few tiles, so that threads get even shares.
-            let per_task = if tiles < 16 { FUSED_COLS } else { TILE_N };
-            let per_tile = TILE_N / per_task;
+            let cols = if tiles < 16 {
+                FusedCols::Half
+            } else {
+                FusedCols::Whole
+            };
+            let per_tile = TILE_N / cols.count();
             pool.run(tiles * per_tile, &|task| {
-                let (tile, first) = (task / per_tile, (task % per_tile) * per_task);
+                let (tile, col0) = (task / per_tile, (task % per_tile) * cols.count());
                 let out_ptr = &out_ptr;
-                for col0 in (first..first + per_task).step_by(FUSED_COLS) {
-                    // SAFETY: SIMD ISAs imply AVX2+F16C+FMA; each task writes only its own
-                    // columns of every row; shapes were checked above.
-                    unsafe {
-                        fused_cols(
-                            self.format,
-                            self.chunk(tile, 0).as_ptr(),
-                            self.k / CHUNK_K,
-                            col0,
-                            x.as_ptr(),
-                            self.k,
-                            out_ptr.0.add(tile * TILE_N + col0),
-                            self.n,
-                            m,
-                        )
-                    }
+                // SAFETY: SIMD ISAs imply AVX2+F16C+FMA; each task writes only its own
+                // columns of the row; shapes were checked above.
+                unsafe {
+                    fused_cols(
+                        isa,
+                        self.format,
+                        self.chunk(tile, 0).as_ptr(),
+                        self.k / CHUNK_K,
+                        col0,
+                        cols,
+                        x.as_ptr(),
+                        out_ptr.0.add(tile * TILE_N + col0),
+                    )
                 }
             });
             return;
@@ -554,6 +559,33 @@ pub(crate) mod tests {
                             .zip(&want)
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{isa:?} rows={rows} threads={threads}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Why the SIMD paths may dequantize Q4_1 with one FMA: for every q in
+    /// 0..16, every finite f16 scale d and a spread of f16 offsets m,
+    /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
+    #[test]
+    fn fma_dequant_equals_multiply_then_add() {
+        let mut rnd = xorshift(0x5eed);
+        let finite = |h: u16| h & 0x7c00 != 0x7c00;
+        for dh in (0..=u16::MAX).filter(|&h| finite(h)) {
+            let d = f16_to_f32(dh);
+            for _ in 0..4 {
+                let mh = rnd() as u16;
+                if !finite(mh) {
+                    continue;
+                }
+                let m = f16_to_f32(mh);
+                for q in 0..16u8 {
+                    let q = q as f32;
+                    assert_eq!(
+                        q.mul_add(d, m).to_bits(),
+                        (q * d + m).to_bits(),
+                        "q={q} d={d} m={m}"
                     );
                 }
             }

@@ -4,9 +4,9 @@
 //! fixed order that depends only on its own row (matmul: k = 0..K, one FMA per
 //! step; attention: key positions in block order), whatever the batch size,
 //! tiling or thread split. Threads split outputs, never a reduction.
-//! Accumulation always uses fused multiply-add and dequantization always uses
-//! a separate multiply then add (`d*q + m`, as the f32 reference computes it),
-//! on every ISA path, so the AVX-512, AVX2 and scalar paths give the same bits.
+//! Accumulation always uses fused multiply-add, and dequantization gives the
+//! f32 reference's exact value on every ISA path (see [`matmul`]), so the
+//! AVX-512, AVX2 and scalar paths give the same bits.
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]

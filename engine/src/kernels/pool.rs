@@ -184,17 +184,18 @@ fn worker(s: Arc<Shared>) {
     let generation = |s: &Shared| s.ctl.load(Ordering::SeqCst) >> 32;
     let mut seen = 0u64;
     loop {
-        spin_until(|| generation(&s) != seen || s.shutdown.load(Ordering::Acquire));
-        {
+        // A job seen while spinning is taken without touching the lock; otherwise
+        // park (the caller checks `sleeping` under the lock after publishing).
+        if !spin_until(|| generation(&s) != seen || s.shutdown.load(Ordering::Acquire)) {
             let mut st = lock(&s.state);
             st.sleeping += 1;
             while generation(&s) == seen && !s.shutdown.load(Ordering::SeqCst) {
                 st = s.wake.wait(st).unwrap_or_else(|p| p.into_inner());
             }
             st.sleeping -= 1;
-            if s.shutdown.load(Ordering::SeqCst) {
-                return;
-            }
+        }
+        if s.shutdown.load(Ordering::SeqCst) {
+            return;
         }
         // Join the newest job unless the caller has already closed it.
         let mut v = s.ctl.load(Ordering::SeqCst);

@@ -1,8 +1,9 @@
 //! x86-64 SIMD twins of the scalar kernels (AVX-512 and AVX2).
 //!
 //! Each function performs exactly the scalar reference's operations on each
-//! lane (dequantize: convert, multiply, add; accumulate: one FMA per k), so
-//! results are bit-identical to the scalar path; only the lane count differs.
+//! lane (dequantize to the reference's value, Q4_1 as one exact `fma(q, d, m)`;
+//! accumulate: one FMA per k), so results are bit-identical to the scalar
+//! path; only the lane count differs.
 
 // Register tiles are indexed [row][vector] explicitly: clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
@@ -11,10 +12,27 @@ use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
 
+/// Chunks ahead of the one being consumed whose cache lines are requested:
+/// without it a decode step waited on memory latency (decode batch 1 on a
+/// Xeon with AVX-512: ~100 -> ~150 tok/s).
+const PREFETCH_CHUNKS: usize = 4;
+
+/// Ask for the cache lines of the chunk [`PREFETCH_CHUNKS`] ahead of `c`.
+/// Past the tile's end that is the next tile, usually this thread's next
+/// task; a prefetch never faults, whatever the address.
+#[inline(always)]
+pub(crate) unsafe fn prefetch_ahead(c: *const u8, cb: usize) {
+    let ahead = c.wrapping_add(PREFETCH_CHUNKS * cb);
+    for line in (0..cb).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 pub(crate) unsafe fn dequant_avx512(format: PackedFormat, chunk: &[u8], out: &mut [f32; 2048]) {
     let c = chunk.as_ptr();
     let o = out.as_mut_ptr();
+    prefetch_ahead(c, chunk.len());
     match format {
         PackedFormat::Q4_1 => {
             let low = _mm512_set1_epi32(0x0f);
@@ -26,13 +44,10 @@ pub(crate) unsafe fn dequant_avx512(format: PackedFormat, chunk: &[u8], out: &mu
                     let q = _mm512_cvtepu8_epi32(b);
                     let lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
                     let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
-                    _mm512_storeu_ps(
-                        o.add(2 * p * TILE_N + 16 * v),
-                        _mm512_add_ps(_mm512_mul_ps(lo, d), m),
-                    );
+                    _mm512_storeu_ps(o.add(2 * p * TILE_N + 16 * v), _mm512_fmadd_ps(lo, d, m));
                     _mm512_storeu_ps(
                         o.add((2 * p + 1) * TILE_N + 16 * v),
-                        _mm512_add_ps(_mm512_mul_ps(hi, d), m),
+                        _mm512_fmadd_ps(hi, d, m),
                     );
                 }
             }
@@ -55,6 +70,7 @@ pub(crate) unsafe fn dequant_avx512(format: PackedFormat, chunk: &[u8], out: &mu
 pub(crate) unsafe fn dequant_avx2(format: PackedFormat, chunk: &[u8], out: &mut [f32; 2048]) {
     let c = chunk.as_ptr();
     let o = out.as_mut_ptr();
+    prefetch_ahead(c, chunk.len());
     match format {
         PackedFormat::Q4_1 => {
             let low = _mm256_set1_epi32(0x0f);
@@ -66,13 +82,10 @@ pub(crate) unsafe fn dequant_avx2(format: PackedFormat, chunk: &[u8], out: &mut 
                     let q = _mm256_cvtepu8_epi32(b);
                     let lo = _mm256_cvtepi32_ps(_mm256_and_si256(q, low));
                     let hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4));
-                    _mm256_storeu_ps(
-                        o.add(2 * p * TILE_N + 8 * v),
-                        _mm256_add_ps(_mm256_mul_ps(lo, d), m),
-                    );
+                    _mm256_storeu_ps(o.add(2 * p * TILE_N + 8 * v), _mm256_fmadd_ps(lo, d, m));
                     _mm256_storeu_ps(
                         o.add((2 * p + 1) * TILE_N + 8 * v),
-                        _mm256_add_ps(_mm256_mul_ps(hi, d), m),
+                        _mm256_fmadd_ps(hi, d, m),
                     );
                 }
             }
