@@ -16,7 +16,11 @@ use super::{exp_det, Isa, EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
 use avx2::attend_group_avx2;
+#[cfg(target_arch = "x86_64")]
+use avx512::attend_group_avx512;
 
 /// Where one sequence's KV of one layer lives: per block, K and V base pointers,
 /// each `[block_tokens][kv_heads][head_dim]` f32.
@@ -119,9 +123,12 @@ pub unsafe fn attend_group(
         return;
     }
     match isa {
-        // The AVX2 group kernel also serves AVX-512 CPUs (same bits as every path).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 if g.head_dim == 64 => {
+        Isa::Avx512 if g.head_dim == 64 => {
+            attend_group_avx512(queries, outs, ctxs, blocks, g, kv_head, scratch)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if g.head_dim == 64 => {
             attend_group_avx2(queries, outs, ctxs, blocks, g, kv_head, scratch)
         }
         _ => {

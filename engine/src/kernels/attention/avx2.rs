@@ -1,4 +1,4 @@
-//! The AVX2 group attention kernel (also used on AVX-512 CPUs): several
+//! The AVX2 group attention kernel ([`super::avx512`] is its twin): several
 //! queries of one sequence and KV head share every K/V row load, scores are
 //! reduced 8 keys at a time with the halving tree transposed, and value
 //! accumulation runs two queries at once over half rows. Every operation on
@@ -10,14 +10,14 @@ use super::{AttnGeometry, BlockKv};
 use crate::kernels::{EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
 
 /// Keys per score tile of the AVX2 group kernel (one 8-lane vector of scores).
-const TILE: usize = 8;
+pub(super) const TILE: usize = 8;
 /// Keys per value pass: their V rows stay in L1/L2 while every query reads them.
-const KCHUNK: usize = 128;
+pub(super) const KCHUNK: usize = 128;
 /// Stage slot of key `k` of a tile, so that `reduce8x8` yields keys in order.
-const SLOT_OF_KEY: [usize; TILE] = [0, 2, 4, 6, 1, 3, 5, 7];
+pub(super) const SLOT_OF_KEY: [usize; TILE] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// Walks one KV head's rows in position order without a division per row.
-struct RowWalk<'a> {
+pub(super) struct RowWalk<'a> {
     blocks: &'a [BlockKv],
     g: &'a AttnGeometry,
     head_off: usize,
@@ -25,10 +25,26 @@ struct RowWalk<'a> {
     off: usize,
 }
 
-impl RowWalk<'_> {
+impl<'a> RowWalk<'a> {
+    /// A walk over KV head `kv_head`'s rows (head_dim 64) from position `start`.
+    pub(super) fn new(
+        blocks: &'a [BlockKv],
+        g: &'a AttnGeometry,
+        kv_head: usize,
+        start: usize,
+    ) -> RowWalk<'a> {
+        RowWalk {
+            blocks,
+            g,
+            head_off: kv_head * g.head_dim,
+            blk: start / g.block_tokens,
+            off: start % g.block_tokens,
+        }
+    }
+
     /// K and V row pointers of the next position.
     #[inline(always)]
-    unsafe fn next(&mut self) -> (*const f32, *const f32) {
+    pub(super) unsafe fn next(&mut self) -> (*const f32, *const f32) {
         let b = self.blocks[self.blk];
         let o = self.off * self.g.kv_heads * self.g.head_dim + self.head_off;
         self.off += 1;
@@ -45,7 +61,7 @@ impl RowWalk<'_> {
 /// same two values as `dot_ref`'s tree (l+4, then l+2, then l+1), only for 8
 /// keys side by side; lane `k` of the result is the key staged in `SLOT_OF_KEY[k]`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn reduce8x8(st: *const f32) -> __m256 {
+pub(super) unsafe fn reduce8x8(st: *const f32) -> __m256 {
     // Level 2: lanes 0..4 of slot s plus lanes 4..8 -> [slot x | slot y] 4 lanes each.
     let mut b = [_mm256_setzero_ps(); 4];
     for (p, bp) in b.iter_mut().enumerate() {
@@ -149,13 +165,7 @@ pub(super) unsafe fn attend_group_avx2(
         scratch.resize(n * stride, 0.0);
     }
     let sc = scratch.as_mut_ptr();
-    let walk = |start: usize| RowWalk {
-        blocks,
-        g,
-        head_off: kv_head * HD,
-        blk: start / g.block_tokens,
-        off: start % g.block_tokens,
-    };
+    let walk = |start: usize| RowWalk::new(blocks, g, kv_head, start);
     let scale = _mm256_set1_ps(g.scale);
 
     // Scores, a tile of 8 keys at a time: the tile's K rows stay in L1 while every
