@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
-use super::simd::prefetch_ahead;
+use super::simd::{nibble_values, nibbles_as_f32, prefetch_ahead};
 use super::Isa;
 
 /// Columns of one fused call: a whole tile, or half of one when a matrix has
@@ -94,7 +94,7 @@ unsafe fn q4_1_avx512<const G: usize>(
     x: *const f32,
     out: *mut f32,
 ) {
-    let low = _mm512_set1_epi32(0x0f);
+    let nibbles = nibble_values();
     let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
@@ -115,8 +115,7 @@ unsafe fn q4_1_avx512<const G: usize>(
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
             for g in 0..G {
                 let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16 * g) as *const __m128i));
-                let lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, low));
-                let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+                let (lo, hi) = nibbles_as_f32(b, nibbles);
                 acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(lo, d[g], m[g]), x0, acc[g]);
                 acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, d[g], m[g]), x1, acc[g]);
             }
