@@ -38,7 +38,7 @@ const FFN_ROWS: usize = 256;
 
 /// Consecutive rows of one sequence whose attention runs as one group (with
 /// the query heads sharing a KV head), so each K/V row is read once for all.
-const ATTN_ROWS: usize = 4;
+const ATTN_ROWS: usize = 8;
 
 struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
