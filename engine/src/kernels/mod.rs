@@ -46,7 +46,7 @@ impl Isa {
     fn best_supported() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            // Both SIMD ISAs need AVX2 (the small-batch kernels use it on AVX-512 too).
+            // Both SIMD ISAs need AVX2 (the norm and SwiGLU kernels use it on AVX-512 too).
             let base = is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
                 && is_x86_feature_detected!("avx2");
