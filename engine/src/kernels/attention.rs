@@ -412,8 +412,12 @@ mod tests {
             scale: 0.125,
         };
         let (_kv, blocks) = kv_fixture(&g, 300usize.div_ceil(16));
-        let ctx_sets: [&[usize]; 6] = [
+        let ctx_sets: [&[usize]; 7] = [
             &[1, 15, 16, 17, 100, 300],
+            // Twenty queries with mixed context lengths (prefill groups hold 24).
+            &[
+                300, 1, 17, 64, 65, 100, 129, 2, 16, 15, 299, 7, 8, 9, 250, 31, 33, 200, 5, 128,
+            ],
             &[300, 17, 1, 100, 16, 15, 299],
             &[7],
             &[64, 64, 64, 65, 65, 65, 66, 66, 66, 67, 67, 67],
