@@ -6,26 +6,42 @@
 //! outgoing connection draws its local port from, so a client elsewhere in
 //! the run can take it before the listener binds ("Address already in use").
 //! These ports come from below the ephemeral range instead
-//! ([`PORT_RANGE`]), where only another explicit bind can land, from a
-//! per-call random start, and are checked free by binding them once.
+//! ([`PORT_RANGE`]), where only another explicit bind can land, and are
+//! checked free by binding them once.
+//!
+//! A port handed out stays unbound until its user binds it, often a child
+//! process that takes a while to start, so a second caller could find it
+//! free too. Parallel tests in one process start their nodes concurrently
+//! (CI: a node never joined, "timed out after 15s waiting for a to see
+//! [a, b, c]"). So the search goes on from one cursor per process, past
+//! every port already handed out; each process starts its cursor at a
+//! random place, so separate processes probe from far apart.
 
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::net::TcpListener;
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Below Linux's default ephemeral range (32768-60999) and above the
 /// well-known and most registered service ports.
 pub const PORT_RANGE: Range<u16> = 20000..32000;
 
-/// A loopback TCP port that was free a moment ago, outside the ephemeral range.
+/// Offset into [`PORT_RANGE`] where this process's next search starts
+/// (None until the first call picks a random one).
+static CURSOR: Mutex<Option<u64>> = Mutex::new(None);
+
+/// A loopback TCP port that was free a moment ago, outside the ephemeral
+/// range, and not handed out before by this process (until the range wraps).
 pub fn free_loopback_port() -> std::io::Result<u16> {
-    // A random start (std's per-instance random hash keys), so callers racing
-    // in parallel probe from far apart.
-    let z = RandomState::new().build_hasher().finish();
     let span = u64::from(PORT_RANGE.end - PORT_RANGE.start);
+    let mut cursor = CURSOR.lock().unwrap_or_else(|p| p.into_inner());
+    // std's per-instance random hash keys give the random first offset.
+    let start = *cursor.get_or_insert_with(|| RandomState::new().build_hasher().finish() % span);
     for i in 0..span {
-        let port = PORT_RANGE.start + ((z.wrapping_add(i)) % span) as u16;
+        let offset = (start + i) % span;
+        let port = PORT_RANGE.start + offset as u16;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *cursor = Some((offset + 1) % span);
             return Ok(port);
         }
     }
@@ -51,5 +67,16 @@ mod tests {
             assert_ne!(free_loopback_port().expect("port"), a);
         }
         drop(held);
+    }
+
+    #[test]
+    fn a_port_is_not_handed_out_twice_before_it_is_bound() {
+        // Nothing binds these: a search that restarted anywhere but past the
+        // ports already given would return one of them again.
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..500 {
+            let p = free_loopback_port().expect("port");
+            assert!(seen.insert(p), "port {p} handed out twice");
+        }
     }
 }
