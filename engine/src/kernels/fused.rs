@@ -7,9 +7,10 @@
 //! `q*d + m`) and consumed by one FMA straight away. Each output is still
 //! accumulated from 0 with one FMA per k, k = 0..K in order, so the bits
 //! equal the scratch path and the scalar reference for every row count,
-//! tiling and thread split. Only one row: measured on AVX2 (Zen 3), for 2..=4
-//! rows register dequantization was no faster than the scratch. The AVX-512 and AVX2 twins differ only in how
-//! many columns one instruction covers (16 or 8); a lane's value is the same.
+//! tiling and thread split. Only one row: measured on AVX2 (Zen 3), for
+//! 2..=4 rows register dequantization was no faster than the scratch. The
+//! AVX-512 and AVX2 twins differ only in how many columns one instruction
+//! covers (16 or 8); a lane's value is the same.
 
 // Register tiles are indexed by vector explicitly: clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
@@ -17,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
-use super::simd::{nibble_values, nibbles_as_f32, prefetch_ahead};
+use super::simd::{nibbles_as_f32, prefetch_ahead};
 use super::Isa;
 
 /// Columns of one fused call: a whole tile, or half of one when a matrix has
@@ -70,14 +71,15 @@ pub(crate) unsafe fn fused_cols(
         }
         // Passes of 16 (Q4_1) or 32 (Q8_0) columns: with more at once the compiler
         // runs out of the 16 AVX2 registers and spills inside the k loop (3x slower).
+        // Every pass reads the same cache lines: only the first prefetches them.
         (_, PackedFormat::Q4_1, _) => {
             for c in (0..cols.count()).step_by(16) {
-                q4_1_avx2::<2>(tile, cb, kbs, col0 + c, x, out.add(c));
+                q4_1_avx2::<2>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
             }
         }
         (_, PackedFormat::Q8_0, _) => {
             for c in (0..cols.count()).step_by(32) {
-                q8_0_avx2::<4>(tile, cb, kbs, col0 + c, x, out.add(c));
+                q8_0_avx2::<4>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
             }
         }
         (_, PackedFormat::F32, _) => unreachable!("fused kernels take Q4_1 and Q8_0"),
@@ -94,7 +96,6 @@ unsafe fn q4_1_avx512<const G: usize>(
     x: *const f32,
     out: *mut f32,
 ) {
-    let nibbles = nibble_values();
     let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
@@ -115,7 +116,7 @@ unsafe fn q4_1_avx512<const G: usize>(
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
             for g in 0..G {
                 let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16 * g) as *const __m128i));
-                let (lo, hi) = nibbles_as_f32(b, nibbles);
+                let (lo, hi) = nibbles_as_f32(b);
                 acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(lo, d[g], m[g]), x0, acc[g]);
                 acc[g] = _mm512_fmadd_ps(_mm512_fmadd_ps(hi, d[g], m[g]), x1, acc[g]);
             }
@@ -162,7 +163,8 @@ unsafe fn q8_0_avx512<const G: usize>(
     }
 }
 
-/// `G` vectors of 8 columns from `col0`, Q4_1, AVX2.
+/// `G` vectors of 8 columns from `col0`, Q4_1, AVX2; `prefetch`: request
+/// the chunks ahead (the first of several passes over one tile).
 #[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn q4_1_avx2<const G: usize>(
     tile: *const u8,
@@ -171,12 +173,15 @@ unsafe fn q4_1_avx2<const G: usize>(
     col0: usize,
     x: *const f32,
     out: *mut f32,
+    prefetch: bool,
 ) {
     let low = _mm256_set1_epi32(0x0f);
     let mut acc = [_mm256_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
+        if prefetch {
+            prefetch_ahead(c, cb);
+        }
         let mut d = [_mm256_setzero_ps(); G];
         let mut m = [_mm256_setzero_ps(); G];
         for g in 0..G {
@@ -205,7 +210,8 @@ unsafe fn q4_1_avx2<const G: usize>(
     }
 }
 
-/// `G` vectors of 8 columns from `col0`, Q8_0, AVX2.
+/// `G` vectors of 8 columns from `col0`, Q8_0, AVX2; `prefetch`: request
+/// the chunks ahead (the first of several passes over one tile).
 #[target_feature(enable = "avx2,f16c,fma")]
 unsafe fn q8_0_avx2<const G: usize>(
     tile: *const u8,
@@ -214,11 +220,14 @@ unsafe fn q8_0_avx2<const G: usize>(
     col0: usize,
     x: *const f32,
     out: *mut f32,
+    prefetch: bool,
 ) {
     let mut acc = [_mm256_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
+        if prefetch {
+            prefetch_ahead(c, cb);
+        }
         let mut d = [_mm256_setzero_ps(); G];
         for g in 0..G {
             d[g] = _mm256_cvtph_ps(_mm_loadu_si128(c.add(2 * (col0 + 8 * g)) as *const __m128i));

@@ -8,10 +8,11 @@
 //! consumed by every row of the batch. The reference computes Q4_1 as
 //! `q*d + m` (two roundings); the SIMD paths use one `fma(q, d, m)`, which is
 //! the same value: `q` has at most 4 significant bits and `d` (an f16) 11, so
-//! `q*d` is exact in f32 and rounding it first changes nothing (checked over
-//! every finite f16 `d` by `fma_dequant_equals_multiply_then_add`). Each output
-//! is accumulated with one FMA per k, k = 0..K in order, starting from 0 —
-//! independent of M, of the row grouping and of the thread split. A single
+//! `q*d` is exact in f32 and rounding it first changes nothing (the kernels
+//! module's test `fma_dequant_equals_multiply_then_add` checks every finite
+//! f16 `d`). Each output is accumulated with one FMA per k, k = 0..K in
+//! order, starting from 0 — independent of M, of the row grouping and of
+//! the thread split. A single
 //! row (decode) skips the scratch: [`super::fused`] dequantizes in registers
 //! with the same operations and the same k order, so the bits are the same.
 
@@ -458,7 +459,7 @@ pub(crate) mod tests {
     use crate::gguf::TensorInfo;
 
     /// A xorshift64 generator (test data only; `seed` must not be 0).
-    fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
         let mut s = seed;
         move || {
             s ^= s << 13;
@@ -559,33 +560,6 @@ pub(crate) mod tests {
                             .zip(&want)
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{isa:?} rows={rows} threads={threads}"
-                    );
-                }
-            }
-        }
-    }
-
-    /// Why the SIMD paths may dequantize Q4_1 with one FMA: for every q in
-    /// 0..16, every finite f16 scale d and a spread of f16 offsets m,
-    /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
-    #[test]
-    fn fma_dequant_equals_multiply_then_add() {
-        let mut rnd = xorshift(0x5eed);
-        let finite = |h: u16| h & 0x7c00 != 0x7c00;
-        for dh in (0..=u16::MAX).filter(|&h| finite(h)) {
-            let d = f16_to_f32(dh);
-            for _ in 0..4 {
-                let mh = rnd() as u16;
-                if !finite(mh) {
-                    continue;
-                }
-                let m = f16_to_f32(mh);
-                for q in 0..16u8 {
-                    let q = q as f32;
-                    assert_eq!(
-                        q.mul_add(d, m).to_bits(),
-                        (q * d + m).to_bits(),
-                        "q={q} d={d} m={m}"
                     );
                 }
             }

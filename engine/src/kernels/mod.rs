@@ -215,6 +215,33 @@ fn swiglu_body(gate_up: &[f32], out: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// Why the SIMD paths may dequantize Q4_1 with one FMA: for every q in
+    /// 0..16, every finite f16 scale d and a spread of f16 offsets m,
+    /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
+    #[test]
+    fn fma_dequant_equals_multiply_then_add() {
+        let mut rnd = matmul::tests::xorshift(0x5eed);
+        let finite = |h: u16| h & 0x7c00 != 0x7c00;
+        for dh in (0..=u16::MAX).filter(|&h| finite(h)) {
+            let d = f16_to_f32(dh);
+            for _ in 0..4 {
+                let mh = rnd() as u16;
+                if !finite(mh) {
+                    continue;
+                }
+                let m = f16_to_f32(mh);
+                for q in 0..16u8 {
+                    let q = q as f32;
+                    assert_eq!(
+                        q.mul_add(d, m).to_bits(),
+                        (q * d + m).to_bits(),
+                        "q={q} d={d} m={m}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn f16_conversion_matches_known_values() {
         assert_eq!(f16_to_f32(0x3c00), 1.0);

@@ -28,24 +28,20 @@ pub(crate) unsafe fn prefetch_ahead(c: *const u8, cb: usize) {
     }
 }
 
-/// `[0.0, 1.0, .., 15.0]`: the f32 value of each 4-bit quant.
-#[inline(always)]
-pub(crate) unsafe fn nibble_values() -> __m512 {
-    _mm512_setr_ps(
-        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
-    )
-}
-
 /// The low and high nibbles of 16 bytes (zero-extended to 32-bit lanes) as
-/// f32, by table lookup: the permute reads only an index's low 4 bits, so the
-/// low nibble needs no mask, and a lookup is one instruction where masking
-/// and converting were two (same values: integers below 16 are exact in f32).
+/// f32, by looking them up in `[0.0, 1.0, .., 15.0]`: the permute reads only
+/// an index's low 4 bits, so the low nibble needs no mask, and a lookup is one
+/// instruction where masking and converting were two (same values: integers
+/// below 16 are exact in f32).
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) unsafe fn nibbles_as_f32(q: __m512i, nibbles: __m512) -> (__m512, __m512) {
+pub(crate) unsafe fn nibbles_as_f32(q: __m512i) -> (__m512, __m512) {
+    let values = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
     (
-        _mm512_permutexvar_ps(q, nibbles),
-        _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), nibbles),
+        _mm512_permutexvar_ps(q, values),
+        _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values),
     )
 }
 
@@ -56,14 +52,13 @@ pub(crate) unsafe fn dequant_avx512(format: PackedFormat, chunk: &[u8], out: &mu
     prefetch_ahead(c, chunk.len());
     match format {
         PackedFormat::Q4_1 => {
-            let nibbles = nibble_values();
             for v in 0..4 {
                 let d = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(32 * v) as *const __m256i));
                 let m = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(128 + 32 * v) as *const __m256i));
                 for p in 0..16 {
                     let b = _mm_loadu_si128(c.add(256 + p * TILE_N + 16 * v) as *const __m128i);
                     let q = _mm512_cvtepu8_epi32(b);
-                    let (lo, hi) = nibbles_as_f32(q, nibbles);
+                    let (lo, hi) = nibbles_as_f32(q);
                     _mm512_storeu_ps(o.add(2 * p * TILE_N + 16 * v), _mm512_fmadd_ps(lo, d, m));
                     _mm512_storeu_ps(
                         o.add((2 * p + 1) * TILE_N + 16 * v),

@@ -26,19 +26,14 @@ pub(super) struct RowWalk<'a> {
 }
 
 impl<'a> RowWalk<'a> {
-    /// A walk over KV head `kv_head`'s rows (head_dim 64) from position `start`.
-    pub(super) fn new(
-        blocks: &'a [BlockKv],
-        g: &'a AttnGeometry,
-        kv_head: usize,
-        start: usize,
-    ) -> RowWalk<'a> {
+    /// A walk over KV head `kv_head`'s rows from position 0.
+    pub(super) fn new(blocks: &'a [BlockKv], g: &'a AttnGeometry, kv_head: usize) -> RowWalk<'a> {
         RowWalk {
             blocks,
             g,
             head_off: kv_head * g.head_dim,
-            blk: start / g.block_tokens,
-            off: start % g.block_tokens,
+            blk: 0,
+            off: 0,
         }
     }
 
@@ -165,7 +160,6 @@ pub(super) unsafe fn attend_group_avx2(
         scratch.resize(n * stride, 0.0);
     }
     let sc = scratch.as_mut_ptr();
-    let walk = |start: usize| RowWalk::new(blocks, g, kv_head, start);
     let scale = _mm256_set1_ps(g.scale);
 
     // Scores, a tile of 8 keys at a time: the tile's K rows stay in L1 while every
@@ -173,7 +167,7 @@ pub(super) unsafe fn attend_group_avx2(
     let mut stage = [_mm256_setzero_ps(); TILE];
     let st = stage.as_mut_ptr() as *mut f32;
     let mut kp = [std::ptr::null::<f32>(); TILE];
-    let mut w = walk(0);
+    let mut w = RowWalk::new(blocks, g, kv_head);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
         for p in kp.iter_mut().take(nk) {
@@ -232,7 +226,7 @@ pub(super) unsafe fn attend_group_avx2(
         o[..HD].fill(0.0);
     }
     let mut vp = [std::ptr::null::<f32>(); KCHUNK];
-    let mut w = walk(0);
+    let mut w = RowWalk::new(blocks, g, kv_head);
     for c0 in (0..maxc).step_by(KCHUNK) {
         let c1 = (c0 + KCHUNK).min(maxc);
         for p in vp.iter_mut().take(c1 - c0) {

@@ -44,7 +44,7 @@ pub(super) unsafe fn attend_group_avx512(
     let mut stage = [_mm256_setzero_ps(); TILE];
     let st = stage.as_mut_ptr() as *mut f32;
     let mut kp = [std::ptr::null::<f32>(); TILE];
-    let mut w = RowWalk::new(blocks, g, kv_head, 0);
+    let mut w = RowWalk::new(blocks, g, kv_head);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
         for p in kp.iter_mut().take(nk) {
@@ -100,7 +100,7 @@ pub(super) unsafe fn attend_group_avx512(
         o[..HD].fill(0.0);
     }
     let mut vp = [std::ptr::null::<f32>(); KCHUNK];
-    let mut w = RowWalk::new(blocks, g, kv_head, 0);
+    let mut w = RowWalk::new(blocks, g, kv_head);
     for c0 in (0..maxc).step_by(KCHUNK) {
         let c1 = (c0 + KCHUNK).min(maxc);
         for p in vp.iter_mut().take(c1 - c0) {
