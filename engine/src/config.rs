@@ -29,7 +29,8 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Tokens per KV block, the unit shared with the fabric. Default: 64.
     pub block_tokens: usize,
-    /// Memory reserved for the paged KV pool. Default: 512 MiB.
+    /// Memory of the paged KV pool, allocated and backed by pages at start
+    /// (no page faults while a prefix is loaded into it). Default: 512 MiB.
     pub kv_pool: ByteSize,
     /// Most tokens in one forward step (decode tokens + prefill chunks). Default: 2048.
     pub max_batch_tokens: usize,

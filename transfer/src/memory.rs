@@ -95,6 +95,45 @@ impl SharedRegion {
         Ok(SharedRegion { ptr, len, fd })
     }
 
+    /// Back every page with memory now (as the first write would), so no
+    /// later access to the region takes a page fault.
+    ///
+    /// A fresh memfd has no pages: each first touch of a 4 KiB page costs a
+    /// fault that allocates and zeroes it. For a region that is filled in
+    /// bursts (an engine's KV pool receiving a 94 MB prefix) those faults
+    /// cost more than the copy itself, so a region that will be used whole is
+    /// populated once, up front. Uses `MADV_POPULATE_WRITE` (Linux 5.14);
+    /// on older kernels it writes one byte per page instead.
+    pub fn populate(&self) -> Result<(), TransferError> {
+        // SAFETY: the range is this mapping, read-write and `len` bytes long.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINVAL) {
+            return Err(err.into());
+        }
+        let page = page_size();
+        for off in (0..self.len).step_by(page) {
+            // SAFETY: `off < len`; a volatile read-write of one byte leaves
+            // the contents as they were (the region is not yet shared with
+            // anyone who could write it concurrently: callers populate
+            // before handing it out).
+            unsafe {
+                let p = self.ptr.as_ptr().add(off);
+                std::ptr::write_volatile(p, std::ptr::read_volatile(p));
+            }
+        }
+        Ok(())
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -188,5 +227,29 @@ mod tests {
         assert!(r.check(r.len() - 1, 2).is_err());
         assert!(r.check(usize::MAX, 2).is_err());
         assert!(SharedRegion::create("t", 0).is_err());
+    }
+
+    /// Pages of the region that are resident (`mincore`).
+    fn resident_pages(r: &SharedRegion) -> usize {
+        let mut vec = vec![0u8; r.len() / page_size()];
+        // SAFETY: the range is the region's mapping; `vec` has one byte per page.
+        let rc = unsafe { libc::mincore(r.as_ptr().cast(), r.len(), vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec.iter().filter(|b| *b & 1 == 1).count()
+    }
+
+    #[test]
+    fn populate_backs_every_page_and_keeps_the_bytes() {
+        let r = SharedRegion::create("t", 64 * page_size()).unwrap();
+        unsafe { r.slice_mut(5 * page_size() + 7, 4).unwrap().copy_from_slice(b"kvfb") };
+        assert!(resident_pages(&r) < 64, "a fresh memfd is not all resident");
+        r.populate().unwrap();
+        assert_eq!(resident_pages(&r), 64);
+        unsafe {
+            assert_eq!(r.slice(5 * page_size() + 7, 4).unwrap(), b"kvfb");
+            assert!(r.slice(0, r.len()).unwrap()[..5 * page_size()]
+                .iter()
+                .all(|b| *b == 0));
+        }
     }
 }
