@@ -412,9 +412,12 @@ mod tests {
             scale: 0.125,
         };
         let (_kv, blocks) = kv_fixture(&g, 300usize.div_ceil(16));
-        let ctx_sets: [&[usize]; 7] = [
+        // A prefill group as the engine runs it: 32 rows x 3 query heads.
+        let prefill_group: Vec<usize> = (0..96).map(|i| 205 + i / 3).collect();
+        let ctx_sets: [&[usize]; 8] = [
+            &prefill_group,
             &[1, 15, 16, 17, 100, 300],
-            // Twenty queries with mixed context lengths (prefill groups hold 24).
+            // Twenty queries with mixed context lengths.
             &[
                 300, 1, 17, 64, 65, 100, 129, 2, 16, 15, 299, 7, 8, 9, 250, 31, 33, 200, 5, 128,
             ],
