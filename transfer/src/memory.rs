@@ -241,7 +241,11 @@ mod tests {
     #[test]
     fn populate_backs_every_page_and_keeps_the_bytes() {
         let r = SharedRegion::create("t", 64 * page_size()).unwrap();
-        unsafe { r.slice_mut(5 * page_size() + 7, 4).unwrap().copy_from_slice(b"kvfb") };
+        unsafe {
+            r.slice_mut(5 * page_size() + 7, 4)
+                .unwrap()
+                .copy_from_slice(b"kvfb")
+        };
         assert!(resident_pages(&r) < 64, "a fresh memfd is not all resident");
         r.populate().unwrap();
         assert_eq!(resident_pages(&r), 64);
