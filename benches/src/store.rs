@@ -144,8 +144,8 @@ fn ram(sources: &[Vec<u8>], out: &mut serde_json::Map<String, Value>) -> anyhow:
     let mut dst = vec![0u8; BLOCK];
     let mut dsts: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; BLOCK]).collect();
     let keys: Vec<BlockKey> = (0..n).map(key).collect();
-    // Warm-up: a running node's arena pages are already faulted in; fault them
-    // once (put, then remove) so the timed puts measure the store, not first touch.
+    // Warm-up: every block put once, then removed (the arena is populated at
+    // open; this warms the allocator, the index and the sources' caches).
     for (i, s) in sources.iter().enumerate() {
         store.put(key(i), layout(), s, PutOptions::default())?;
     }

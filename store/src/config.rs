@@ -57,7 +57,8 @@ pub struct NodeConfig {
     pub grpc_listen: SocketAddr,
     /// HTTP listen address for GET /metrics and GET /health. Default: 127.0.0.1:9464.
     pub http_listen: SocketAddr,
-    /// Size of the RAM tier arena. Default: 1GiB.
+    /// Size of the RAM tier arena, allocated and backed by pages at start
+    /// (resident from then on). Default: 1GiB.
     pub ram_capacity: ByteSize,
     /// Disk tier data file or raw block device; none = no disk tier. Default: none.
     pub disk_path: Option<PathBuf>,
