@@ -68,19 +68,12 @@ impl Store {
     /// register metrics into `registry`, start the zombie-reservation reaper.
     pub fn open(cfg: NodeConfig, registry: &mut Registry) -> Result<Store, StoreError> {
         cfg.validate()?;
-        let region = Arc::new(SharedRegion::create(
+        // Populated now: a put or a promotion into a page nobody touched yet
+        // would pay a page fault per 4 KiB on its path.
+        let region = Arc::new(SharedRegion::create_populated(
             "kvfabric-ram-tier",
             cfg.ram_capacity.as_u64() as usize,
         )?);
-        // Reserve the arena's memory now: a put or a promotion into a page
-        // nobody touched yet would pay a page fault per 4 KiB on its path.
-        let populating = std::time::Instant::now();
-        region.populate()?;
-        tracing::debug!(
-            bytes = region.len(),
-            ms = populating.elapsed().as_secs_f64() * 1e3,
-            "RAM tier populated"
-        );
         let metrics = StoreMetrics::register(registry);
         let (disk, records) = match (&cfg.disk_path, cfg.index_path()) {
             (Some(path), Some(index)) => {

@@ -95,16 +95,33 @@ impl SharedRegion {
         Ok(SharedRegion { ptr, len, fd })
     }
 
-    /// Back every page with memory now (as the first write would), so no
-    /// later access to the region takes a page fault.
+    /// [`Self::create`], with every page backed by memory before the region
+    /// is returned, so no later access to it takes a page fault.
     ///
     /// A fresh memfd has no pages: each first touch of a 4 KiB page costs a
     /// fault that allocates and zeroes it. For a region that is filled in
-    /// bursts (an engine's KV pool receiving a 94 MB prefix) those faults
-    /// cost more than the copy itself, so a region that will be used whole is
-    /// populated once, up front. Uses `MADV_POPULATE_WRITE` (Linux 5.14);
-    /// on older kernels it writes one byte per page instead.
-    pub fn populate(&self) -> Result<(), TransferError> {
+    /// bursts (an engine's KV pool receiving a 94 MB prefix, a RAM tier
+    /// taking puts) those faults cost as much as the copy itself, so a region
+    /// that will be used whole is populated once, up front (resident from
+    /// then on).
+    pub fn create_populated(name: &str, len: usize) -> Result<Self, TransferError> {
+        let region = Self::create(name, len)?;
+        let started = std::time::Instant::now();
+        region.populate()?;
+        tracing::debug!(
+            name,
+            bytes = region.len,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "region populated"
+        );
+        Ok(region)
+    }
+
+    /// Back every page with memory (as the first write would). Uses
+    /// `MADV_POPULATE_WRITE` (Linux 5.14); on older kernels it rewrites one
+    /// byte per page, which is only safe while nobody else can write the
+    /// region: hence private, called before the region is handed out.
+    fn populate(&self) -> Result<(), TransferError> {
         // SAFETY: the range is this mapping, read-write and `len` bytes long.
         let rc = unsafe {
             libc::madvise(
@@ -123,9 +140,7 @@ impl SharedRegion {
         let page = page_size();
         for off in (0..self.len).step_by(page) {
             // SAFETY: `off < len`; a volatile read-write of one byte leaves
-            // the contents as they were (the region is not yet shared with
-            // anyone who could write it concurrently: callers populate
-            // before handing it out).
+            // the contents as they were, and no one else holds the region yet.
             unsafe {
                 let p = self.ptr.as_ptr().add(off);
                 std::ptr::write_volatile(p, std::ptr::read_volatile(p));
@@ -249,6 +264,8 @@ mod tests {
         assert!(resident_pages(&r) < 64, "a fresh memfd is not all resident");
         r.populate().unwrap();
         assert_eq!(resident_pages(&r), 64);
+        let fresh = SharedRegion::create_populated("t", 64 * page_size()).unwrap();
+        assert_eq!(resident_pages(&fresh), 64);
         unsafe {
             assert_eq!(r.slice(5 * page_size() + 7, 4).unwrap(), b"kvfb");
             assert!(r.slice(0, r.len()).unwrap()[..5 * page_size()]

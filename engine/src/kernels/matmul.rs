@@ -12,9 +12,9 @@
 //! module's test `fma_dequant_equals_multiply_then_add` checks every finite
 //! f16 `d`). Each output is accumulated with one FMA per k, k = 0..K in
 //! order, starting from 0 — independent of M, of the row grouping and of
-//! the thread split. A single
-//! row (decode) skips the scratch: [`super::fused`] dequantizes in registers
-//! with the same operations and the same k order, so the bits are the same.
+//! the thread split. A single row (decode) skips the scratch:
+//! [`super::fused`] dequantizes in registers with the same operations and
+//! the same k order, so the bits are the same.
 
 #[cfg(target_arch = "x86_64")]
 use super::fused::{fused_cols, FusedCols};

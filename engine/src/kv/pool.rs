@@ -81,11 +81,9 @@ impl KvPool {
                 layout.block_bytes()
             )));
         }
-        let region = SharedRegion::create("kvfabric-kv-pool", blocks * layout.block_bytes())
-            .map_err(|e| EngineError::Model(format!("KV pool: {e}")))?;
-        region
-            .populate()
-            .map_err(|e| EngineError::Model(format!("KV pool: {e}")))?;
+        let region =
+            SharedRegion::create_populated("kvfabric-kv-pool", blocks * layout.block_bytes())
+                .map_err(|e| EngineError::Model(format!("KV pool: {e}")))?;
         Ok(KvPool {
             layout,
             blocks,
