@@ -63,9 +63,6 @@ pub struct Reservation {
     pub(crate) hashed: u64,
 }
 
-/// Copy and hash in pieces small enough to still be in cache when hashed.
-const HASH_CHUNK: usize = 64 << 10;
-
 impl Reservation {
     /// The block's key.
     pub fn key(&self) -> &BlockKey {
@@ -101,12 +98,7 @@ impl Reservation {
         let out = self.raw_bytes_mut(|buf| {
             let dst = &mut buf[offset as usize..offset as usize + data.len()];
             match hasher.as_mut() {
-                Some(h) => {
-                    for (d, s) in dst.chunks_mut(HASH_CHUNK).zip(data.chunks(HASH_CHUNK)) {
-                        d.copy_from_slice(s);
-                        h.update(d);
-                    }
-                }
+                Some(h) => h.copy_and_update(dst, data),
                 None => dst.copy_from_slice(data),
             }
         });
