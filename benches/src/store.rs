@@ -223,7 +223,9 @@ fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((4 * clients * BLOCK) as u64),
         disk_path: Some(dir.join("tier.data")),
-        disk_capacity: bytesize::ByteSize::b(((n + 16) * BLOCK) as u64),
+        // Room for all n blocks under the high watermark (0.95): past it the
+        // tier drops its oldest blocks, and the read rounds would miss.
+        disk_capacity: bytesize::ByteSize::b(((n + n / 10 + 16) * BLOCK) as u64),
         write_policy: WritePolicy::WriteThrough,
         max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
         ..Default::default()

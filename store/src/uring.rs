@@ -1,15 +1,19 @@
 //! `IoRing`: the disk tier's io_uring, driven by one dedicated thread.
 //!
-//! Callers (any thread) send an op over a channel and block on its reply; the
-//! ring thread submits everything queued, sleeps in `io_uring_enter` until a
-//! completion arrives (no spinning: the machine may have 2 cores), and
-//! replies. Many callers = many ops in flight = queue depth. Short transfers
+//! Callers (any thread) send an op over a channel, ring an eventfd and block on
+//! its reply; the ring thread submits everything queued, sleeps in
+//! `io_uring_enter` until a completion arrives (no spinning: the machine may
+//! have 2 cores), and replies. Many callers = many ops in flight = queue depth.
+//! The eventfd is polled by the ring itself, so a new op wakes the sleeping
+//! thread at once: without it, an op sent while others were in flight waited
+//! for the next completion, and a caller's op was never in flight while it
+//! did its own CPU work, so the disk saw less than the callers' depth. Short transfers
 //! are resubmitted for the remainder. When io_uring cannot be set up (old
 //! kernel, seccomp), ops fall back to pread/pwrite on the caller's thread.
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -17,6 +21,9 @@ use io_uring::{opcode, types, IoUring};
 use parking_lot::Mutex;
 
 const RING_ENTRIES: u32 = 64;
+
+/// `user_data` of the poll on the wake eventfd (op ids count up from 1).
+const WAKE_ID: u64 = u64::MAX;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum OpKind {
@@ -37,6 +44,8 @@ struct IoOp {
 /// One file's io_uring and its driver thread.
 pub struct IoRing {
     fd: RawFd,
+    /// Written after each send so the ring thread wakes (None: no ring).
+    wake: Option<OwnedFd>,
     tx: Mutex<Option<mpsc::Sender<IoOp>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -51,24 +60,33 @@ impl IoRing {
                 None
             }
         };
-        let (tx, thread) = match ring {
-            Some(ring) => {
+        let ring = ring.and_then(|r| match eventfd() {
+            Ok(wake) => Some((r, wake)),
+            Err(e) => {
+                tracing::warn!("no eventfd ({e}); disk tier falls back to pread/pwrite");
+                None
+            }
+        });
+        let (tx, thread, wake) = match ring {
+            Some((ring, wake)) => {
                 let (tx, rx) = mpsc::channel();
+                let wake_fd = wake.as_raw_fd();
                 let spawned = std::thread::Builder::new()
                     .name("kvfabric-uring".into())
-                    .spawn(move || drive(ring, fd, rx));
+                    .spawn(move || drive(ring, fd, wake_fd, rx));
                 match spawned {
-                    Ok(h) => (Some(tx), Some(h)),
+                    Ok(h) => (Some(tx), Some(h), Some(wake)),
                     Err(e) => {
                         tracing::warn!("cannot start io_uring thread ({e}); using pread/pwrite");
-                        (None, None)
+                        (None, None, None)
                     }
                 }
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         IoRing {
             fd,
+            wake,
             tx: Mutex::new(tx),
             thread: Mutex::new(thread),
         }
@@ -103,6 +121,11 @@ impl IoRing {
             done,
         })
         .map_err(|_| io::Error::other("io_uring thread is gone"))?;
+        if let Some(wake) = &self.wake {
+            // SAFETY: 8-byte write of a live u64 to an eventfd we own. A failure
+            // (counter saturated) still leaves the op to the next completion.
+            unsafe { libc::eventfd_write(wake.as_raw_fd(), 1) };
+        }
         wait.recv()
             .map_err(|_| io::Error::other("io_uring thread dropped an op"))?
     }
@@ -115,6 +138,16 @@ impl Drop for IoRing {
             let _ = h.join();
         }
     }
+}
+
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned by the OwnedFd.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Blocking fallback without io_uring.
@@ -174,11 +207,12 @@ fn sqe(fd: RawFd, f: &InFlight, id: u64) -> io_uring::squeue::Entry {
     .user_data(id)
 }
 
-fn drive(mut ring: IoUring, fd: RawFd, rx: mpsc::Receiver<IoOp>) {
+fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
     let mut inflight: HashMap<u64, InFlight> = HashMap::new();
     let mut queued: Vec<InFlight> = Vec::new();
     let mut next_id = 0u64;
     let mut open = true;
+    let mut wake_armed = false;
     loop {
         if inflight.is_empty() && queued.is_empty() {
             if !open {
@@ -211,6 +245,13 @@ fn drive(mut ring: IoUring, fd: RawFd, rx: mpsc::Receiver<IoOp>) {
             }
             inflight.insert(next_id, f);
         }
+        if !wake_armed {
+            let poll = opcode::PollAdd::new(types::Fd(wake), libc::POLLIN as u32)
+                .build()
+                .user_data(WAKE_ID);
+            // SAFETY: the eventfd outlives the ring (IoRing joins this thread first).
+            wake_armed = unsafe { ring.submission().push(&poll) }.is_ok();
+        }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -230,6 +271,14 @@ fn drive(mut ring: IoUring, fd: RawFd, rx: mpsc::Receiver<IoOp>) {
             .map(|c| (c.user_data(), c.result()))
             .collect();
         for (id, res) in done {
+            if id == WAKE_ID {
+                // Reset the counter; the ops it announced are read at the loop's top.
+                let mut n = 0;
+                // SAFETY: 8-byte read into a live u64 from an eventfd we own.
+                unsafe { libc::eventfd_read(wake, &mut n) };
+                wake_armed = false;
+                continue;
+            }
             let Some(mut f) = inflight.remove(&id) else {
                 continue;
             };
@@ -279,5 +328,39 @@ mod tests {
         // Reading past the end is an error, not silent zeros.
         let mut buf = vec![0u8; 4096];
         assert!(ring.read(2 << 20, &mut buf).is_err());
+    }
+
+    /// An op sent while another is in flight is submitted at once, not after
+    /// that one completes: a read from a socket nobody writes to yet stays in
+    /// flight while a write on the same socket must still go through.
+    #[test]
+    fn new_op_does_not_wait_for_the_ops_in_flight() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ring = std::sync::Arc::new(IoRing::new(a.as_raw_fd()));
+        let reader = {
+            let ring = ring.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4];
+                ring.read(0, &mut buf).map(|()| buf)
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100)); // the read is in flight
+        let (tx, rx) = mpsc::channel();
+        {
+            let ring = ring.clone();
+            std::thread::spawn(move || tx.send(ring.write(0, b"ping")));
+        }
+        let wrote = rx.recv_timeout(std::time::Duration::from_secs(5));
+        // Unblock the read whatever happened, so the ring can shut down.
+        use std::io::{Read, Write};
+        (&b).write_all(b"pong").unwrap();
+        assert!(
+            matches!(wrote, Ok(Ok(()))),
+            "write waited behind the read: {wrote:?}"
+        );
+        let mut got = [0u8; 4];
+        (&b).read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"ping");
+        assert_eq!(&reader.join().unwrap().unwrap(), b"pong");
     }
 }
