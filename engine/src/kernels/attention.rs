@@ -11,7 +11,9 @@
 //! with its own causal length) so every K/V row is loaded once for all of
 //! them; each query still gets exactly [`attend`]'s bits.
 
-use super::{exp_det, Isa, EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
+#[cfg(target_arch = "x86_64")]
+use super::exp16;
+use super::{exp_det, Isa};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -221,32 +223,6 @@ unsafe fn reduce16(v: __m512) -> f32 {
     let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     let s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
     _mm_cvtss_f32(s1)
-}
-
-/// `exp_det` on 16 lanes, same operations.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn exp16(x: __m512) -> __m512 {
-    let x = _mm512_min_ps(
-        _mm512_max_ps(x, _mm512_set1_ps(EXP_LO)),
-        _mm512_set1_ps(88.0),
-    );
-    let n = _mm512_roundscale_ps(
-        _mm512_mul_ps(x, _mm512_set1_ps(LOG2E)),
-        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-    );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
-    let mut p = _mm512_set1_ps(EXP_C[0]);
-    for c in &EXP_C[1..] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
-    }
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
-    let e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)),
-        23,
-    );
-    _mm512_mul_ps(p, _mm512_castsi512_ps(e))
 }
 
 #[cfg(target_arch = "x86_64")]

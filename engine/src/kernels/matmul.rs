@@ -17,7 +17,7 @@
 //! the same k order, so the bits are the same.
 
 #[cfg(target_arch = "x86_64")]
-use super::fused::{fused_cols, FusedCols};
+use super::fused::{fused_cols, fused_rows_avx512, FusedCols, FUSED_ROWS};
 use crate::gguf::{GgmlType, TensorInfo};
 use crate::kernels::{f16_to_f32, Isa, ThreadPool};
 use crate::EngineError;
@@ -309,6 +309,31 @@ impl PackedMatrix {
                         cols,
                         x.as_ptr(),
                         out_ptr.0.add(tile * TILE_N + col0),
+                    )
+                }
+            });
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512 && self.format != PackedFormat::F32 && m <= FUSED_ROWS {
+            // A small batch: half tiles, every row at once, weights dequantized in registers.
+            let half = TILE_N / 2;
+            pool.run(tiles * 2, &|task| {
+                let (tile, col0) = (task / 2, (task % 2) * half);
+                let out_ptr = &out_ptr;
+                // SAFETY: Isa::Avx512 is only chosen when the CPU has it; each task
+                // writes only its own 32 columns of every row; shapes were checked.
+                unsafe {
+                    fused_rows_avx512(
+                        self.format,
+                        self.chunk(tile, 0).as_ptr(),
+                        self.k / CHUNK_K,
+                        col0,
+                        x.as_ptr(),
+                        self.k,
+                        m,
+                        out_ptr.0.add(tile * TILE_N + col0),
+                        self.n,
                     )
                 }
             });

@@ -47,6 +47,35 @@ struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
 unsafe impl Sync for SendPtr {}
 
+/// `f(r, a_row, b_row)` for every row `r` of `a` (rows of `wa` floats) and `b`
+/// (rows of `wb`), rows spread over the pool. Row-wise steps (norms, SwiGLU)
+/// of a batch-8 decode step took ~8% of it on the calling thread alone.
+fn for_rows(
+    cx: &Compute,
+    (a, wa): (&mut [f32], usize),
+    (b, wb): (&mut [f32], usize),
+    f: &(dyn Fn(usize, &mut [f32], &mut [f32]) + Sync),
+) {
+    let rows = a.len() / wa;
+    assert!(
+        a.len() == rows * wa && b.len() == rows * wb,
+        "for_rows shapes"
+    );
+    let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
+    cx.pool.run(rows, &|r| {
+        let (pa, pb) = (&pa, &pb);
+        // SAFETY: row r of each buffer is in bounds (checked above) and only
+        // task r touches it.
+        let (ra, rb) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(pa.0.add(r * wa), wa),
+                std::slice::from_raw_parts_mut(pb.0.add(r * wb), wb),
+            )
+        };
+        f(r, ra, rb)
+    });
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -160,15 +189,9 @@ impl LlamaModel {
         };
         let heads_per_task = group / split;
         for (l, lw) in self.layers.iter().enumerate() {
-            for r in 0..t {
-                rms_norm(
-                    cx.isa,
-                    &x[r * h..(r + 1) * h],
-                    &lw.attn_norm,
-                    c.rms_eps,
-                    &mut hn[r * h..(r + 1) * h],
-                );
-            }
+            for_rows(cx, (&mut x, h), (&mut hn, h), &|_, x, hn| {
+                rms_norm(cx.isa, x, &lw.attn_norm, c.rms_eps, hn)
+            });
             lw.qkv.matmul(&cx.pool, cx.isa, &hn, t, &mut qkv);
             for (r, &(ci, pos)) in rows.iter().enumerate() {
                 let row = &mut qkv[r * qkv_n..(r + 1) * qkv_n];
@@ -235,18 +258,13 @@ impl LlamaModel {
                 });
             });
             lw.attn_out.matmul(&cx.pool, cx.isa, &att, t, &mut tmp);
-            for (a, b) in x.iter_mut().zip(&tmp) {
-                *a += *b;
-            }
-            for r in 0..t {
-                rms_norm(
-                    cx.isa,
-                    &x[r * h..(r + 1) * h],
-                    &lw.ffn_norm,
-                    c.rms_eps,
-                    &mut hn[r * h..(r + 1) * h],
-                );
-            }
+            let tmp_ref = &tmp;
+            for_rows(cx, (&mut x, h), (&mut hn, h), &|r, x, hn| {
+                for (a, b) in x.iter_mut().zip(&tmp_ref[r * h..(r + 1) * h]) {
+                    *a += *b;
+                }
+                rms_norm(cx.isa, x, &lw.ffn_norm, c.rms_eps, hn)
+            });
             // The FFN runs in row slices to bound the activation memory (rows are independent).
             for r0 in (0..t).step_by(FFN_ROWS) {
                 let rows = (t - r0).min(FFN_ROWS);
@@ -254,9 +272,9 @@ impl LlamaModel {
                 let act = &mut act[..rows * c.ffn];
                 lw.gate_up
                     .matmul(&cx.pool, cx.isa, &hn[r0 * h..(r0 + rows) * h], rows, gu);
-                for (g, a) in gu.chunks_exact(2 * c.ffn).zip(act.chunks_exact_mut(c.ffn)) {
-                    swiglu(cx.isa, g, a);
-                }
+                for_rows(cx, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
+                    swiglu(cx.isa, g, a)
+                });
                 lw.down.matmul(
                     &cx.pool,
                     cx.isa,

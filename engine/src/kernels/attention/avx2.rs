@@ -51,6 +51,60 @@ impl<'a> RowWalk<'a> {
     }
 }
 
+/// Requests K rows (into L1) and V rows (into L2) ahead of a score pass, for
+/// groups of at most [`PREFETCH_MAX_QUERIES`] queries. A decode step's group
+/// reads its KV once per step, from memory, with few FMAs per row: its
+/// scores wait on loads. Prefetching [`PREFETCH_KEYS`] keys ahead cut
+/// attention's share of a batch-8 decode step from ~19% to ~16.6% (AVX-512,
+/// 4 alternated runs), and the value pass finds its V rows in L2. Prefill
+/// groups re-read rows that earlier groups brought into cache, where the
+/// requests only cost instructions (`attention_timing`: 8 rows, 5.0 -> 5.7 ms).
+pub(super) struct RowPrefetch<'a> {
+    walk: RowWalk<'a>,
+    next: usize,
+    end: usize,
+}
+
+/// Keys requested ahead of the one being scored.
+const PREFETCH_KEYS: usize = 32;
+/// Largest group that prefetches (a decode row's 3 query heads; split tasks).
+const PREFETCH_MAX_QUERIES: usize = 4;
+
+impl<'a> RowPrefetch<'a> {
+    /// For a group of `queries` queries over keys `0..keys`.
+    pub(super) fn new(
+        blocks: &'a [BlockKv],
+        g: &'a AttnGeometry,
+        kv_head: usize,
+        queries: usize,
+        keys: usize,
+    ) -> Self {
+        RowPrefetch {
+            walk: RowWalk::new(blocks, g, kv_head),
+            next: 0,
+            end: if queries <= PREFETCH_MAX_QUERIES {
+                keys
+            } else {
+                0
+            },
+        }
+    }
+
+    /// Request the rows of every key below `key + PREFETCH_KEYS` not yet requested.
+    #[inline(always)]
+    pub(super) unsafe fn ahead_of(&mut self, key: usize) {
+        let stop = (key + PREFETCH_KEYS).min(self.end);
+        while self.next < stop {
+            let (k, v) = self.walk.next();
+            for line in (0..self.walk.g.head_dim).step_by(16) {
+                _mm_prefetch::<_MM_HINT_T0>(k.add(line) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(v.add(line) as *const i8);
+            }
+            self.next += 1;
+        }
+    }
+}
+
 /// The halving-tree sums of 8 keys at once: `st` holds, per stage slot, the 8
 /// lanes `l + (l+8)` of one key (tree level 1). Every addition below adds the
 /// same two values as `dot_ref`'s tree (l+4, then l+2, then l+1), only for 8
@@ -168,8 +222,10 @@ pub(super) unsafe fn attend_group_avx2(
     let st = stage.as_mut_ptr() as *mut f32;
     let mut kp = [std::ptr::null::<f32>(); TILE];
     let mut w = RowWalk::new(blocks, g, kv_head);
+    let mut prefetch = RowPrefetch::new(blocks, g, kv_head, n, maxc);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
+        prefetch.ahead_of(j0);
         for p in kp.iter_mut().take(nk) {
             *p = w.next().0;
         }

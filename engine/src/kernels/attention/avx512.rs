@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{reduce8x8, RowWalk, KCHUNK, SLOT_OF_KEY, TILE};
+use super::avx2::{reduce8x8, RowPrefetch, RowWalk, KCHUNK, SLOT_OF_KEY, TILE};
 use super::{exp16, AttnGeometry, BlockKv};
 
 const HD: usize = 64;
@@ -45,8 +45,10 @@ pub(super) unsafe fn attend_group_avx512(
     let st = stage.as_mut_ptr() as *mut f32;
     let mut kp = [std::ptr::null::<f32>(); TILE];
     let mut w = RowWalk::new(blocks, g, kv_head);
+    let mut prefetch = RowPrefetch::new(blocks, g, kv_head, n, maxc);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
+        prefetch.ahead_of(j0);
         for p in kp.iter_mut().take(nk) {
             *p = w.next().0;
         }
