@@ -47,6 +47,9 @@ struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
 unsafe impl Sync for SendPtr {}
 
+/// The per-row body of [`for_rows`]: row index, then that row of each buffer.
+type RowFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
+
 /// `f(r, a_row, b_row)` for every row `r` of `a` (rows of `wa` floats) and `b`
 /// (rows of `wb`), rows spread over the pool. Row-wise steps (norms, SwiGLU)
 /// of a batch-8 decode step took ~8% of it on the calling thread alone.
@@ -54,7 +57,7 @@ fn for_rows(
     cx: &Compute,
     (a, wa): (&mut [f32], usize),
     (b, wb): (&mut [f32], usize),
-    f: &(dyn Fn(usize, &mut [f32], &mut [f32]) + Sync),
+    f: &RowFn<'_>,
 ) {
     let rows = a.len() / wa;
     assert!(
