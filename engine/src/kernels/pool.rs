@@ -12,8 +12,15 @@
 //! processes) costs at most one short spin window per idle period. Which
 //! thread runs which task never changes a result: the kernels only split
 //! independent outputs, never a reduction.
+//!
+//! Tasks are handed out in contiguous lanes, one per thread ([`Lane`]): each
+//! thread takes its own lane's tasks in order and, once it is empty, takes
+//! the others' from their far end. Neighbouring tasks often read the same
+//! cache lines (the two half tiles of a weight tile share every line, the KV
+//! heads of a token are one span): one shared counter dealt them out to the
+//! threads alternately, so every core fetched every line.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,7 +35,6 @@ const SPIN: Duration = Duration::from_micros(40);
 #[derive(Clone, Copy)]
 struct Job {
     f: *const (dyn Fn(usize) + Sync),
-    tasks: usize,
 }
 
 // SAFETY: the pointee is `Sync` and outlives the job (run() waits for every
@@ -51,7 +57,44 @@ struct Shared {
     /// per job), [`CLOSED`], and the number of workers inside the job (low bits).
     ctl: AtomicU64,
     shutdown: AtomicBool,
-    next: AtomicUsize,
+    /// One lane of tasks per thread (the caller's is lane 0).
+    lanes: Box<[Lane]>,
+}
+
+/// A contiguous range of task indices, taken from the front by its owner and
+/// from the back by the other threads: `front << 32 | back`, empty when
+/// `front >= back`. Padded to a cache line so owners do not share one.
+#[repr(align(64))]
+struct Lane(AtomicU64);
+
+impl Lane {
+    fn set(&self, front: usize, back: usize) {
+        self.0
+            .store(((front as u64) << 32) | back as u64, Ordering::Relaxed);
+    }
+
+    /// The next task from the front (`owner`) or the back; None when empty.
+    fn take(&self, owner: bool) -> Option<usize> {
+        let mut v = self.0.load(Ordering::Relaxed);
+        loop {
+            let (front, back) = (v >> 32, v & u32::MAX as u64);
+            if front >= back {
+                return None;
+            }
+            let (new, task) = if owner {
+                (v + (1 << 32), front)
+            } else {
+                (v - 1, back - 1)
+            };
+            match self
+                .0
+                .compare_exchange_weak(v, new, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(task as usize),
+                Err(now) => v = now,
+            }
+        }
+    }
 }
 
 /// Set in `ctl` once the caller has finished its share: no worker joins after.
@@ -106,14 +149,16 @@ impl ThreadPool {
             done: Condvar::new(),
             ctl: AtomicU64::new(CLOSED),
             shutdown: AtomicBool::new(false),
-            next: AtomicUsize::new(0),
+            lanes: (0..threads.max(1))
+                .map(|_| Lane(AtomicU64::new(0)))
+                .collect(),
         });
         let workers = (1..threads.max(1))
             .map(|i| {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("kvf-kernel-{i}"))
-                    .spawn(move || worker(s))
+                    .spawn(move || worker(s, i))
                     .expect("spawning a kernel thread")
             })
             .collect();
@@ -138,14 +183,22 @@ impl ThreadPool {
             (0..tasks).for_each(f);
             return;
         }
+        assert!(
+            tasks < 1 << 32,
+            "ThreadPool::run takes fewer than 2^32 tasks"
+        );
         let _one_job = lock(&self.caller);
         let s = &*self.shared;
         // SAFETY: erase the lifetime; we wait below until no worker holds it.
         let f_static: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-        s.next.store(0, Ordering::SeqCst);
+        // Lanes are published by the SeqCst store of the new generation below.
+        let lanes = s.lanes.len();
+        for (j, lane) in s.lanes.iter().enumerate() {
+            lane.set(tasks * j / lanes, tasks * (j + 1) / lanes);
+        }
         let wake = {
             let mut st = lock(&s.state);
-            st.job = Some(Job { f: f_static, tasks });
+            st.job = Some(Job { f: f_static });
             let generation = (s.ctl.load(Ordering::SeqCst) >> 32) + 1;
             s.ctl.store(generation << 32, Ordering::SeqCst);
             st.sleeping > 0
@@ -153,7 +206,7 @@ impl ThreadPool {
         if wake {
             s.wake.notify_all();
         }
-        drain(&s.next, tasks, f);
+        drain(&s.lanes, 0, f);
         // Close the job: a worker that has not joined yet (parked, or preempted by
         // another process) never will, and is not waited for.
         let active = s.ctl.fetch_or(CLOSED, Ordering::SeqCst) & ACTIVE;
@@ -170,17 +223,19 @@ impl ThreadPool {
     }
 }
 
-fn drain(next: &AtomicUsize, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-    loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= tasks {
-            break;
-        }
+/// Run the tasks of lane `own` in order, then the other lanes' from their ends.
+fn drain(lanes: &[Lane], own: usize, f: &(dyn Fn(usize) + Sync)) {
+    while let Some(i) = lanes[own].take(true) {
         f(i);
+    }
+    for j in (1..lanes.len()).map(|d| (own + d) % lanes.len()) {
+        while let Some(i) = lanes[j].take(false) {
+            f(i);
+        }
     }
 }
 
-fn worker(s: Arc<Shared>) {
+fn worker(s: Arc<Shared>, lane: usize) {
     let generation = |s: &Shared| s.ctl.load(Ordering::SeqCst) >> 32;
     let mut seen = 0u64;
     loop {
@@ -219,7 +274,7 @@ fn worker(s: Arc<Shared>) {
         if let Some(job) = lock(&s.state).job {
             // SAFETY: run() keeps the closure alive until no worker is active.
             let f = unsafe { &*job.f };
-            drain(&s.next, job.tasks, f);
+            drain(&s.lanes, lane, f);
         }
         if s.ctl.fetch_sub(1, Ordering::SeqCst) & ACTIVE == 1 {
             // Taking the lock orders this with a caller about to wait on `done`.
@@ -247,6 +302,41 @@ impl Drop for ThreadPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn a_lane_gives_its_front_to_the_owner_and_its_back_to_others() {
+        let lane = Lane(AtomicU64::new(0));
+        lane.set(3, 8);
+        assert_eq!(lane.take(true), Some(3));
+        assert_eq!(lane.take(false), Some(7));
+        assert_eq!(lane.take(true), Some(4));
+        assert_eq!(lane.take(false), Some(6));
+        assert_eq!(lane.take(true), Some(5));
+        assert_eq!(lane.take(true), None);
+        assert_eq!(lane.take(false), None);
+        lane.set(0, 0);
+        assert_eq!(lane.take(false), None);
+    }
+
+    #[test]
+    fn each_thread_starts_on_its_own_contiguous_lane() {
+        // Two threads, tasks slow enough that both join: the caller's first
+        // task is 0 and the worker's is the first of the second half.
+        let pool = ThreadPool::new(2);
+        let first: Vec<AtomicUsize> = (0..2).map(|_| AtomicUsize::new(usize::MAX)).collect();
+        let caller = std::thread::current().id();
+        pool.run(8, &|i| {
+            let who = usize::from(std::thread::current().id() != caller);
+            let _ = first[who].compare_exchange(usize::MAX, i, Ordering::SeqCst, Ordering::SeqCst);
+            std::thread::sleep(SPIN * 10);
+        });
+        assert_eq!(first[0].load(Ordering::SeqCst), 0);
+        let w = first[1].load(Ordering::SeqCst);
+        // The caller only reaches lane 1 once lane 0 is empty, and then from
+        // its back: a worker that joins at all finds task 4 still there.
+        assert!(w == 4 || w == usize::MAX, "worker started at {w}");
+    }
 
     #[test]
     fn runs_every_task_once() {

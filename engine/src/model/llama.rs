@@ -170,21 +170,34 @@ impl LlamaModel {
             scale: 1.0 / (hd as f32).sqrt(),
         };
         let group = nh / nkv;
-        // Attention tasks: (chunk, first row, end row, KV head), longest contexts first so
-        // the pool's dynamic split ends balanced. With too few of them for the threads,
-        // each task takes one query head instead of the KV head's whole group.
+        // Attention tasks: (chunk, first row, end row, first KV head, end KV head), longest
+        // contexts first so the pool's dynamic split ends balanced. With plenty of row
+        // ranges (decode batches, long prefills) a task walks every KV head of its rows:
+        // a token's K (and V) rows of all heads are one contiguous span, so one core
+        // streams it in order instead of two cores taking every other head's third of
+        // it. With too few tasks for the threads, each takes one query head instead.
+        let ranges: usize = chunks
+            .iter()
+            .map(|ch| ch.tokens.len().div_ceil(ATTN_ROWS))
+            .sum();
+        let heads_together = if ranges >= 2 * cx.pool.threads() {
+            nkv
+        } else {
+            1
+        };
         let mut attn_tasks = Vec::new();
         let mut r0 = 0;
         for (ci, ch) in chunks.iter().enumerate() {
             let n = ch.tokens.len();
             for a in (0..n).step_by(ATTN_ROWS) {
-                for kh in 0..nkv {
-                    attn_tasks.push((ci, r0 + a, r0 + (a + ATTN_ROWS).min(n), kh));
+                for kh in (0..nkv).step_by(heads_together) {
+                    let (ra, rb) = (r0 + a, r0 + (a + ATTN_ROWS).min(n));
+                    attn_tasks.push((ci, ra, rb, kh, (kh + heads_together).min(nkv)));
                 }
             }
             r0 += n;
         }
-        attn_tasks.sort_by_key(|&(ci, a, _, kh)| (std::cmp::Reverse(rows[a].1), ci, kh));
+        attn_tasks.sort_by_key(|&(ci, a, _, kh, _)| (std::cmp::Reverse(rows[a].1), ci, kh));
         let split = if attn_tasks.len() < 2 * cx.pool.threads() {
             group
         } else {
@@ -225,40 +238,45 @@ impl LlamaModel {
             let att_ptr = SendPtr(att.as_mut_ptr());
             let qkv_ref = &qkv;
             cx.pool.run(attn_tasks.len() * split, &|i| {
-                let (ci, ra, rb, kh) = attn_tasks[i / split];
+                let (ci, ra, rb, kh0, kh1) = attn_tasks[i / split];
                 let att_ptr = &att_ptr;
-                let h0 = kh * group + (i % split) * heads_per_task;
-                let n = (rb - ra) * heads_per_task;
-                let (mut qs, mut outs, mut ctxs) = (
-                    Vec::with_capacity(n),
-                    Vec::with_capacity(n),
-                    Vec::with_capacity(n),
-                );
-                for (r, &(_, pos)) in rows.iter().enumerate().take(rb).skip(ra) {
-                    for head in h0..h0 + heads_per_task {
-                        let at = r * qkv_n + head * hd;
-                        qs.push(&qkv_ref[at..at + hd]);
-                        // SAFETY: each task writes its own (row, head) slices.
-                        outs.push(unsafe {
-                            std::slice::from_raw_parts_mut(att_ptr.0.add(r * qn + head * hd), hd)
-                        });
-                        ctxs.push(pos + 1);
+                for kh in kh0..kh1 {
+                    let h0 = kh * group + (i % split) * heads_per_task;
+                    let n = (rb - ra) * heads_per_task;
+                    let (mut qs, mut outs, mut ctxs) = (
+                        Vec::with_capacity(n),
+                        Vec::with_capacity(n),
+                        Vec::with_capacity(n),
+                    );
+                    for (r, &(_, pos)) in rows.iter().enumerate().take(rb).skip(ra) {
+                        for head in h0..h0 + heads_per_task {
+                            let at = r * qkv_n + head * hd;
+                            qs.push(&qkv_ref[at..at + hd]);
+                            // SAFETY: each task writes its own (row, head) slices.
+                            outs.push(unsafe {
+                                std::slice::from_raw_parts_mut(
+                                    att_ptr.0.add(r * qn + head * hd),
+                                    hd,
+                                )
+                            });
+                            ctxs.push(pos + 1);
+                        }
                     }
+                    // SAFETY: the tables point into the pool, which is not written while
+                    // attention runs, and cover every row's positions.
+                    SCORES.with(|s| unsafe {
+                        attend_group(
+                            cx.isa,
+                            &qs,
+                            &mut outs,
+                            &ctxs,
+                            &tables[ci],
+                            &geom,
+                            kh,
+                            &mut s.borrow_mut(),
+                        )
+                    });
                 }
-                // SAFETY: the tables point into the pool, which is not written while
-                // attention runs, and cover every row's positions.
-                SCORES.with(|s| unsafe {
-                    attend_group(
-                        cx.isa,
-                        &qs,
-                        &mut outs,
-                        &ctxs,
-                        &tables[ci],
-                        &geom,
-                        kh,
-                        &mut s.borrow_mut(),
-                    )
-                });
             });
             lw.attn_out.matmul(&cx.pool, cx.isa, &att, t, &mut tmp);
             let tmp_ref = &tmp;
