@@ -358,3 +358,36 @@ impl Drop for ReadLease {
         self.shared.inner.lock().unlease_ram(self.extent);
     }
 }
+
+/// A byte range of a block wanted in a caller's buffer (`get_into`).
+pub(crate) struct RangeCopy<'a> {
+    pub(crate) offset: u64,
+    pub(crate) dst: &'a mut [u8],
+}
+
+impl RangeCopy<'_> {
+    /// The range inside a block of `block_len` bytes, or why it is not.
+    pub(crate) fn check(&self, block_len: u64) -> Result<std::ops::Range<usize>, StoreError> {
+        let len = self.dst.len() as u64;
+        match self.offset.checked_add(len) {
+            Some(end) if end <= block_len => Ok(self.offset as usize..end as usize),
+            _ => Err(StoreError::InvalidArgument(format!(
+                "range {}+{len} is outside the {block_len}-byte block",
+                self.offset
+            ))),
+        }
+    }
+
+    /// Check `block` against `checksum` and copy the range out of it in the
+    /// same pass (the copy's bytes are hashed from L1 as they land). The
+    /// range must have passed [`RangeCopy::check`]; on a mismatch `dst`
+    /// holds bytes nobody may use.
+    pub(crate) fn verify_and_copy(&mut self, block: &[u8], checksum: u64) -> bool {
+        let (start, end) = (self.offset as usize, self.offset as usize + self.dst.len());
+        let mut h = Checksummer::new();
+        h.update(&block[..start]);
+        h.copy_and_update(self.dst, &block[start..end]);
+        h.update(&block[end..]);
+        h.digest() == checksum
+    }
+}

@@ -15,6 +15,7 @@ use crate::config::{DiskAdmission, WritePolicy};
 use crate::disk::DiskRecord;
 use crate::extent::Extent;
 use crate::keys::BlockKey;
+use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::state::{Block, Inner};
 use crate::store::Shared;
@@ -212,10 +213,13 @@ impl Shared {
 
     /// Read the disk copy `dext` of `key` into RAM and verify it; on success the block
     /// has a RAM copy (returned). A checksum failure drops the disk copy and is a miss.
+    /// With `copy`, its range is copied out in the verifying pass (range checked by
+    /// the caller): one read of the block from memory instead of two.
     pub(crate) fn promote(
         &self,
         key: &BlockKey,
         dext: Extent,
+        copy: Option<&mut RangeCopy<'_>>,
     ) -> Result<Option<Extent>, StoreError> {
         let Some(disk) = self.disk.as_ref() else {
             return Ok(None);
@@ -240,7 +244,13 @@ impl Shared {
             .map_err(StoreError::from)
             .and_then(|buf| disk.read(dext, buf).map(|()| buf));
         let verified = match read {
-            Ok(buf) => kvfabric_transfer::checksum::checksum(&buf[..len as usize]) == checksum,
+            Ok(buf) => {
+                let block = &buf[..len as usize];
+                match copy {
+                    Some(c) => c.verify_and_copy(block, checksum),
+                    None => kvfabric_transfer::checksum::checksum(block) == checksum,
+                }
+            }
             Err(e) => {
                 tracing::warn!("disk read of {key:?} failed: {e}");
                 false

@@ -20,7 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::config::NodeConfig;
 use crate::disk::{DiskTier, DISK_ALIGN};
 use crate::keys::{BlockKey, KvLayout};
-use crate::lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
+use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
 use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
 use crate::StoreError;
@@ -225,13 +225,20 @@ impl Store {
     /// None = not stored (or its disk copy failed its checksum).
     pub fn lease(&self, key: &BlockKey) -> Result<Option<ReadLease>, StoreError> {
         let started = Instant::now();
-        let out = self.lease_inner(key);
+        let out = self.lease_inner(key, None);
         self.shared.metrics.observe(OpName::Get, started);
-        out
+        Ok(out?.map(|(lease, _)| lease))
     }
 
-    fn lease_inner(&self, key: &BlockKey) -> Result<Option<ReadLease>, StoreError> {
+    /// The lease of [`Store::lease`]; a promotion from disk also fills `copy`
+    /// while it verifies the block (then `true` comes back with the lease).
+    fn lease_inner(
+        &self,
+        key: &BlockKey,
+        mut copy: Option<&mut RangeCopy<'_>>,
+    ) -> Result<Option<(ReadLease, bool)>, StoreError> {
         let m = &self.shared.metrics;
+        let mut copied = false;
         for _ in 0..4 {
             let mut g = self.shared.inner.lock();
             let Some(b) = g.blocks.get_mut(key) else {
@@ -241,6 +248,9 @@ impl Store {
                 }
                 return Ok(None);
             };
+            if let Some(c) = copy.as_deref() {
+                c.check(b.len)?;
+            }
             b.accesses = b.accesses.saturating_add(1);
             let info = BlockInfo {
                 key: *key,
@@ -254,48 +264,49 @@ impl Store {
                 g.lease_ram(ram);
                 g.ram_order.touch(*key);
                 StoreMetrics::tier(&m.hits, TierName::Ram).inc();
-                return Ok(Some(ReadLease {
+                let lease = ReadLease {
                     shared: self.shared.clone(),
                     extent: ram,
                     info,
-                }));
+                };
+                return Ok(Some((lease, copied)));
             }
             let Some(dext) = b.disk else { return Ok(None) };
             StoreMetrics::tier(&m.misses, TierName::Ram).inc();
             g.disk_order.touch(*key);
             g.lease_disk(dext);
             drop(g);
-            if self.shared.promote(key, dext)?.is_none() {
+            let filling = copy.take();
+            let filled = filling.is_some();
+            if self.shared.promote(key, dext, filling)?.is_none() {
                 return Ok(None);
             }
+            copied |= filled;
             // Promoted: take the lease on the RAM copy in the next round.
         }
         Ok(None)
     }
 
     /// Copy `dst.len()` bytes of `key` starting at `offset` into `dst`.
-    /// None = not stored. A range past the block's end is an error.
+    /// None = not stored. A range past the block's end is an error. A block
+    /// read from disk is copied out in the same pass that verifies it.
     pub fn get_into(
         &self,
         key: &BlockKey,
         offset: u64,
         dst: &mut [u8],
     ) -> Result<Option<BlockInfo>, StoreError> {
-        let Some(lease) = self.lease(key)? else {
+        let started = Instant::now();
+        let mut want = RangeCopy { offset, dst };
+        let out = self.lease_inner(key, Some(&mut want));
+        self.shared.metrics.observe(OpName::Get, started);
+        let Some((lease, copied)) = out? else {
             return Ok(None);
         };
-        let bytes = lease.bytes();
-        let end = offset
-            .checked_add(dst.len() as u64)
-            .filter(|&e| e <= bytes.len() as u64);
-        let Some(end) = end else {
-            return Err(StoreError::InvalidArgument(format!(
-                "range {offset}+{} is outside the {}-byte block",
-                dst.len(),
-                bytes.len()
-            )));
-        };
-        dst.copy_from_slice(&bytes[offset as usize..end as usize]);
+        if !copied {
+            let range = want.check(lease.bytes().len() as u64)?;
+            want.dst.copy_from_slice(&lease.bytes()[range]);
+        }
         Ok(Some(*lease.info()))
     }
 

@@ -159,6 +159,50 @@ fn flipped_bytes_on_disk_are_a_miss_and_counted() {
 }
 
 #[test]
+fn a_range_read_from_disk_is_verified_over_the_whole_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let durable = PutOptions {
+        durable: true,
+        ..Default::default()
+    };
+    {
+        let s = store(&dir, 4, true, |_| {});
+        s.put(key(1), layout(), &data(1), durable).unwrap();
+    }
+    {
+        // Cold: the range comes out of the promotion's verifying pass.
+        let s = store(&dir, 4, true, |_| {});
+        let mut part = vec![0u8; 1000];
+        assert!(s.get_into(&key(1), 100, &mut part).unwrap().is_some());
+        assert_eq!(part, data(1)[100..1100]);
+        let mut over = vec![0u8; 100];
+        let err = s.get_into(&key(1), (BLOCK - 10) as u64, &mut over);
+        assert!(matches!(err, Err(crate::StoreError::InvalidArgument(_))));
+        assert_eq!(read(&s, 1).unwrap(), data(1), "a bad range damages nothing");
+    }
+    {
+        // A bad range on a cold block is refused before any disk read.
+        let s = store(&dir, 4, true, |_| {});
+        let mut over = vec![0u8; 100];
+        let err = s.get_into(&key(1), (BLOCK - 10) as u64, &mut over);
+        assert!(matches!(err, Err(crate::StoreError::InvalidArgument(_))));
+        assert_eq!(tier(&s, Tier::Ram).blocks, 0, "nothing promoted");
+    }
+    // One flipped byte outside the range wanted: still a miss.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("data"))
+        .unwrap();
+    f.write_all_at(&[data(1)[BLOCK - 1] ^ 1], (BLOCK - 1) as u64)
+        .unwrap();
+    f.sync_all().unwrap();
+    let s = store(&dir, 4, true, |_| {});
+    let mut part = vec![0u8; 100];
+    assert!(s.get_into(&key(1), 0, &mut part).unwrap().is_none());
+    assert_eq!(tier(&s, Tier::Disk).checksum_failures, 1);
+}
+
+#[test]
 fn hard_and_soft_pins_survive_pressure_until_expiry() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(&dir, 4, false, |_| {});
