@@ -1,5 +1,7 @@
 //! Kernel timing probes (ignored tests): `cargo test --release -p kvfabric-engine
-//! perf_ -- --ignored --nocapture`. Min-of-many timings, robust to a shared machine.
+//! perf_ -- --ignored --nocapture --test-threads=1`. Min-of-many timings, robust
+//! to a shared machine; one probe at a time (probes run side by side share the
+//! cores and time each other).
 
 use std::time::Instant;
 
