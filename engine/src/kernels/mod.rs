@@ -157,7 +157,6 @@ pub fn exp_det(x: f32) -> f32 {
     p * scale
 }
 
-#[cfg(target_arch = "x86_64")]
 /// `exp_det` on 16 lanes, same operations (softmax and SwiGLU use it).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
@@ -248,9 +247,11 @@ unsafe fn swiglu_avx512(gate_up: &[f32], out: &mut [f32]) {
         let silu = _mm512_div_ps(g, _mm512_add_ps(one, exp16(neg)));
         _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(silu, u));
     }
-    let mut tail = gate[full..].to_vec();
-    tail.extend_from_slice(&up[full..]);
-    swiglu_body(&tail, &mut out[full..]);
+    if full < n {
+        // The scalar body takes `[gate | up]` contiguous: the tails, joined.
+        let tail = [&gate[full..], &up[full..]].concat();
+        swiglu_body(&tail, &mut out[full..]);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -273,9 +274,6 @@ fn swiglu_body(gate_up: &[f32], out: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// Why the SIMD paths may dequantize Q4_1 with one FMA: for every q in
-    /// 0..16, every finite f16 scale d and a spread of f16 offsets m,
-    /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
     /// The SIMD SwiGLU has the scalar body's bits on every ISA, over the
     /// range the clamp cuts and a tail shorter than a vector.
     #[test]
@@ -297,6 +295,9 @@ mod tests {
         }
     }
 
+    /// Why the SIMD paths may dequantize Q4_1 with one FMA: for every q in
+    /// 0..16, every finite f16 scale d and a spread of f16 offsets m,
+    /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
     #[test]
     fn fma_dequant_equals_multiply_then_add() {
         let mut rnd = matmul::tests::xorshift(0x5eed);
