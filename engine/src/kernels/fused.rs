@@ -18,7 +18,8 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
-use super::simd::{nibbles_as_f32, prefetch_ahead};
+use super::prefetch::{prefetch_ahead, prefetch_ahead_step, SideCursor};
+use super::simd::nibbles_as_f32;
 use super::Isa;
 
 /// Columns of one fused call: a whole tile, or half of one when a matrix has
@@ -174,7 +175,8 @@ unsafe fn q8_0_avx512<const G: usize>(
 ///
 /// # Safety
 /// As [`fused_cols`], with `isa == Isa::Avx512`, `x` holding `rows` rows and
-/// `out` `rows` rows of 32 writable values.
+/// `out` `rows` rows of 32 writable values. `side`: lines a later step will
+/// read, requested evenly over the task's inner loop (see [`super::prefetch`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn fused_rows_avx512(
     format: PackedFormat,
@@ -186,17 +188,88 @@ pub(crate) unsafe fn fused_rows_avx512(
     rows: usize,
     out: *mut f32,
     ldo: usize,
+    side: &mut SideCursor,
 ) {
     macro_rules! by_rows {
         ($f:ident) => {
             match rows {
-                2 => $f::<2>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                3 => $f::<3>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                4 => $f::<4>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                5 => $f::<5>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                6 => $f::<6>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                7 => $f::<7>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
-                8 => $f::<8>(tile, format.chunk_bytes(), kbs, col0, x, ldx, out, ldo),
+                2 => $f::<2>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                3 => $f::<3>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                4 => $f::<4>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                5 => $f::<5>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                6 => $f::<6>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                7 => $f::<7>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
+                8 => $f::<8>(
+                    tile,
+                    format.chunk_bytes(),
+                    kbs,
+                    col0,
+                    x,
+                    ldx,
+                    out,
+                    ldo,
+                    side,
+                ),
                 _ => unreachable!("fused_rows_avx512 takes 2..=8 rows"),
             }
         };
@@ -223,11 +296,12 @@ unsafe fn q4_1_rows_avx512<const R: usize>(
     ldx: usize,
     out: *mut f32,
     ldo: usize,
+    side: &mut SideCursor,
 ) {
+    let side_per_step = side.left().div_ceil(kbs * (CHUNK_K / 2));
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
         let mut d = [_mm512_setzero_ps(); 2];
         let mut m = [_mm512_setzero_ps(); 2];
         for g in 0..2 {
@@ -239,6 +313,8 @@ unsafe fn q4_1_rows_avx512<const R: usize>(
         }
         let xk = x.add(kb * CHUNK_K);
         for p in 0..CHUNK_K / 2 {
+            prefetch_ahead_step(c, cb, p, CHUNK_K / 2);
+            side.issue(side_per_step);
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
             // w[g][0]: k = 2p, w[g][1]: k = 2p + 1 (low and high nibbles).
             let w: [[__m512; 2]; 2] = std::array::from_fn(|g| {
@@ -279,11 +355,12 @@ unsafe fn q8_0_rows_avx512<const R: usize>(
     ldx: usize,
     out: *mut f32,
     ldo: usize,
+    side: &mut SideCursor,
 ) {
+    let side_per_step = side.left().div_ceil(kbs * CHUNK_K);
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
         let mut d = [_mm512_setzero_ps(); 2];
         for g in 0..2 {
             d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
@@ -292,6 +369,8 @@ unsafe fn q8_0_rows_avx512<const R: usize>(
         }
         let xk = x.add(kb * CHUNK_K);
         for j in 0..CHUNK_K {
+            prefetch_ahead_step(c, cb, j, CHUNK_K);
+            side.issue(side_per_step);
             let qj = c.add(2 * TILE_N + j * TILE_N + col0);
             let w: [__m512; 2] = std::array::from_fn(|g| {
                 let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qj.add(16 * g) as *const __m128i));

@@ -19,7 +19,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::fused::{fused_cols, fused_rows_avx512, FusedCols, FUSED_ROWS};
 use crate::gguf::{GgmlType, TensorInfo};
-use crate::kernels::{f16_to_f32, Isa, ThreadPool};
+use crate::kernels::{f16_to_f32, Isa, SideLines, ThreadPool};
 use crate::EngineError;
 
 /// Output columns per tile.
@@ -281,6 +281,22 @@ impl PackedMatrix {
 
     /// `out[m][n] = sum_k x[m][k] * W[n][k]` for `m` rows; `out` is overwritten.
     pub fn matmul(&self, pool: &ThreadPool, isa: Isa, x: &[f32], m: usize, out: &mut [f32]) {
+        self.matmul_prefetching(pool, isa, x, m, out, &SideLines::none())
+    }
+
+    /// [`Self::matmul`], requesting `side`'s lines into L2 as it goes (only on
+    /// the small-batch AVX-512 path, where the matmul is compute-bound and a
+    /// batch's next step is memory-bound; elsewhere `side` is ignored). The
+    /// result is the same bits.
+    pub fn matmul_prefetching(
+        &self,
+        pool: &ThreadPool,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        side: &SideLines,
+    ) {
         assert_eq!(x.len(), m * self.k, "matmul input shape");
         assert_eq!(out.len(), m * self.n, "matmul output shape");
         let tiles = self.n / TILE_N;
@@ -321,6 +337,7 @@ impl PackedMatrix {
             pool.run(tiles * 2, &|task| {
                 let (tile, col0) = (task / 2, (task % 2) * half);
                 let out_ptr = &out_ptr;
+                let mut side = side.share(task, tiles * 2);
                 // SAFETY: Isa::Avx512 is only chosen when the CPU has it; each task
                 // writes only its own 32 columns of every row; shapes were checked.
                 unsafe {
@@ -334,6 +351,7 @@ impl PackedMatrix {
                         m,
                         out_ptr.0.add(tile * TILE_N + col0),
                         self.n,
+                        &mut side,
                     )
                 }
             });

@@ -15,11 +15,13 @@ pub mod matmul;
 #[cfg(test)]
 mod perf_tests;
 pub mod pool;
+pub mod prefetch;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 
 pub use matmul::PackedMatrix;
 pub use pool::ThreadPool;
+pub use prefetch::SideLines;
 
 /// The instruction set the kernels run with, picked once at runtime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -101,3 +101,65 @@ fn perf_prefill_matmul() {
         );
     }
 }
+
+/// One forward's matmuls with every layer's weights distinct (30 layers of
+/// random Q4_1 plus the Q8_0 lm_head, ~100 MB), so the weights stream from
+/// memory as in a real decode step instead of staying in L2 as in
+/// `perf_matmul_shapes`. Best of `PERF_ROUNDS` (default 20) forwards, m = 1 and 8.
+#[test]
+#[ignore]
+fn perf_matmul_stream() {
+    let threads: usize = std::env::var("PERF_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let rounds: usize = std::env::var("PERF_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let pool = ThreadPool::new(threads);
+    let isa = Isa::detect();
+    let pack = |n: usize, k: usize, seed: u64, q8: bool| {
+        let (info, bytes, _) = if q8 {
+            random_q8_0(n, k, seed)
+        } else {
+            random_q4_1(n, k, seed)
+        };
+        PackedMatrix::pack(&[(&info, &bytes)]).expect("pack")
+    };
+    let layers: Vec<[PackedMatrix; 4]> = (0..30u64)
+        .map(|l| {
+            [
+                pack(960, 576, 4 * l + 1, false),
+                pack(576, 576, 4 * l + 2, false),
+                pack(3072, 576, 4 * l + 3, false),
+                pack(576, 1536, 4 * l + 4, false),
+            ]
+        })
+        .collect();
+    let lm_head = pack(49152, 576, 999, true);
+    for m in [1usize, 8] {
+        let x: Vec<f32> = (0..m * 1536)
+            .map(|i| (i % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        let mut out = vec![0f32; m * 49152];
+        let (mut best_layers, mut best_head) = (f64::MAX, f64::MAX);
+        for _ in 0..rounds {
+            let t = Instant::now();
+            for l in &layers {
+                for w in l {
+                    w.matmul(&pool, isa, &x[..m * w.k()], m, &mut out[..m * w.n()]);
+                }
+            }
+            best_layers = best_layers.min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            lm_head.matmul(&pool, isa, &x[..m * 576], m, &mut out);
+            best_head = best_head.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{isa:?} threads={threads} m={m}: layers {:.3} ms, lm_head {:.3} ms",
+            best_layers * 1e3,
+            best_head * 1e3
+        );
+    }
+}

@@ -11,22 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::matmul::{PackedFormat, CHUNK_K, TILE_N};
-
-/// Chunks ahead of the one being consumed whose cache lines are requested:
-/// without it a decode step waited on memory latency (decode batch 1 on a
-/// Xeon with AVX-512: ~100 -> ~150 tok/s).
-const PREFETCH_CHUNKS: usize = 4;
-
-/// Ask for the cache lines of the chunk [`PREFETCH_CHUNKS`] ahead of `c`.
-/// Past the tile's end that is the next tile, usually this thread's next
-/// task; a prefetch never faults, whatever the address.
-#[inline(always)]
-pub(crate) unsafe fn prefetch_ahead(c: *const u8, cb: usize) {
-    let ahead = c.wrapping_add(PREFETCH_CHUNKS * cb);
-    for line in (0..cb).step_by(64) {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-    }
-}
+use super::prefetch::prefetch_ahead;
 
 /// The low and high nibbles of 16 bytes (zero-extended to 32-bit lanes) as
 /// f32, by looking them up in `[0.0, 1.0, .., 15.0]`: the permute reads only

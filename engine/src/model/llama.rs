@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use super::LlamaModel;
 use crate::kernels::attention::{attend_group, AttnGeometry, BlockKv};
-use crate::kernels::{rms_norm, swiglu, Compute};
+use crate::kernels::{rms_norm, swiglu, Compute, SideLines};
 use crate::kv::pool::{BlockId, KvPool};
 use crate::EngineError;
 
@@ -204,6 +204,13 @@ impl LlamaModel {
             1
         };
         let heads_per_task = group / split;
+        // Chunks in the order attention takes them (for the KV prefetch).
+        let mut attn_order: Vec<usize> = Vec::with_capacity(chunks.len());
+        for &(ci, ..) in &attn_tasks {
+            if !attn_order.contains(&ci) {
+                attn_order.push(ci);
+            }
+        }
         for (l, lw) in self.layers.iter().enumerate() {
             for_rows(cx, (&mut x, h), (&mut hn, h), &|_, x, hn| {
                 rms_norm(cx.isa, x, &lw.attn_norm, c.rms_eps, hn)
@@ -278,7 +285,18 @@ impl LlamaModel {
                     });
                 }
             });
-            lw.attn_out.matmul(&cx.pool, cx.isa, &att, t, &mut tmp);
+            // The next layer's KV, requested into L2 while this layer's remaining
+            // matmuls compute, in parts by their work (attn_out, gate_up, down).
+            let next_kv = match l + 1 < c.layers {
+                true => {
+                    kv_lines(kv, chunks, &attn_order, l + 1, cx.pool.threads()).split(&[1, 5, 3])
+                }
+                false => Vec::new(),
+            };
+            let no_lines = SideLines::none();
+            let next_kv = |i: usize| next_kv.get(i).unwrap_or(&no_lines);
+            lw.attn_out
+                .matmul_prefetching(&cx.pool, cx.isa, &att, t, &mut tmp, next_kv(0));
             let tmp_ref = &tmp;
             for_rows(cx, (&mut x, h), (&mut hn, h), &|r, x, hn| {
                 for (a, b) in x.iter_mut().zip(&tmp_ref[r * h..(r + 1) * h]) {
@@ -291,17 +309,24 @@ impl LlamaModel {
                 let rows = (t - r0).min(FFN_ROWS);
                 let gu = &mut gu[..rows * 2 * c.ffn];
                 let act = &mut act[..rows * c.ffn];
-                lw.gate_up
-                    .matmul(&cx.pool, cx.isa, &hn[r0 * h..(r0 + rows) * h], rows, gu);
+                lw.gate_up.matmul_prefetching(
+                    &cx.pool,
+                    cx.isa,
+                    &hn[r0 * h..(r0 + rows) * h],
+                    rows,
+                    gu,
+                    next_kv(1),
+                );
                 for_rows(cx, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
                     swiglu(cx.isa, g, a)
                 });
-                lw.down.matmul(
+                lw.down.matmul_prefetching(
                     &cx.pool,
                     cx.isa,
                     act,
                     rows,
                     &mut tmp[r0 * h..(r0 + rows) * h],
+                    next_kv(2),
                 );
             }
             for (a, b) in x.iter_mut().zip(&tmp) {
@@ -344,4 +369,39 @@ impl LlamaModel {
         }
         Ok(out)
     }
+}
+
+/// KV bytes per kernel thread requested ahead of a layer's attention: what
+/// stays in a core's L2 (1-4 MiB on current x86) until attention reads it.
+const KV_AHEAD_PER_THREAD: usize = 1 << 20;
+
+/// The K and V of `layer` that attention will read for `chunks`, taken in
+/// `order`: one span per block half, for the blocks covering each chunk's
+/// positions (at most `KV_AHEAD_PER_THREAD * threads` bytes in all, the
+/// first blocks of each chunk: attention reads those first). Attention over
+/// f32 KV is memory-bound and the matmuls before it compute-bound, so
+/// requesting these during the matmuls overlaps the two (see
+/// [`crate::kernels::prefetch`]).
+fn kv_lines(
+    kv: &KvPool,
+    chunks: &[SeqChunk],
+    order: &[usize],
+    layer: usize,
+    threads: usize,
+) -> SideLines {
+    let lay = kv.layout();
+    let bt = lay.block_tokens as usize;
+    let span = bt * (lay.kv_heads * lay.head_dim) as usize * std::mem::size_of::<f32>();
+    let per_chunk = KV_AHEAD_PER_THREAD * threads / order.len().max(1);
+    let max_blocks = (per_chunk / (2 * span)).max(1);
+    let mut side = SideLines::with_span_bytes(span);
+    for &ci in order {
+        let ch = &chunks[ci];
+        let end = ch.start + ch.tokens.len();
+        for &b in ch.blocks.iter().take(end.div_ceil(bt).min(max_blocks)) {
+            side.push(kv.half_ptr(b, layer, false) as *const u8);
+            side.push(kv.half_ptr(b, layer, true) as *const u8);
+        }
+    }
+    side
 }
