@@ -17,6 +17,8 @@ exactly as kvfabric's bench feeds them, so no sampling is timed on either side.
 Everything uses llama.cpp's low-level C API (llama_batch), n_threads and
 n_threads_batch = N, one context per figure sized for it, llama.cpp's default
 n_ubatch (512) and flash-attention setting. llama.cpp's log goes to stderr.
+"use_extra_bufts" (default true) sets the model's extra weight buffer types
+(repacked / AMX kernels); the Rust side turns it off only after a crash.
 """
 
 import ctypes
@@ -33,10 +35,11 @@ def fail(message: str) -> None:
 
 
 class Peer:
-    def __init__(self, model_path: str, threads: int):
+    def __init__(self, model_path: str, threads: int, extra_bufts: bool):
         lc.llama_backend_init()
         params = lc.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = extra_bufts
         self.model = lc.llama_model_load_from_file(model_path.encode(), params)
         if not self.model:
             fail(f"llama.cpp could not load {model_path}")
@@ -125,7 +128,8 @@ def main() -> None:
     repeats = int(job["repeats"])
     steps = int(job["decode_steps"])
     prompts = job["decode_prompts"]
-    peer = Peer(job["model"], threads)
+    extra_bufts = bool(job.get("use_extra_bufts", True))
+    peer = Peer(job["model"], threads, extra_bufts)
     out = {
         "prefill512_tps": peer.prefill(job["prefill"]["512"], repeats),
         "prefill2048_tps": peer.prefill(job["prefill"]["2048"], repeats),
@@ -136,6 +140,7 @@ def main() -> None:
     out.update({
         "llama_cpp_python": lc.__version__,
         "threads": threads,
+        "use_extra_bufts": extra_bufts,
         "n_ubatch": int(params.n_ubatch),
         "flash_attn_type": int(params.flash_attn_type),
         "system_info": lc.llama_print_system_info().decode(errors="replace").strip(),

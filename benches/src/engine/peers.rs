@@ -13,7 +13,7 @@
 //! line.
 
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -299,38 +299,58 @@ impl LlamaCppVenv {
 
     /// Run the driver on `model` with `work`; the four rates and the driver's
     /// details (versions, llama.cpp system info, batch settings).
+    ///
+    /// llama.cpp first runs as configured by default, with its extra weight
+    /// buffer types (repacked and AMX kernels). If that run dies on a signal
+    /// (on a Xeon with AMX, llama-cpp-python 0.3.36's AMX path segfaulted
+    /// on this model's Q4_1 weights), it runs again without them, and the
+    /// details say so (`use_extra_bufts: false`, `extra_bufts_crash`).
     pub fn measure(
         &self,
         model: &Path,
         work: &PeerWorkload,
         limits: PeerLimits,
     ) -> anyhow::Result<(Rates, Value)> {
-        let job = json!({
-            "model": model,
-            "threads": work.threads,
-            "repeats": work.repeats,
-            "decode_steps": work.decode_steps,
-            "prefill": {"512": work.prefill512, "2048": work.prefill2048},
-            "decode_prompts": work.decode_prompts,
-        });
-        let done = run_child(
-            self.python("llamacpp_bench.py"),
-            &serde_json::to_vec(&job)?,
-            Output::Capture,
-            limits.run,
-        )?;
-        let parsed = last_json_line(&done.stdout);
-        if !done.status.success() {
-            let said = parsed.map(|v| v.to_string()).unwrap_or_default();
-            anyhow::bail!(
-                "llama.cpp driver failed ({}): {said} {}",
-                done.status,
-                tail(&done.stderr, 4)
-            );
+        let mut crash = None;
+        for extra_bufts in [true, false] {
+            let job = json!({
+                "model": model,
+                "threads": work.threads,
+                "repeats": work.repeats,
+                "decode_steps": work.decode_steps,
+                "prefill": {"512": work.prefill512, "2048": work.prefill2048},
+                "decode_prompts": work.decode_prompts,
+                "use_extra_bufts": extra_bufts,
+            });
+            let done = run_child(
+                self.python("llamacpp_bench.py"),
+                &serde_json::to_vec(&job)?,
+                Output::Capture,
+                limits.run,
+            )?;
+            let parsed = last_json_line(&done.stdout);
+            if !done.status.success() {
+                let said = parsed.map(|v| v.to_string()).unwrap_or_default();
+                let why = format!(
+                    "llama.cpp driver failed ({}): {said} {}",
+                    done.status,
+                    tail(&done.stderr, 4)
+                );
+                if extra_bufts && done.status.signal().is_some() {
+                    tracing::warn!("{why}; measuring again without extra buffer types");
+                    crash = Some(why);
+                    continue;
+                }
+                anyhow::bail!(why);
+            }
+            let mut v = parsed?;
+            let rates = parse_rates(&v)?;
+            if let Some(why) = crash {
+                v["extra_bufts_crash"] = json!(why);
+            }
+            return Ok((rates, v));
         }
-        let v = parsed?;
-        let rates = parse_rates(&v)?;
-        Ok((rates, v))
+        anyhow::bail!("unreachable: the run without extra buffer types returns or fails")
     }
 }
 
