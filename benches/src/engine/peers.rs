@@ -450,6 +450,51 @@ mod tests {
         assert!(last_json_line("").is_err());
     }
 
+    /// A driver that dies on a signal with extra buffer types is run again
+    /// without them, and the report says so; one that fails without a
+    /// signal is not retried.
+    #[test]
+    fn a_driver_crash_with_extra_buffer_types_is_retried_without_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let python = dir.path().join("python");
+        std::fs::write(
+            &python,
+            "#!/bin/bash\njob=$(cat)\n\
+             case \"$job\" in *'\"use_extra_bufts\":true'*) kill -SEGV $$ ;; esac\n\
+             [ -e \"$(dirname \"$0\")/fail\" ] && { echo '{\"error\":\"no\"}'; exit 2; }\n\
+             echo '{\"prefill512_tps\":1,\"prefill2048_tps\":2,\"decode1_tps\":3,\"decode8_tps\":4,\"use_extra_bufts\":false}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let venv = LlamaCppVenv {
+            python,
+            scripts: tempfile::tempdir().unwrap(),
+        };
+        let work = PeerWorkload {
+            threads: 1,
+            repeats: 1,
+            decode_steps: 1,
+            prefill512: vec![1],
+            prefill2048: vec![1],
+            decode_prompts: vec![vec![1]],
+        };
+        let limits = PeerLimits {
+            build: Duration::from_secs(10),
+            run: Duration::from_secs(10),
+        };
+        let (rates, details) = venv.measure(Path::new("m.gguf"), &work, limits).unwrap();
+        assert_eq!(rates.decode8, 4.0);
+        assert_eq!(details["use_extra_bufts"], json!(false));
+        let crash = details["extra_bufts_crash"].as_str().unwrap_or_default();
+        assert!(crash.contains("SIGSEGV"), "{details}");
+        std::fs::write(dir.path().join("fail"), "").unwrap();
+        let err = venv
+            .measure(Path::new("m.gguf"), &work, limits)
+            .unwrap_err();
+        assert!(err.to_string().contains("exit status: 2"), "{err}");
+    }
+
     #[test]
     fn a_built_venv_is_reused_not_rebuilt() {
         let dir = default_venv();
