@@ -363,4 +363,89 @@ mod tests {
         assert_eq!(&got, b"ping");
         assert_eq!(&reader.join().unwrap().unwrap(), b"pong");
     }
+
+    /// The ring's read and write throughput for 1.5 MiB blocks from 8
+    /// threads against fio (io_uring, O_DIRECT, same block size and depth)
+    /// on the same file, alternated 3 times (ignored probe; the file goes in
+    /// $TMPDIR): `cargo test --release -p kvfabric-store perf_ring -- --ignored --nocapture`.
+    /// `PERF_CLIENTS` sets the ring's client threads (default: fio's depth, 8).
+    #[test]
+    #[ignore]
+    fn perf_ring_vs_fio() {
+        use crate::disk::AlignedBuf;
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::time::Instant;
+        const BLOCK: usize = 3 << 19;
+        const BLOCKS: usize = 512;
+        const DEPTH: usize = 8;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ring.data");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .unwrap();
+        f.set_len((BLOCK * BLOCKS) as u64).unwrap();
+        let ring = IoRing::new(f.as_raw_fd());
+        let fio = |rw: &str| {
+            let o = std::process::Command::new("fio")
+                .args([
+                    "--name=p",
+                    &format!("--filename={}", path.display()),
+                    &format!("--size={}", BLOCK * BLOCKS),
+                    &format!("--bs={BLOCK}"),
+                    &format!("--iodepth={DEPTH}"),
+                    "--ioengine=io_uring",
+                    "--direct=1",
+                    &format!("--rw={rw}"),
+                    "--output-format=terse",
+                    "--terse-version=3",
+                ])
+                .output()
+                .unwrap();
+            // terse v3: field 7 is read bandwidth KiB/s, field 48 write bandwidth KiB/s.
+            let out = String::from_utf8_lossy(&o.stdout).to_string();
+            let fields: Vec<&str> = out.trim().split(';').collect();
+            let kib: f64 = fields[if rw == "read" { 6 } else { 47 }]
+                .parse()
+                .unwrap_or(0.0);
+            kib * 1024.0 / 1e9
+        };
+        let clients: usize = std::env::var("PERF_CLIENTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEPTH);
+        let ours = |write: bool| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for c in 0..clients {
+                    let ring = &ring;
+                    s.spawn(move || {
+                        let mut buf = AlignedBuf::new(BLOCK);
+                        for i in (c..BLOCKS).step_by(clients) {
+                            let off = (i * BLOCK) as u64;
+                            if write {
+                                buf.as_mut_slice()[0] = i as u8;
+                                ring.write(off, buf.as_slice()).unwrap();
+                            } else {
+                                ring.read(off, buf.as_mut_slice()).unwrap();
+                            }
+                        }
+                    });
+                }
+            });
+            (BLOCK * BLOCKS) as f64 / t.elapsed().as_secs_f64() / 1e9
+        };
+        ours(true);
+        for _ in 0..3 {
+            let (fw, ow, fr, or) = (fio("write"), ours(true), fio("read"), ours(false));
+            println!(
+                "write: fio {fw:.2} ring {ow:.2} GB/s ({:.2}); read: fio {fr:.2} ring {or:.2} GB/s ({:.2})",
+                ow / fw,
+                or / fr
+            );
+        }
+    }
 }
