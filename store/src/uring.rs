@@ -11,7 +11,7 @@
 //! are resubmitted for the remainder. When io_uring cannot be set up (old
 //! kernel, seccomp), ops fall back to pread/pwrite on the caller's thread.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
@@ -209,7 +209,10 @@ fn sqe(fd: RawFd, f: &InFlight, id: u64) -> io_uring::squeue::Entry {
 
 fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
     let mut inflight: HashMap<u64, InFlight> = HashMap::new();
-    let mut queued: Vec<InFlight> = Vec::new();
+    // First in, first out: ops reach the device in the order callers sent them
+    // (a stack reversed them, and reads that callers issue in file order reached
+    // the disk backwards).
+    let mut queued: VecDeque<InFlight> = VecDeque::new();
     let mut next_id = 0u64;
     let mut open = true;
     let mut wake_armed = false;
@@ -219,13 +222,13 @@ fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
                 return;
             }
             match rx.recv() {
-                Ok(op) => queued.push(InFlight { op, done_bytes: 0 }),
+                Ok(op) => queued.push_back(InFlight { op, done_bytes: 0 }),
                 Err(_) => return,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(op) => queued.push(InFlight { op, done_bytes: 0 }),
+                Ok(op) => queued.push_back(InFlight { op, done_bytes: 0 }),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     open = false;
@@ -234,13 +237,13 @@ fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
             }
         }
         while inflight.len() < RING_ENTRIES as usize {
-            let Some(f) = queued.pop() else { break };
+            let Some(f) = queued.pop_front() else { break };
             next_id += 1;
             let e = sqe(fd, &f, next_id);
             // SAFETY: the buffer of `f` stays alive until its caller gets the reply,
             // which happens only after the completion below.
             if unsafe { ring.submission().push(&e) }.is_err() {
-                queued.push(f);
+                queued.push_front(f);
                 break;
             }
             inflight.insert(next_id, f);
@@ -293,7 +296,8 @@ fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
                 if f.done_bytes >= f.op.len {
                     let _ = f.op.done.send(Ok(()));
                 } else {
-                    queued.push(f);
+                    // The rest of a short transfer goes out next.
+                    queued.push_front(f);
                 }
             }
         }
