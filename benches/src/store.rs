@@ -38,6 +38,12 @@ pub struct StoreArgs {
     /// Blocks per phase (1.5 MiB each).
     #[arg(long, default_value_t = 128)]
     pub blocks: usize,
+    /// Blocks per disk phase (1.5 MiB each; the bench's blocks, repeated
+    /// under distinct keys). 512 (768 MiB) makes a phase ~0.3 s: with 128 a
+    /// phase took ~80 ms and thread start-up and the last wave's partial
+    /// depth moved the ratio against fio by 10-20% between runs.
+    #[arg(long, default_value_t = 512)]
+    pub disk_blocks: usize,
     /// Concurrent clients / disk queue depth.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
@@ -49,6 +55,7 @@ impl Default for StoreArgs {
             json: false,
             dir: None,
             blocks: 128,
+            disk_blocks: 512,
             clients: 8,
         }
     }
@@ -110,7 +117,8 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     let sources: Vec<Vec<u8>> = (0..n).map(block_data).collect();
     let mut report = serde_json::Map::new();
     ram(&sources, &mut report)?;
-    disk(tmp.path(), &sources, args.clients, &mut report)?;
+    let disk_blocks = args.disk_blocks.max(args.clients);
+    disk(tmp.path(), &sources, disk_blocks, args.clients, &mut report)?;
     // Redis and kvfabric's three get paths, interleaved in rounds: Redis alone
     // gave 1.2-3.0 GB/s between runs minutes apart on this machine.
     for _ in 0..ROUNDS {
@@ -129,6 +137,7 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     }
     report.insert("block_bytes".into(), json!(BLOCK));
     report.insert("blocks".into(), json!(n));
+    report.insert("disk_blocks".into(), json!(disk_blocks));
     report.insert("clients".into(), json!(args.clients));
     Ok(Value::Object(report))
 }
@@ -272,13 +281,15 @@ fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
 /// Rounds of the disk comparison.
 const DISK_ROUNDS: usize = 6;
 
+/// The disk phases: `n` blocks, block `i` holding `sources[i % len]`.
 fn disk(
     dir: &Path,
     sources: &[Vec<u8>],
+    n: usize,
     clients: usize,
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
-    let n = sources.len();
+    let source = |i: usize| &sources[i % sources.len()];
     let keys: Vec<BlockKey> = (0..n).map(key).collect();
     let fio_file = dir.join("fio.data");
     // fio's first pass lays its file out (allocating, size-extending writes);
@@ -287,7 +298,7 @@ fn disk(
     fio(&fio_file, "write", n * BLOCK, clients)?;
     let store = disk_store(dir, n, clients)?;
     parallel(clients, n, |i| {
-        store.put(key(i), layout(), &sources[i], PutOptions::default())?;
+        store.put(key(i), layout(), source(i), PutOptions::default())?;
         Ok(())
     })?;
     drop(store);
@@ -307,7 +318,7 @@ fn disk(
         store.remove(&keys)?;
         let t = Instant::now();
         parallel(clients, n, |i| {
-            store.put(key(i), layout(), &sources[i], PutOptions::default())?;
+            store.put(key(i), layout(), source(i), PutOptions::default())?;
             Ok(())
         })?;
         write = write.max(gbps(n * BLOCK, t.elapsed()));
@@ -328,7 +339,11 @@ fn disk(
         // Verify outside the timed loop: the last block each client read.
         for (c, d) in dsts.iter().enumerate() {
             let last = (c..n).step_by(clients).next_back().unwrap_or(c);
-            if *d.lock().map_err(|_| anyhow::anyhow!("poisoned"))? != sources[last] {
+            if d.lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .as_slice()
+                != source(last)
+            {
                 bail!("disk tier returned wrong bytes for block {last}");
             }
         }

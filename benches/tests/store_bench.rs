@@ -4,6 +4,7 @@
 fn store_bench_reports_every_field() {
     let args = kvfabric_benches::store::StoreArgs {
         blocks: 16,
+        disk_blocks: 24,
         clients: 4,
         ..Default::default()
     };
