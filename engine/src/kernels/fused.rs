@@ -100,7 +100,6 @@ unsafe fn q4_1_avx512<const G: usize>(
     let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
         let mut d = [_mm512_setzero_ps(); G];
         let mut m = [_mm512_setzero_ps(); G];
         for g in 0..G {
@@ -112,6 +111,7 @@ unsafe fn q4_1_avx512<const G: usize>(
         }
         let xk = x.add(kb * CHUNK_K);
         for p in 0..CHUNK_K / 2 {
+            prefetch_ahead_step(c, cb, p, CHUNK_K / 2);
             let x0 = _mm512_set1_ps(*xk.add(2 * p));
             let x1 = _mm512_set1_ps(*xk.add(2 * p + 1));
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
@@ -141,7 +141,6 @@ unsafe fn q8_0_avx512<const G: usize>(
     let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        prefetch_ahead(c, cb);
         let mut d = [_mm512_setzero_ps(); G];
         for g in 0..G {
             d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
@@ -150,6 +149,7 @@ unsafe fn q8_0_avx512<const G: usize>(
         }
         let xk = x.add(kb * CHUNK_K);
         for j in 0..CHUNK_K {
+            prefetch_ahead_step(c, cb, j, CHUNK_K);
             let xb = _mm512_set1_ps(*xk.add(j));
             let qj = c.add(2 * TILE_N + j * TILE_N + col0);
             for g in 0..G {
