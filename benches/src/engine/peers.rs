@@ -311,46 +311,56 @@ impl LlamaCppVenv {
         work: &PeerWorkload,
         limits: PeerLimits,
     ) -> anyhow::Result<(Rates, Value)> {
-        let mut crash = None;
-        for extra_bufts in [true, false] {
-            let job = json!({
-                "model": model,
-                "threads": work.threads,
-                "repeats": work.repeats,
-                "decode_steps": work.decode_steps,
-                "prefill": {"512": work.prefill512, "2048": work.prefill2048},
-                "decode_prompts": work.decode_prompts,
-                "use_extra_bufts": extra_bufts,
-            });
-            let done = run_child(
-                self.python("llamacpp_bench.py"),
-                &serde_json::to_vec(&job)?,
-                Output::Capture,
-                limits.run,
-            )?;
-            let parsed = last_json_line(&done.stdout);
-            if !done.status.success() {
-                let said = parsed.map(|v| v.to_string()).unwrap_or_default();
-                let why = format!(
-                    "llama.cpp driver failed ({}): {said} {}",
-                    done.status,
-                    tail(&done.stderr, 4)
-                );
-                if extra_bufts && done.status.signal().is_some() {
-                    tracing::warn!("{why}; measuring again without extra buffer types");
-                    crash = Some(why);
-                    continue;
-                }
-                anyhow::bail!(why);
-            }
-            let mut v = parsed?;
-            let rates = parse_rates(&v)?;
-            if let Some(why) = crash {
+        let v = match self.run_driver(model, work, limits, true)? {
+            Ok(v) => v,
+            Err((status, why)) if status.signal().is_some() => {
+                tracing::warn!("{why}; measuring again without extra buffer types");
+                let mut v = self
+                    .run_driver(model, work, limits, false)?
+                    .map_err(|(_, why)| anyhow::anyhow!(why))?;
                 v["extra_bufts_crash"] = json!(why);
+                v
             }
-            return Ok((rates, v));
+            Err((_, why)) => anyhow::bail!(why),
+        };
+        let rates = parse_rates(&v)?;
+        Ok((rates, v))
+    }
+
+    /// One driver run: its JSON line, or how it ended and why it failed.
+    fn run_driver(
+        &self,
+        model: &Path,
+        work: &PeerWorkload,
+        limits: PeerLimits,
+        extra_bufts: bool,
+    ) -> anyhow::Result<Result<Value, (ExitStatus, String)>> {
+        let job = json!({
+            "model": model,
+            "threads": work.threads,
+            "repeats": work.repeats,
+            "decode_steps": work.decode_steps,
+            "prefill": {"512": work.prefill512, "2048": work.prefill2048},
+            "decode_prompts": work.decode_prompts,
+            "use_extra_bufts": extra_bufts,
+        });
+        let done = run_child(
+            self.python("llamacpp_bench.py"),
+            &serde_json::to_vec(&job)?,
+            Output::Capture,
+            limits.run,
+        )?;
+        let parsed = last_json_line(&done.stdout);
+        if !done.status.success() {
+            let said = parsed.map(|v| v.to_string()).unwrap_or_default();
+            let why = format!(
+                "llama.cpp driver failed ({}): {said} {}",
+                done.status,
+                tail(&done.stderr, 4)
+            );
+            return Ok(Err((done.status, why)));
         }
-        anyhow::bail!("unreachable: the run without extra buffer types returns or fails")
+        Ok(Ok(parsed?))
     }
 }
 
@@ -450,6 +460,18 @@ mod tests {
         assert!(last_json_line("").is_err());
     }
 
+    /// The smallest workload: one token everywhere.
+    fn one_token_workload() -> PeerWorkload {
+        PeerWorkload {
+            threads: 1,
+            repeats: 1,
+            decode_steps: 1,
+            prefill512: vec![1],
+            prefill2048: vec![1],
+            decode_prompts: vec![vec![1]],
+        }
+    }
+
     /// A driver that dies on a signal with extra buffer types is run again
     /// without them, and the report says so; one that fails without a
     /// signal is not retried.
@@ -471,14 +493,7 @@ mod tests {
             python,
             scripts: tempfile::tempdir().unwrap(),
         };
-        let work = PeerWorkload {
-            threads: 1,
-            repeats: 1,
-            decode_steps: 1,
-            prefill512: vec![1],
-            prefill2048: vec![1],
-            decode_prompts: vec![vec![1]],
-        };
+        let work = one_token_workload();
         let limits = PeerLimits {
             build: Duration::from_secs(10),
             run: Duration::from_secs(10),
@@ -554,14 +569,7 @@ mod tests {
             build: Duration::from_secs(120),
             run: Duration::from_secs(60),
         };
-        let work = PeerWorkload {
-            threads: 1,
-            repeats: 1,
-            decode_steps: 1,
-            prefill512: vec![1],
-            prefill2048: vec![1],
-            decode_prompts: vec![vec![1]],
-        };
+        let work = one_token_workload();
         let (native, f32) = llamacpp(&venv, Path::new("/nonexistent.gguf"), &work, limits);
         for outcome in [native, f32] {
             match outcome {

@@ -190,93 +190,18 @@ pub(crate) unsafe fn fused_rows_avx512(
     ldo: usize,
     side: &mut SideCursor,
 ) {
+    let cb = format.chunk_bytes();
     macro_rules! by_rows {
-        ($f:ident) => {
+        ($f:ident: $($r:literal)*) => {
             match rows {
-                2 => $f::<2>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                3 => $f::<3>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                4 => $f::<4>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                5 => $f::<5>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                6 => $f::<6>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                7 => $f::<7>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
-                8 => $f::<8>(
-                    tile,
-                    format.chunk_bytes(),
-                    kbs,
-                    col0,
-                    x,
-                    ldx,
-                    out,
-                    ldo,
-                    side,
-                ),
+                $($r => $f::<$r>(tile, cb, kbs, col0, x, ldx, out, ldo, side),)*
                 _ => unreachable!("fused_rows_avx512 takes 2..=8 rows"),
             }
         };
     }
     match format {
-        PackedFormat::Q4_1 => by_rows!(q4_1_rows_avx512),
-        PackedFormat::Q8_0 => by_rows!(q8_0_rows_avx512),
+        PackedFormat::Q4_1 => by_rows!(q4_1_rows_avx512: 2 3 4 5 6 7 8),
+        PackedFormat::Q8_0 => by_rows!(q8_0_rows_avx512: 2 3 4 5 6 7 8),
         PackedFormat::F32 => unreachable!("fused kernels take Q4_1 and Q8_0"),
     }
 }
@@ -478,7 +403,7 @@ unsafe fn q8_0_avx2<const G: usize>(
 
 #[cfg(test)]
 mod tests {
-    use crate::kernels::matmul::tests::{random_q4_1, random_q8_0};
+    use crate::kernels::test_weights::{random_q4_1, random_q8_0};
     use crate::kernels::{Isa, PackedMatrix, ThreadPool};
 
     /// Every row count, through the fused kernels (1 row; 2..=8 rows on

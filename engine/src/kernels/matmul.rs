@@ -117,7 +117,7 @@ impl Source<'_> {
     }
 }
 
-fn f32_to_f16_exact(v: f32) -> u16 {
+pub(super) fn f32_to_f16_exact(v: f32) -> u16 {
     // Only used to re-store scales that came from f16: exact round trip.
     let bits = v.to_bits();
     let sign = ((bits >> 16) & 0x8000) as u16;
@@ -284,10 +284,24 @@ impl PackedMatrix {
         self.matmul_prefetching(pool, isa, x, m, out, &SideLines::none())
     }
 
-    /// [`Self::matmul`], requesting `side`'s lines into L2 as it goes (only on
-    /// the small-batch AVX-512 path, where the matmul is compute-bound and a
-    /// batch's next step is memory-bound; elsewhere `side` is ignored). The
-    /// result is the same bits.
+    /// Whether [`Self::matmul_prefetching`] requests side lines for `m` rows:
+    /// on the small-batch AVX-512 path (2..=8 rows of a quantized matrix),
+    /// where the matmul is compute-bound and a batch's next step memory-bound.
+    pub fn takes_side_lines(&self, isa: Isa, m: usize) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return isa == Isa::Avx512
+            && self.format != PackedFormat::F32
+            && (2..=FUSED_ROWS).contains(&m);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, m);
+            false
+        }
+    }
+
+    /// [`Self::matmul`], requesting `side`'s lines into L2 as it goes when
+    /// [`Self::takes_side_lines`] (otherwise `side` is ignored). The result
+    /// is the same bits.
     pub fn matmul_prefetching(
         &self,
         pool: &ThreadPool,
@@ -331,7 +345,7 @@ impl PackedMatrix {
             return;
         }
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512 && self.format != PackedFormat::F32 && m <= FUSED_ROWS {
+        if self.takes_side_lines(isa, m) {
             // A small batch: half tiles, every row at once, weights dequantized in registers.
             let half = TILE_N / 2;
             pool.run(tiles * 2, &|task| {
@@ -497,78 +511,9 @@ unsafe fn micro_scalar(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::gguf::TensorInfo;
-
-    /// A xorshift64 generator (test data only; `seed` must not be 0).
-    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
-        let mut s = seed;
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
-
-    /// A random Q4_1 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
-    pub(crate) fn random_q4_1(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
-        let mut rnd = xorshift(seed);
-        let mut bytes = Vec::new();
-        let mut deq = Vec::new();
-        for _ in 0..n {
-            for _ in 0..k / 32 {
-                let d = f32_to_f16_exact(f16_to_f32(0x2000 + (rnd() % 0x800) as u16));
-                let m = 0x8000 | (0x2000 + (rnd() % 0x800) as u16);
-                bytes.extend_from_slice(&d.to_le_bytes());
-                bytes.extend_from_slice(&m.to_le_bytes());
-                let qs: Vec<u8> = (0..16).map(|_| rnd() as u8).collect();
-                bytes.extend_from_slice(&qs);
-                let (df, mf) = (f16_to_f32(d), f16_to_f32(m));
-                let mut blk = [0f32; 32];
-                for j in 0..16 {
-                    blk[j] = ((qs[j] & 15) as f32) * df + mf;
-                    blk[j + 16] = ((qs[j] >> 4) as f32) * df + mf;
-                }
-                deq.extend_from_slice(&blk);
-            }
-        }
-        let info = TensorInfo {
-            name: "w".into(),
-            dims: vec![k as u64, n as u64],
-            ggml_type: GgmlType::Q4_1,
-            data_start: 0,
-            data_len: bytes.len(),
-        };
-        (info, bytes, deq)
-    }
-
-    /// A random Q8_0 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
-    pub(crate) fn random_q8_0(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
-        let mut rnd = xorshift(seed);
-        let mut bytes = Vec::new();
-        let mut deq = Vec::new();
-        for _ in 0..n {
-            for _ in 0..k / 32 {
-                let d = (0x2000 + (rnd() % 0x800) as u16) | (((rnd() & 1) as u16) << 15);
-                bytes.extend_from_slice(&d.to_le_bytes());
-                for _ in 0..32 {
-                    let q = rnd() as u8;
-                    bytes.push(q);
-                    deq.push((q as i8 as f32) * f16_to_f32(d));
-                }
-            }
-        }
-        let info = TensorInfo {
-            name: "w8".into(),
-            dims: vec![k as u64, n as u64],
-            ggml_type: GgmlType::Q8_0,
-            data_start: 0,
-            data_len: bytes.len(),
-        };
-        (info, bytes, deq)
-    }
+    use crate::kernels::test_weights::random_q4_1;
 
     #[test]
     fn matmul_equals_sequential_fma_reference_on_every_isa_and_batch() {

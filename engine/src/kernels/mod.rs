@@ -18,6 +18,8 @@ pub mod pool;
 pub mod prefetch;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+#[cfg(test)]
+mod test_weights;
 
 pub use matmul::PackedMatrix;
 pub use pool::ThreadPool;
@@ -302,7 +304,7 @@ mod tests {
     /// `fma(q, d, m)` has the bits of the reference's `q*d + m`.
     #[test]
     fn fma_dequant_equals_multiply_then_add() {
-        let mut rnd = matmul::tests::xorshift(0x5eed);
+        let mut rnd = test_weights::xorshift(0x5eed);
         let finite = |h: u16| h & 0x7c00 != 0x7c00;
         for dh in (0..=u16::MAX).filter(|&h| finite(h)) {
             let d = f16_to_f32(dh);

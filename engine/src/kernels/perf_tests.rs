@@ -5,8 +5,16 @@
 
 use std::time::Instant;
 
-use super::matmul::tests::{random_q4_1, random_q8_0};
+use super::test_weights::{random_q4_1, random_q8_0};
 use super::{Isa, PackedMatrix, ThreadPool};
+
+/// The number in environment variable `name`, or `default`.
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn min_time(reps: usize, mut f: impl FnMut()) -> f64 {
     let mut best = f64::MAX;
@@ -21,10 +29,7 @@ fn min_time(reps: usize, mut f: impl FnMut()) -> f64 {
 #[test]
 #[ignore]
 fn perf_matmul_shapes() {
-    let threads: usize = std::env::var("PERF_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1);
+    let threads = env_or("PERF_THREADS", 1);
     let pool = ThreadPool::new(threads);
     let isa = Isa::detect();
     let shapes: [(&str, usize, usize, bool); 5] = [
@@ -109,14 +114,8 @@ fn perf_prefill_matmul() {
 #[test]
 #[ignore]
 fn perf_matmul_stream() {
-    let threads: usize = std::env::var("PERF_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2);
-    let rounds: usize = std::env::var("PERF_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
+    let threads = env_or("PERF_THREADS", 2);
+    let rounds = env_or("PERF_ROUNDS", 20);
     let pool = ThreadPool::new(threads);
     let isa = Isa::detect();
     let pack = |n: usize, k: usize, seed: u64, q8: bool| {

@@ -6,9 +6,9 @@
 //! read, requested while a compute-bound matmul runs, so that the transfer
 //! overlaps arithmetic instead of stalling the step that reads it. The
 //! forward pass uses them for the next layer's KV during a decode batch's
-//! FFN: attention over f32 KV is bound by memory (a batch-8 decode step of
-//! the reference model reads ~60 MB of KV), while the FFN matmuls leave
-//! the memory system mostly idle. A prefetch never faults, whatever the
+//! attn_out, gate_up and down matmuls: attention over f32 KV is bound by
+//! memory (a batch-8 decode step of the reference model reads ~60 MB of
+//! KV), while those matmuls leave the memory system mostly idle. A prefetch never faults, whatever the
 //! address, and changes no value: results are the same bits with or without.
 
 #[cfg(target_arch = "x86_64")]

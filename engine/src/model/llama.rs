@@ -287,16 +287,14 @@ impl LlamaModel {
             });
             // The next layer's KV, requested into L2 while this layer's remaining
             // matmuls compute, in parts by their work (attn_out, gate_up, down).
-            let next_kv = match l + 1 < c.layers {
-                true => {
-                    kv_lines(kv, chunks, &attn_order, l + 1, cx.pool.threads()).split(&[1, 5, 3])
-                }
-                false => Vec::new(),
-            };
-            let no_lines = SideLines::none();
-            let next_kv = |i: usize| next_kv.get(i).unwrap_or(&no_lines);
+            let next_kv = if l + 1 < c.layers && lw.gate_up.takes_side_lines(cx.isa, t) {
+                kv_lines(kv, chunks, &attn_order, l + 1, cx.pool.threads())
+            } else {
+                SideLines::none()
+            }
+            .split(&[1, 5, 3]);
             lw.attn_out
-                .matmul_prefetching(&cx.pool, cx.isa, &att, t, &mut tmp, next_kv(0));
+                .matmul_prefetching(&cx.pool, cx.isa, &att, t, &mut tmp, &next_kv[0]);
             let tmp_ref = &tmp;
             for_rows(cx, (&mut x, h), (&mut hn, h), &|r, x, hn| {
                 for (a, b) in x.iter_mut().zip(&tmp_ref[r * h..(r + 1) * h]) {
@@ -315,7 +313,7 @@ impl LlamaModel {
                     &hn[r0 * h..(r0 + rows) * h],
                     rows,
                     gu,
-                    next_kv(1),
+                    &next_kv[1],
                 );
                 for_rows(cx, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
                     swiglu(cx.isa, g, a)
@@ -326,7 +324,7 @@ impl LlamaModel {
                     act,
                     rows,
                     &mut tmp[r0 * h..(r0 + rows) * h],
-                    next_kv(2),
+                    &next_kv[2],
                 );
             }
             for (a, b) in x.iter_mut().zip(&tmp) {
