@@ -8,10 +8,9 @@
 //! extent holds the bytes its checksum describes, and a stale or torn extent
 //! can only show up as a checksum mismatch (a miss), never as wrong bytes.
 //! Space accounting (which extents are free) belongs to the store; this type
-//! only moves bytes and index records.
+//! only moves bytes and index records. Every I/O goes through a staging
+//! buffer (see `staging` for why), so callers pass any memory.
 
-#[cfg(test)]
-use std::alloc::Layout;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
@@ -21,6 +20,7 @@ use rocksdb::{IteratorMode, Options, WriteOptions, DB};
 
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout, KEY_LEN};
+use crate::staging::StagingPool;
 use crate::uring::IoRing;
 use crate::StoreError;
 
@@ -82,6 +82,7 @@ fn index_key(key: &BlockKey) -> [u8; KEY_LEN + 1] {
 pub struct DiskTier {
     // Field order matters: the ring thread must stop before the file closes.
     ring: IoRing,
+    staging: StagingPool,
     /// Keeps the data file's fd open for the ring.
     _file: File,
     db: DB,
@@ -136,6 +137,7 @@ impl DiskTier {
         Ok((
             DiskTier {
                 ring,
+                staging: StagingPool::default(),
                 _file: file,
                 db,
                 capacity,
@@ -149,10 +151,15 @@ impl DiskTier {
         self.capacity
     }
 
-    /// Write `data` (4 KiB aligned address, length `extent.len`) into `extent`.
+    /// Write `data` (at most `extent.len` bytes; the rest of the extent is
+    /// zeroed) into `extent`, through a staging buffer.
     pub fn write(&self, extent: Extent, data: &[u8]) -> Result<(), StoreError> {
-        check_aligned(data.as_ptr(), data.len(), extent)?;
-        self.ring.write(extent.offset, data)?;
+        check_extent(extent, data.len())?;
+        let mut staged = self.staging.take(extent.len as usize);
+        let (head, tail) = staged.split_at_mut(data.len());
+        head.copy_from_slice(data);
+        tail.fill(0);
+        self.ring.write(extent.offset, &staged)?;
         Ok(())
     }
 
@@ -162,11 +169,12 @@ impl DiskTier {
         Ok(())
     }
 
-    /// Read `extent` into `buf` (4 KiB aligned address, length `extent.len`).
-    pub fn read(&self, extent: Extent, buf: &mut [u8]) -> Result<(), StoreError> {
-        check_aligned(buf.as_ptr(), buf.len(), extent)?;
-        self.ring.read(extent.offset, buf)?;
-        Ok(())
+    /// Read `extent` into a staging buffer and run `f` on its bytes.
+    pub fn read<R>(&self, extent: Extent, f: impl FnOnce(&[u8]) -> R) -> Result<R, StoreError> {
+        check_extent(extent, 0)?;
+        let mut staged = self.staging.take(extent.len as usize);
+        self.ring.read(extent.offset, &mut staged)?;
+        Ok(f(&staged))
     }
 
     /// Index `key` -> `rec`; with `sync` the WAL is synced before returning.
@@ -189,11 +197,16 @@ impl DiskTier {
     }
 }
 
-fn check_aligned(ptr: *const u8, len: usize, extent: Extent) -> Result<(), StoreError> {
-    if (ptr as u64) % DISK_ALIGN != 0 || len as u64 != extent.len || extent.offset % DISK_ALIGN != 0
-    {
+/// O_DIRECT needs aligned offsets and lengths; `data_len` must fit the extent.
+fn check_extent(extent: Extent, data_len: usize) -> Result<(), StoreError> {
+    if extent.offset % DISK_ALIGN != 0 || extent.len % DISK_ALIGN != 0 || extent.len == 0 {
         return Err(StoreError::InvalidArgument(format!(
-            "disk I/O buffer must be {DISK_ALIGN}-aligned and {} bytes, got {len}",
+            "disk extent {extent:?} is not {DISK_ALIGN}-aligned"
+        )));
+    }
+    if data_len as u64 > extent.len {
+        return Err(StoreError::InvalidArgument(format!(
+            "{data_len} bytes do not fit the {}-byte disk extent",
             extent.len
         )));
     }
@@ -235,53 +248,6 @@ fn device_len(file: &File) -> Result<u64, StoreError> {
     Ok(len)
 }
 
-/// A heap buffer aligned for O_DIRECT (tests and benches).
-#[cfg(test)]
-pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-#[cfg(test)]
-impl AlignedBuf {
-    /// `len` zeroed bytes (rounded up to the alignment).
-    pub fn new(len: usize) -> Self {
-        let len = (len.max(1) as u64).div_ceil(DISK_ALIGN) as usize * DISK_ALIGN as usize;
-        let layout = Layout::from_size_align(len, DISK_ALIGN as usize)
-            .unwrap_or_else(|_| std::alloc::handle_alloc_error(Layout::new::<u8>()));
-        // SAFETY: non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
-    }
-
-    /// The bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: owned allocation of `len` bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    /// The bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: owned allocation of `len` bytes, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-#[cfg(test)]
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this exact layout.
-        unsafe {
-            std::alloc::dealloc(
-                self.ptr.as_ptr(),
-                Layout::from_size_align_unchecked(self.len, DISK_ALIGN as usize),
-            )
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,28 +273,52 @@ mod tests {
     #[test]
     fn data_and_index_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let (data, idx) = (dir.path().join("d"), dir.path().join("i"));
+        let (data_path, idx) = (dir.path().join("d"), dir.path().join("i"));
         let key = BlockKey([3; 32]);
-        let mut buf = AlignedBuf::new(8192);
-        buf.as_mut_slice().fill(0xAB);
+        // Any source memory: the tier stages it (this slice is unaligned).
+        let src: Vec<u8> = (0..8193u32).map(|i| (i % 251) as u8).collect();
+        let data = &src[1..];
         {
-            let (t, recs) = DiskTier::open(&data, &idx, 1 << 20).unwrap();
+            let (t, recs) = DiskTier::open(&data_path, &idx, 1 << 20).unwrap();
             assert!(recs.is_empty());
-            t.write(rec(4096).extent, buf.as_slice()).unwrap();
+            t.write(rec(4096).extent, data).unwrap();
             t.sync_data().unwrap();
             t.index_put(&key, &rec(4096), true).unwrap();
-            // Unaligned buffers are refused, not silently mangled.
-            assert!(t.write(rec(4096).extent, &buf.as_slice()[1..]).is_err());
+            // Misaligned extents and oversized data are refused, not mangled.
+            let odd = Extent {
+                offset: 100,
+                len: 8192,
+            };
+            assert!(matches!(
+                t.write(odd, data),
+                Err(StoreError::InvalidArgument(_))
+            ));
+            let small = Extent {
+                offset: 4096,
+                len: 4096,
+            };
+            assert!(matches!(
+                t.write(small, data),
+                Err(StoreError::InvalidArgument(_))
+            ));
+            assert!(matches!(
+                t.read(odd, |_| ()),
+                Err(StoreError::InvalidArgument(_))
+            ));
         }
-        let (t, recs) = DiskTier::open(&data, &idx, 1 << 20).unwrap();
+        let (t, recs) = DiskTier::open(&data_path, &idx, 1 << 20).unwrap();
         assert_eq!(recs, vec![(key, rec(4096))]);
-        let mut back = AlignedBuf::new(8192);
-        t.read(rec(4096).extent, back.as_mut_slice()).unwrap();
-        assert_eq!(back.as_slice(), buf.as_slice());
+        let back = t.read(rec(4096).extent, |b| b.to_vec()).unwrap();
+        assert_eq!(back, data);
+        // A short write zero-fills the rest of its extent.
+        t.write(rec(4096).extent, &data[..100]).unwrap();
+        let back = t.read(rec(4096).extent, |b| b.to_vec()).unwrap();
+        assert_eq!(&back[..100], &data[..100]);
+        assert!(back[100..].iter().all(|&b| b == 0));
         t.index_delete(&key).unwrap();
         drop(t);
         // Records past a shrunk capacity are dropped at open.
-        let (_t, recs) = DiskTier::open(&data, &idx, 1 << 20).unwrap();
+        let (_t, recs) = DiskTier::open(&data_path, &idx, 1 << 20).unwrap();
         assert!(recs.is_empty());
     }
 }

@@ -22,6 +22,7 @@ mod policy;
 pub mod ports;
 mod server;
 mod service;
+mod staging;
 mod state;
 mod store;
 #[cfg(test)]

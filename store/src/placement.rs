@@ -239,23 +239,28 @@ impl Shared {
             }
         };
         let started = Instant::now();
+        // The disk bytes land in a staging buffer and are checksummed there;
+        // only verified bytes are copied into the arena.
         // SAFETY: `ram` was just allocated and is owned by this call alone.
         let read = unsafe { self.region.slice_mut(ram.offset as usize, ram.len as usize) }
             .map_err(StoreError::from)
-            .and_then(|buf| disk.read(dext, buf).map(|()| buf));
-        let verified = match read {
-            Ok(buf) => {
-                let block = &buf[..len as usize];
-                match copy {
-                    Some(c) => c.verify_and_copy(block, checksum),
-                    None => kvfabric_transfer::checksum::checksum(block) == checksum,
-                }
-            }
-            Err(e) => {
-                tracing::warn!("disk read of {key:?} failed: {e}");
-                false
-            }
-        };
+            .and_then(|arena| {
+                disk.read(dext, |staged| {
+                    let block = &staged[..len as usize];
+                    let ok = match copy {
+                        Some(c) => c.verify_and_copy(block, checksum),
+                        None => kvfabric_transfer::checksum::checksum(block) == checksum,
+                    };
+                    if ok {
+                        arena[..block.len()].copy_from_slice(block);
+                    }
+                    ok
+                })
+            });
+        let verified = read.unwrap_or_else(|e| {
+            tracing::warn!("disk read of {key:?} failed: {e}");
+            false
+        });
         self.metrics.observe(OpName::DiskRead, started);
         let mut g = self.inner.lock();
         g.unlease_disk(dext);
