@@ -188,31 +188,70 @@ pub(crate) unsafe fn exp16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::_
     _mm512_mul_ps(p, _mm512_castsi512_ps(e))
 }
 
-/// RMSNorm of one row: `x / sqrt(mean(x^2) + eps) * w`, sequential sum.
+/// RMSNorm of every row of `x` (rows of `w.len()` values):
+/// `x / sqrt(mean(x^2) + eps) * w`, each row's sum of squares sequential.
+///
+/// Up to [`NORM_ROWS`] rows go through the loop together. One row's sum is a
+/// chain of dependent FMAs (~4 cycles each, ~0.8 us for 576 values); the
+/// chains of different rows are independent, so interleaving them fills the
+/// FMA units and 8 rows cost about what one did. Each row's operations and
+/// their order are the same whatever the grouping: the same bits.
 pub fn rms_norm(isa: Isa, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: non-scalar ISAs imply FMA and AVX2 (checked at detection).
-        Isa::Avx512 | Isa::Avx2 => unsafe { rms_norm_fma(x, w, eps, out) },
-        _ => rms_norm_body(x, w, eps, out),
+    let h = w.len();
+    assert!(
+        h > 0 && x.len().is_multiple_of(h) && out.len() == x.len(),
+        "rms_norm shapes"
+    );
+    for (xs, os) in x.chunks(NORM_ROWS * h).zip(out.chunks_mut(NORM_ROWS * h)) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: non-scalar ISAs imply FMA and AVX2 (checked at detection).
+            Isa::Avx512 | Isa::Avx2 => unsafe { rms_norm_fma(xs, w, eps, os) },
+            _ => rms_norm_rows(xs, w, eps, os),
+        }
     }
 }
+
+/// Rows one [`rms_norm`] loop takes together.
+pub const NORM_ROWS: usize = 8;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rms_norm_fma(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    rms_norm_body(x, w, eps, out)
+    rms_norm_rows(x, w, eps, out)
+}
+
+/// 1..=[`NORM_ROWS`] rows, dispatched to a loop with that many chains.
+#[inline(always)]
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    match x.len() / w.len() {
+        1 => rms_norm_body::<1>(x, w, eps, out),
+        2 => rms_norm_body::<2>(x, w, eps, out),
+        3 => rms_norm_body::<3>(x, w, eps, out),
+        4 => rms_norm_body::<4>(x, w, eps, out),
+        5 => rms_norm_body::<5>(x, w, eps, out),
+        6 => rms_norm_body::<6>(x, w, eps, out),
+        7 => rms_norm_body::<7>(x, w, eps, out),
+        _ => rms_norm_body::<NORM_ROWS>(x, w, eps, out),
+    }
 }
 
 #[inline(always)]
-fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let mut ss = 0.0f32;
-    for v in x {
-        ss = v.mul_add(*v, ss);
+fn rms_norm_body<const R: usize>(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    let mut ss = [0.0f32; R];
+    for i in 0..h {
+        for (r, s) in ss.iter_mut().enumerate() {
+            let v = x[r * h + i];
+            *s = v.mul_add(v, *s);
+        }
     }
-    let scale = 1.0 / ((ss / x.len() as f32) + eps).sqrt();
-    for ((o, v), g) in out.iter_mut().zip(x).zip(w) {
-        *o = (v * scale) * g;
+    for (r, s) in ss.iter().enumerate() {
+        let scale = 1.0 / ((s / h as f32) + eps).sqrt();
+        let (xr, or) = (&x[r * h..(r + 1) * h], &mut out[r * h..(r + 1) * h]);
+        for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * g;
+        }
     }
 }
 
@@ -346,6 +385,19 @@ mod tests {
         rms_norm(Isa::Scalar, &x, &w, 1e-5, &mut a);
         rms_norm(Isa::detect(), &x, &w, 1e-5, &mut b);
         assert_eq!(a, b);
+        // Rows normed together (any count, past one loop's 8) equal each row alone.
+        let rows: Vec<f32> = (0..11 * 576)
+            .map(|i| ((i * 53 % 211) as f32 - 105.0) / 9.0)
+            .collect();
+        for isa in [Isa::Scalar, Isa::detect()] {
+            let mut together = vec![0f32; rows.len()];
+            rms_norm(isa, &rows, &w, 1e-5, &mut together);
+            for (r, got) in together.chunks(576).enumerate() {
+                let mut alone = vec![0f32; 576];
+                rms_norm(isa, &rows[r * 576..(r + 1) * 576], &w, 1e-5, &mut alone);
+                assert_eq!(got, &alone[..], "row {r}, {isa:?}");
+            }
+        }
         let (mut a, mut b) = (vec![0f32; 288], vec![0f32; 288]);
         swiglu(Isa::Scalar, &x, &mut a);
         swiglu(Isa::detect(), &x, &mut b);

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 
 use super::LlamaModel;
 use crate::kernels::attention::{attend_group, AttnGeometry, BlockKv};
-use crate::kernels::{rms_norm, swiglu, Compute, SideLines};
+use crate::kernels::{rms_norm, swiglu, Compute, SideLines, NORM_ROWS};
 use crate::kv::pool::{BlockId, KvPool};
 use crate::EngineError;
 
@@ -47,35 +47,40 @@ struct SendPtr(*mut f32);
 // SAFETY: tasks write disjoint rows/heads through it.
 unsafe impl Sync for SendPtr {}
 
-/// The per-row body of [`for_rows`]: row index, then that row of each buffer.
+/// The body of [`for_rows`]: first row index, then those rows of each buffer.
 type RowFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
 
-/// `f(r, a_row, b_row)` for every row `r` of `a` (rows of `wa` floats) and `b`
-/// (rows of `wb`), rows spread over the pool. Row-wise steps (norms, SwiGLU)
-/// of a batch-8 decode step took ~8% of it on the calling thread alone.
+/// `f(r0, a_rows, b_rows)` for groups of `per_task` rows of `a` (rows of `wa`
+/// floats) and `b` (rows of `wb`), groups spread over the pool. Row-wise
+/// steps (norms, SwiGLU) of a batch-8 decode step took ~8% of it on the
+/// calling thread alone, one row per call; norms now take 8 rows per call
+/// ([`rms_norm`] interleaves them), which the calling thread runs alone.
 fn for_rows(
     cx: &Compute,
+    per_task: usize,
     (a, wa): (&mut [f32], usize),
     (b, wb): (&mut [f32], usize),
     f: &RowFn<'_>,
 ) {
     let rows = a.len() / wa;
     assert!(
-        a.len() == rows * wa && b.len() == rows * wb,
+        a.len() == rows * wa && b.len() == rows * wb && per_task > 0,
         "for_rows shapes"
     );
     let (pa, pb) = (SendPtr(a.as_mut_ptr()), SendPtr(b.as_mut_ptr()));
-    cx.pool.run(rows, &|r| {
+    cx.pool.run(rows.div_ceil(per_task), &|task| {
         let (pa, pb) = (&pa, &pb);
-        // SAFETY: row r of each buffer is in bounds (checked above) and only
-        // task r touches it.
+        let r0 = task * per_task;
+        let n = per_task.min(rows - r0);
+        // SAFETY: rows r0..r0+n of each buffer are in bounds (checked above)
+        // and only this task touches them.
         let (ra, rb) = unsafe {
             (
-                std::slice::from_raw_parts_mut(pa.0.add(r * wa), wa),
-                std::slice::from_raw_parts_mut(pb.0.add(r * wb), wb),
+                std::slice::from_raw_parts_mut(pa.0.add(r0 * wa), n * wa),
+                std::slice::from_raw_parts_mut(pb.0.add(r0 * wb), n * wb),
             )
         };
-        f(r, ra, rb)
+        f(r0, ra, rb)
     });
 }
 
@@ -212,7 +217,7 @@ impl LlamaModel {
             }
         }
         for (l, lw) in self.layers.iter().enumerate() {
-            for_rows(cx, (&mut x, h), (&mut hn, h), &|_, x, hn| {
+            for_rows(cx, NORM_ROWS, (&mut x, h), (&mut hn, h), &|_, x, hn| {
                 rms_norm(cx.isa, x, &lw.attn_norm, c.rms_eps, hn)
             });
             lw.qkv.matmul(&cx.pool, cx.isa, &hn, t, &mut qkv);
@@ -296,8 +301,8 @@ impl LlamaModel {
             lw.attn_out
                 .matmul_prefetching(&cx.pool, cx.isa, &att, t, &mut tmp, &next_kv[0]);
             let tmp_ref = &tmp;
-            for_rows(cx, (&mut x, h), (&mut hn, h), &|r, x, hn| {
-                for (a, b) in x.iter_mut().zip(&tmp_ref[r * h..(r + 1) * h]) {
+            for_rows(cx, NORM_ROWS, (&mut x, h), (&mut hn, h), &|r0, x, hn| {
+                for (a, b) in x.iter_mut().zip(&tmp_ref[r0 * h..]) {
                     *a += *b;
                 }
                 rms_norm(cx.isa, x, &lw.ffn_norm, c.rms_eps, hn)
@@ -315,7 +320,7 @@ impl LlamaModel {
                     gu,
                     &next_kv[1],
                 );
-                for_rows(cx, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
+                for_rows(cx, 1, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
                     swiglu(cx.isa, g, a)
                 });
                 lw.down.matmul_prefetching(
