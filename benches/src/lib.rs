@@ -10,6 +10,7 @@
 pub mod agentic;
 pub mod cluster;
 pub mod engine;
+pub mod eviction;
 pub mod reuse;
 pub mod store;
 pub mod transfer;
