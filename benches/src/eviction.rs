@@ -28,7 +28,7 @@ use kvfabric_store::{
 };
 use serde_json::{json, Value};
 
-use crate::agentic::trace::{SplitMix64, Workload, WorkloadShape};
+use crate::agentic::trace::{SplitMix64, TraceEntry, Workload, WorkloadShape};
 
 /// Flags of `kvfabric bench eviction`.
 #[derive(Args, Debug, Clone)]
@@ -70,14 +70,8 @@ pub fn run(args: &EvictionArgs) -> anyhow::Result<()> {
     crate::print_report(args.json, &measure(args)?, print_table)
 }
 
-/// One request of the replay: the prompt and the answer that follows it.
-struct Request {
-    prompt: Vec<u32>,
-    answer: Vec<u32>,
-}
-
 /// The trace in replay order (turn by turn, sessions round-robin).
-fn requests(args: &EvictionArgs, encode: &dyn Fn(&str) -> Vec<u32>) -> Vec<Request> {
+fn requests(args: &EvictionArgs, encode: &dyn Fn(&str) -> Vec<u32>) -> Vec<TraceEntry> {
     let shape = WorkloadShape {
         sessions: args.sessions,
         turns: args.turns,
@@ -95,7 +89,7 @@ fn requests(args: &EvictionArgs, encode: &dyn Fn(&str) -> Vec<u32>) -> Vec<Reque
                 .map(|_| 100 + rng.below(40_000) as u32)
                 .collect();
             done.push(answer.clone());
-            out.push(Request { prompt, answer });
+            out.push(TraceEntry { prompt, answer });
         }
     }
     out
@@ -104,7 +98,7 @@ fn requests(args: &EvictionArgs, encode: &dyn Fn(&str) -> Vec<u32>) -> Vec<Reque
 /// Replay `reqs` on a RAM tier of `capacity_blocks` blocks (None: never
 /// evicts); returns (prompt tokens hit, prompt tokens, distinct blocks put).
 fn replay(
-    reqs: &[Request],
+    reqs: &[TraceEntry],
     chain: &KeyChain,
     layout: KvLayout,
     policy: EvictionPolicy,
@@ -130,20 +124,20 @@ fn replay(
     let store = Store::open(cfg, &mut Registry::default())?;
     let (mut hit, mut total, mut puts) = (0usize, 0usize, 0usize);
     for r in reqs {
-        // Full blocks only, and never the prompt's last token (it is fed through the model).
-        let usable = r.prompt.len().saturating_sub(1) / bt * bt;
-        let keys = chain.keys(&r.prompt[..usable]);
-        let found = store.lookup(&keys).len();
-        for k in &keys[..found] {
+        // What the engine computed: the prompt and all answer tokens but the
+        // last. Its first blocks are the prompt's: the ones looked up, full
+        // blocks only and never the prompt's last token (fed through the model).
+        let mut computed = r.prompt.clone();
+        computed.extend_from_slice(&r.answer[..r.answer.len().saturating_sub(1)]);
+        let all = chain.keys(&computed[..computed.len() / bt * bt]);
+        let usable = r.prompt.len().saturating_sub(1) / bt;
+        let found = store.lookup(&all[..usable]).len();
+        for k in &all[..found] {
             // The connector reads every hit block.
             drop(store.lease(k)?.context("looked-up block vanished")?);
         }
         hit += found * bt;
         total += r.prompt.len();
-        // What the engine computed: the prompt and all answer tokens but the last.
-        let mut computed = r.prompt.clone();
-        computed.extend_from_slice(&r.answer[..r.answer.len().saturating_sub(1)]);
-        let all = chain.keys(&computed[..computed.len() / bt * bt]);
         for k in &all[found..] {
             if !store
                 .put(*k, layout, &block, PutOptions::default())?
@@ -154,6 +148,19 @@ fn replay(
         }
     }
     Ok((hit, total, puts))
+}
+
+/// A layout of small blocks (a few KiB): the tier's bookkeeping is what is
+/// measured, not copies.
+fn small_layout(block_tokens: usize) -> KvLayout {
+    KvLayout {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 16,
+        dtype: DType::F32,
+        block_tokens: block_tokens as u32,
+        order: BlockOrder::LayerKvTokenHead,
+    }
 }
 
 /// Measure everything and return the report object.
@@ -167,15 +174,7 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
     let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
     drop(gguf);
     let reqs = requests(args, &|text| tokenizer.encode(text, true));
-    // 4 KiB blocks: the tier's bookkeeping is what is measured, not copies.
-    let layout = KvLayout {
-        layers: 1,
-        kv_heads: 1,
-        head_dim: 16,
-        dtype: DType::F32,
-        block_tokens: args.block_tokens as u32,
-        order: BlockOrder::LayerKvTokenHead,
-    };
+    let layout = small_layout(args.block_tokens);
     let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), &layout);
     let (oracle_hit, total, distinct) = replay(&reqs, &chain, layout, EvictionPolicy::Lru, None)?;
     let mut rows = Vec::new();
@@ -260,25 +259,11 @@ mod tests {
     fn replay_matches_the_trace_oracle_and_small_tiers_hit_less() {
         let a = args();
         let reqs = requests(&a, &bytes);
-        let layout = KvLayout {
-            layers: 1,
-            kv_heads: 1,
-            head_dim: 16,
-            dtype: DType::F32,
-            block_tokens: 16,
-            order: BlockOrder::LayerKvTokenHead,
-        };
+        let layout = small_layout(16);
         let chain = KeyChain::new(b"t", &ModelFingerprint([1; 32]), &layout);
         let (hit, total, distinct) =
             replay(&reqs, &chain, layout, EvictionPolicy::Lru, None).unwrap();
-        let trace: Vec<crate::agentic::trace::TraceEntry> = reqs
-            .iter()
-            .map(|r| crate::agentic::trace::TraceEntry {
-                prompt: r.prompt.clone(),
-                answer: r.answer.clone(),
-            })
-            .collect();
-        let oracle: usize = crate::agentic::trace::oracle_cached_tokens(&trace, 16)
+        let oracle: usize = crate::agentic::trace::oracle_cached_tokens(&reqs, 16)
             .iter()
             .sum();
         assert_eq!(hit, oracle);

@@ -4,17 +4,18 @@
 //! - Disk tier: 1.5 MiB writes (write-through puts) and reads (promotions from a
 //!   cold store) from `clients` threads vs `fio --ioengine=io_uring --direct=1`
 //!   with the same block size and queue depth on the same filesystem, in
-//!   interleaved rounds (6; ratios are the median of each round's ratio).
+//!   interleaved rounds (6; ratios are the median of each round's ratio;
+//!   `store/disk.rs`).
 //! - Redis: redis-server started here on loopback (persistence off), 1.5 MiB
 //!   values, `clients` concurrent clients, SET then GET; kvfabric over gRPC the same way.
 //!   Redis, gRPC and the data path run in interleaved rounds (best of 3 each).
 //! - Data path (tcp, shm): `clients` tasks each lease a block and READ it from
 //!   the store's RAM arena (a registered segment) through the transfer engine.
 
+mod disk;
 mod redis;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,11 +23,9 @@ use anyhow::{bail, Context};
 use clap::Args;
 use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
 use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store, WritePolicy,
+    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
 };
 use serde_json::{json, Value};
-
-use crate::agentic::stats::percentile;
 
 /// Flags of `kvfabric bench store`.
 #[derive(Args, Debug, Clone)]
@@ -120,7 +119,7 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     let mut report = serde_json::Map::new();
     ram(&sources, &mut report)?;
     let disk_blocks = args.disk_blocks.max(args.clients);
-    disk(tmp.path(), &sources, disk_blocks, args.clients, &mut report)?;
+    disk::disk(tmp.path(), &sources, disk_blocks, args.clients, &mut report)?;
     // Redis and kvfabric's three get paths, interleaved in rounds: Redis alone
     // gave 1.2-3.0 GB/s between runs minutes apart on this machine.
     for _ in 0..ROUNDS {
@@ -237,143 +236,6 @@ fn ram(sources: &[Vec<u8>], out: &mut serde_json::Map<String, Value>) -> anyhow:
     out.insert("ram_put_ratio".into(), json!(put_ratio));
     out.insert("ram_get_ratio".into(), json!(get_ratio));
     out.insert("ram_ratio".into(), json!(put_ratio.min(get_ratio)));
-    Ok(())
-}
-
-fn fio(file: &Path, rw: &str, bytes: usize, depth: usize) -> anyhow::Result<f64> {
-    let o = Command::new("fio")
-        .args([
-            "--name=kvf",
-            &format!("--filename={}", file.display()),
-            &format!("--size={bytes}"),
-            &format!("--bs={BLOCK}"),
-            &format!("--iodepth={depth}"),
-            "--ioengine=io_uring",
-            "--direct=1",
-            &format!("--rw={rw}"),
-            "--output-format=json",
-        ])
-        .output()
-        .context("running fio")?;
-    if !o.status.success() {
-        bail!("fio failed: {}", String::from_utf8_lossy(&o.stderr));
-    }
-    let v: Value = serde_json::from_slice(&o.stdout).context("fio json")?;
-    let side = if rw.contains("read") { "read" } else { "write" };
-    let bw = v["jobs"][0][side]["bw_bytes"]
-        .as_f64()
-        .context("fio bw_bytes")?;
-    Ok(bw / 1e9)
-}
-
-fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
-    let cfg = NodeConfig {
-        ram_capacity: bytesize::ByteSize::b((4 * clients * BLOCK) as u64),
-        disk_path: Some(dir.join("tier.data")),
-        // Room for all n blocks under the high watermark (0.95): past it the
-        // tier drops its oldest blocks, and the read rounds would miss.
-        disk_capacity: bytesize::ByteSize::b(((n + n / 10 + 16) * BLOCK) as u64),
-        write_policy: WritePolicy::WriteThrough,
-        max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
-        ..Default::default()
-    };
-    Ok(Store::open(cfg, &mut Registry::default())?)
-}
-
-/// Rounds of the disk comparison.
-const DISK_ROUNDS: usize = 6;
-
-/// The disk phases: `n` blocks, block `i` holding `sources[i % len]`.
-fn disk(
-    dir: &Path,
-    sources: &[Vec<u8>],
-    n: usize,
-    clients: usize,
-    out: &mut serde_json::Map<String, Value>,
-) -> anyhow::Result<()> {
-    let source = |i: usize| &sources[i % sources.len()];
-    let keys: Vec<BlockKey> = (0..n).map(key).collect();
-    let fio_file = dir.join("fio.data");
-    // fio's first pass lays its file out (allocating, size-extending writes);
-    // the store lays its tier file out once the same way (first writes into
-    // fallocate'd space pay for extent conversion, steady state does not).
-    fio(&fio_file, "write", n * BLOCK, clients)?;
-    let store = disk_store(dir, n, clients)?;
-    parallel(clients, n, |i| {
-        store.put(key(i), layout(), source(i), PutOptions::default())?;
-        Ok(())
-    })?;
-    drop(store);
-    // One destination buffer per client, faulted in before timing.
-    let dsts: Vec<std::sync::Mutex<Vec<u8>>> =
-        (0..clients).map(|_| parking(vec![1u8; BLOCK])).collect();
-    // DISK_ROUNDS rounds, each one fio write, fio read, store write, store
-    // read back to back: this disk's throughput drifts by 2-3x within a
-    // minute, so peers measured minutes apart would compare the drift, not the
-    // store. The ratios are the median of each round's own ratio (store over
-    // the fio run just before it); the GB/s figures are the best round's. A
-    // ratio of best rounds moved by 0.3 between runs whenever one fio round
-    // caught the disk at a peak (3.15 GB/s read against 1.7-2.3 in the
-    // others); the paired median moved by under 0.1.
-    let (mut fio_write, mut fio_read, mut write, mut read) = (0f64, 0f64, 0f64, 0f64);
-    let (mut write_ratios, mut read_ratios) = (Vec::new(), Vec::new());
-    for _ in 0..DISK_ROUNDS {
-        let fw = fio(&fio_file, "write", n * BLOCK, clients)?;
-        let fr = fio(&fio_file, "read", n * BLOCK, clients)?;
-        // Steady-state overwrite: drop the blocks, put them again (write-through).
-        let store = disk_store(dir, n, clients)?;
-        store.remove(&keys)?;
-        let t = Instant::now();
-        parallel(clients, n, |i| {
-            store.put(key(i), layout(), source(i), PutOptions::default())?;
-            Ok(())
-        })?;
-        let w = gbps(n * BLOCK, t.elapsed());
-        drop(store);
-        // Cold store: every get is a disk read (checksum-verified promotion).
-        let store = disk_store(dir, n, clients)?;
-        let t = Instant::now();
-        parallel(clients, n, |i| {
-            let mut dst = dsts[i % clients]
-                .lock()
-                .map_err(|_| anyhow::anyhow!("poisoned"))?;
-            store
-                .get_into(&key(i), 0, &mut dst)?
-                .context("disk block missing")?;
-            Ok(())
-        })?;
-        let r = gbps(n * BLOCK, t.elapsed());
-        // Verify outside the timed loop: the last block each client read.
-        for (c, d) in dsts.iter().enumerate() {
-            let last = (c..n).step_by(clients).next_back().unwrap_or(c);
-            if d.lock()
-                .map_err(|_| anyhow::anyhow!("poisoned"))?
-                .as_slice()
-                != source(last)
-            {
-                bail!("disk tier returned wrong bytes for block {last}");
-            }
-        }
-        (fio_write, fio_read) = (fio_write.max(fw), fio_read.max(fr));
-        (write, read) = (write.max(w), read.max(r));
-        write_ratios.push(w / fw);
-        read_ratios.push(r / fr);
-    }
-    std::fs::remove_file(&fio_file).ok();
-    out.insert("fio_write_gbps".into(), json!(fio_write));
-    out.insert("fio_read_gbps".into(), json!(fio_read));
-    out.insert("disk_write_gbps".into(), json!(write));
-    out.insert("disk_read_gbps".into(), json!(read));
-    out.insert(
-        "disk_write_ratio".into(),
-        json!(percentile(&write_ratios, 0.5)),
-    );
-    out.insert(
-        "disk_read_ratio".into(),
-        json!(percentile(&read_ratios, 0.5)),
-    );
-    out.insert("disk_write_round_ratios".into(), json!(write_ratios));
-    out.insert("disk_read_round_ratios".into(), json!(read_ratios));
     Ok(())
 }
 

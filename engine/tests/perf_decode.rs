@@ -63,12 +63,10 @@ fn step_seconds(batch: usize, rounds: usize) -> f64 {
 #[test]
 #[ignore]
 fn perf_decode_steps() {
-    let rounds: usize = std::env::var("PERF_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+    let env = |name: &str| -> Option<usize> { std::env::var(name).ok()?.parse().ok() };
+    let rounds = env("PERF_ROUNDS").unwrap_or(5);
     // PERF_ONLY=8 (or 1) times one batch size alone, for a profiler.
-    let only: Option<usize> = std::env::var("PERF_ONLY").ok().and_then(|v| v.parse().ok());
+    let only = env("PERF_ONLY");
     if let Some(batch) = only {
         let t = step_seconds(batch, rounds);
         println!("decode step: batch {batch} {:.3} ms", t * 1e3);

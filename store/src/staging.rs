@@ -13,8 +13,9 @@
 //! each thread first copied into its own reused buffer: fio itself cycles
 //! through `iodepth` buffers, and a small, reused set stays in the host's
 //! caches and TLBs. Reads showed the same gap (0.67-0.86x against
-//! 1.03-1.14x). `bench store` disk write/fio went from 0.72-0.77 to 0.99-1.24
-//! with staging. The copy costs ~0.25 ms of one core per 1.5 MiB block.
+//! 1.03-1.14x). `bench store` (best-of-rounds ratios, same session) went from
+//! 0.72-0.77 to 0.86-0.93 for writes and from 0.59-0.74 to 0.94-0.97 for
+//! reads with staging. The copy costs ~0.25 ms of one core per 1.5 MiB block.
 //!
 //! The pool is last-in first-out, so the buffers used are the most recently
 //! used ones (the hot set), and keeps at most [`KEEP`] buffers (the disk

@@ -420,15 +420,14 @@ mod tests {
                 .unwrap_or(0.0);
             kib * 1024.0 / 1e9
         };
-        let clients: usize = std::env::var("PERF_CLIENTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEPTH);
-        let per_client: usize = std::env::var("PERF_BUFFERS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
-            .max(1);
+        let env_or = |name: &str, default: usize| -> usize {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        let clients = env_or("PERF_CLIENTS", DEPTH);
+        let per_client = env_or("PERF_BUFFERS", 1).max(1);
         let ours = |write: bool| {
             let t = Instant::now();
             std::thread::scope(|s| {

@@ -16,6 +16,17 @@ pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
+/// The header of a [n][k] tensor of `len` bytes at offset 0.
+fn info(name: &str, ggml_type: GgmlType, n: usize, k: usize, len: usize) -> TensorInfo {
+    TensorInfo {
+        name: name.into(),
+        dims: vec![k as u64, n as u64],
+        ggml_type,
+        data_start: 0,
+        data_len: len,
+    }
+}
+
 /// A random Q4_1 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
 pub(crate) fn random_q4_1(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>, Vec<f32>) {
     let mut rnd = xorshift(seed);
@@ -38,14 +49,7 @@ pub(crate) fn random_q4_1(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>
             deq.extend_from_slice(&blk);
         }
     }
-    let info = TensorInfo {
-        name: "w".into(),
-        dims: vec![k as u64, n as u64],
-        ggml_type: GgmlType::Q4_1,
-        data_start: 0,
-        data_len: bytes.len(),
-    };
-    (info, bytes, deq)
+    (info("w", GgmlType::Q4_1, n, k, bytes.len()), bytes, deq)
 }
 
 /// A random Q8_0 tensor [n][k] as GGUF bytes, plus its f32 dequantization.
@@ -64,12 +68,5 @@ pub(crate) fn random_q8_0(n: usize, k: usize, seed: u64) -> (TensorInfo, Vec<u8>
             }
         }
     }
-    let info = TensorInfo {
-        name: "w8".into(),
-        dims: vec![k as u64, n as u64],
-        ggml_type: GgmlType::Q8_0,
-        data_start: 0,
-        data_len: bytes.len(),
-    };
-    (info, bytes, deq)
+    (info("w8", GgmlType::Q8_0, n, k, bytes.len()), bytes, deq)
 }

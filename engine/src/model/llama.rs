@@ -53,8 +53,9 @@ type RowFn<'a> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'a;
 /// `f(r0, a_rows, b_rows)` for groups of `per_task` rows of `a` (rows of `wa`
 /// floats) and `b` (rows of `wb`), groups spread over the pool. Row-wise
 /// steps (norms, SwiGLU) of a batch-8 decode step took ~8% of it on the
-/// calling thread alone, one row per call; norms now take 8 rows per call
-/// ([`rms_norm`] interleaves them), which the calling thread runs alone.
+/// calling thread alone, one row per call. Norms take [`NORM_ROWS`] rows per
+/// task ([`rms_norm`] interleaves them), so a decode batch of up to 8 rows is
+/// one task, run on the calling thread.
 fn for_rows(
     cx: &Compute,
     per_task: usize,
@@ -86,8 +87,9 @@ fn for_rows(
 
 /// Forward passes of at least this many rows (prefill chunks) hand their
 /// freed activation buffers back to the OS afterwards: glibc keeps freed heap
-/// memory for reuse, and a 2048-token prefill's buffers (~27 MB) left the
-/// engine ~4.6 MB larger for good. Decode steps (a few rows) skip it.
+/// memory for reuse, and after a 2048-token prefill (~27 MB of buffers)
+/// `bench engine` measured 1.6 MB more resident without this. Decode steps
+/// (a few rows) skip it.
 const RETURN_SCRATCH_ROWS: usize = 256;
 
 /// Give free heap pages back to the OS (glibc `malloc_trim`; a no-op elsewhere).
