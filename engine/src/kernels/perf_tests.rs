@@ -162,3 +162,162 @@ fn perf_matmul_stream() {
         );
     }
 }
+
+/// Why the matmuls do not use AMX tiles (see docs/BENCHMARKS.md, session 14):
+/// what one k-block of a weight-only-quantized AMX-BF16 matmul costs on this
+/// CPU, piece by piece. Three 16-column groups (tmm0-2 sums, tmm3-5 weights)
+/// and the f32 activations as three exact bf16 planes (tmm6/7, alternating),
+/// so 9 tile products per 48 x 32 weights. Skipped without AMX.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn perf_amx_tile_costs() {
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+
+    // CPUID.(EAX=7,ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then ask Linux
+    // for the tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+    let edx = __cpuid_count(7, 0).edx;
+    let granted = if edx & (1 << 22) != 0 && edx & (1 << 24) != 0 {
+        let ret: isize;
+        // SAFETY: a plain syscall with integer arguments.
+        unsafe {
+            asm!("syscall", inlateout("rax") 158isize => ret, in("rdi") 0x1023usize,
+                 in("rsi") 18usize, lateout("rcx") _, lateout("r11") _, options(nostack));
+        }
+        ret == 0
+    } else {
+        false
+    };
+    if !granted || !is_x86_feature_detected!("avx512bw") {
+        println!("no AMX-BF16 here: skipped");
+        return;
+    }
+    #[repr(C, align(64))]
+    struct Cfg([u8; 64]);
+    #[repr(align(64))]
+    struct Buf([u8; 1 << 16]);
+    let src = Box::new(Buf([0x13; 1 << 16]));
+    let mut wts = Box::new(Buf([0x3f; 1 << 16]));
+    let mut prod = Box::new(Buf([0; 1 << 16]));
+    let act = Box::new(Buf([0x3f; 1 << 16]));
+
+    /// Q4_1 nibbles of 48 columns x 32 k to VNNI bf16, with the operations a
+    /// kernel would use (the lookup table's values do not change the timing).
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn convert(src: *const u8, dst: *mut u8) {
+        let table = _mm512_set1_epi32(0x3f80_0000);
+        for p in 0..48 {
+            let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(p * 64) as *const __m128i));
+            let idx = _mm512_or_si512(b, _mm512_slli_epi32(b, 12));
+            _mm512_store_si512(
+                dst.add(p * 64) as *mut _,
+                _mm512_permutexvar_epi16(idx, table),
+            );
+        }
+    }
+
+    for rows in [1u8, 8] {
+        let mut cfg = Cfg([0; 64]);
+        cfg.0[0] = 1;
+        for t in 0..8 {
+            cfg.0[16 + 2 * t] = 64;
+            cfg.0[48 + t] = if (3..6).contains(&t) { 16 } else { rows };
+        }
+        let n = 50_000usize;
+        let names = [
+            "tile loads + 9 products",
+            "+ converting the next weights",
+            "+ storing the sums",
+            "+ converting, storing, folding a stored block",
+        ];
+        for (variant, name) in names.iter().enumerate() {
+            let t = Instant::now();
+            for it in 0..n {
+                let kb = it % 8;
+                // SAFETY: AMX granted above; every pointer stays inside its buffer.
+                unsafe {
+                    if it == 0 {
+                        asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr());
+                    }
+                    let w = wts.0.as_mut_ptr().add(kb * 3072);
+                    let a = act.0.as_ptr().add(kb * 64);
+                    asm!(
+                        "tileloadd tmm3, [{w} + {ws}*1]", "tileloadd tmm4, [{w1} + {ws}*1]",
+                        "tileloadd tmm5, [{w2} + {ws}*1]",
+                        "tilezero tmm0", "tilezero tmm1", "tilezero tmm2",
+                        "tileloadd tmm6, [{a} + {s}*1]",
+                        "tdpbf16ps tmm0, tmm6, tmm3", "tdpbf16ps tmm1, tmm6, tmm4", "tdpbf16ps tmm2, tmm6, tmm5",
+                        "tileloadd tmm7, [{a} + {s}*1]",
+                        "tdpbf16ps tmm0, tmm7, tmm3", "tdpbf16ps tmm1, tmm7, tmm4", "tdpbf16ps tmm2, tmm7, tmm5",
+                        "tileloadd tmm6, [{a} + {s}*1]",
+                        "tdpbf16ps tmm0, tmm6, tmm3", "tdpbf16ps tmm1, tmm6, tmm4", "tdpbf16ps tmm2, tmm6, tmm5",
+                        w = in(reg) w, w1 = in(reg) w.add(1024), w2 = in(reg) w.add(2048),
+                        ws = in(reg) 64usize, a = in(reg) a, s = in(reg) 2048usize,
+                    );
+                    if variant == 1 || variant == 3 {
+                        convert(
+                            src.0.as_ptr().add(kb * 3072),
+                            wts.0.as_mut_ptr().add(((kb + 2) % 8) * 3072),
+                        );
+                    }
+                    let p = prod.0.as_mut_ptr().add((it % 4) * 4096);
+                    if variant >= 2 {
+                        asm!(
+                            "tilestored [{p} + {ps}*1], tmm0", "tilestored [{p1} + {ps}*1], tmm1",
+                            "tilestored [{p2} + {ps}*1], tmm2",
+                            p = in(reg) p, p1 = in(reg) p.add(64), p2 = in(reg) p.add(128), ps = in(reg) 192usize,
+                        );
+                    }
+                    if variant == 3 {
+                        // Fold the block stored two k-blocks ago into running sums.
+                        let q = prod.0.as_ptr().add(((it + 2) % 4) * 4096) as *const f32;
+                        let sums = prod.0.as_mut_ptr().add(1 << 15) as *mut f32;
+                        for r in 0..rows as usize {
+                            for g in 0..3 {
+                                let (o, i) = (sums.add(r * 48 + g * 16), q.add(r * 48 + g * 16));
+                                _mm512_storeu_ps(
+                                    o,
+                                    _mm512_add_ps(_mm512_loadu_ps(o), _mm512_load_ps(i)),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            let ns = t.elapsed().as_secs_f64() / n as f64 * 1e9;
+            println!("rows {rows}: {name}: {ns:.1} ns per k-block of 48 columns");
+        }
+        // SAFETY: releases the tile state this thread configured.
+        unsafe { asm!("tilerelease") };
+    }
+    let t = Instant::now();
+    for it in 0..50_000usize {
+        // SAFETY: avx512bw checked above; pointers inside the buffers.
+        unsafe {
+            convert(
+                src.0.as_ptr().add((it % 8) * 3072),
+                wts.0.as_mut_ptr().add((it % 8) * 3072),
+            )
+        };
+    }
+    println!(
+        "converting 48 x 32 weights alone: {:.1} ns",
+        t.elapsed().as_secs_f64() / 50_000.0 * 1e9
+    );
+    // The FMA kernels on the same amount of weights, one thread, hot in L2.
+    let (n, k) = (3072, 576);
+    let (info, bytes, _) = random_q4_1(n, k, 3);
+    let w = PackedMatrix::pack(&[(&info, &bytes)]).expect("pack");
+    let pool = ThreadPool::new(1);
+    for m in [1usize, 8] {
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 / 17.0 - 0.5).collect();
+        let mut out = vec![0f32; m * n];
+        let t = min_time(200, || w.matmul(&pool, Isa::detect(), &x, m, &mut out));
+        let blocks = (n / 48 * (k / 32)) as f64;
+        println!(
+            "FMA kernels, {m} rows: {:.1} ns per k-block of 48 columns",
+            t / blocks * 1e9
+        );
+    }
+}
