@@ -231,15 +231,14 @@ fn perf_amx_tile_costs() {
             "+ storing the sums",
             "+ converting, storing, folding a stored block",
         ];
+        // SAFETY: AMX granted above; the configuration is a valid palette 1.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr()) };
         for (variant, name) in names.iter().enumerate() {
             let t = Instant::now();
             for it in 0..n {
                 let kb = it % 8;
                 // SAFETY: AMX granted above; every pointer stays inside its buffer.
                 unsafe {
-                    if it == 0 {
-                        asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr());
-                    }
                     let w = wts.0.as_mut_ptr().add(kb * 3072);
                     let a = act.0.as_ptr().add(kb * 64);
                     asm!(

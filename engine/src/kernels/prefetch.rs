@@ -8,8 +8,9 @@
 //! forward pass uses them for the next layer's KV during a decode batch's
 //! attn_out, gate_up and down matmuls: attention over f32 KV is bound by
 //! memory (a batch-8 decode step of the reference model reads ~60 MB of
-//! KV), while those matmuls leave the memory system mostly idle. A prefetch never faults, whatever the
-//! address, and changes no value: results are the same bits with or without.
+//! KV), while those matmuls leave the memory system mostly idle. A prefetch
+//! never faults, whatever the address, and changes no value: results are the
+//! same bits with or without.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
