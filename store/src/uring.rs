@@ -10,15 +10,32 @@
 //! did its own CPU work, so the disk saw less than the callers' depth. Short transfers
 //! are resubmitted for the remainder. When io_uring cannot be set up (old
 //! kernel, seccomp), ops fall back to pread/pwrite on the caller's thread.
+//!
+//! A caller's buffer belongs to the kernel from the moment the kernel consumes
+//! the op's SQE until the op's completion (CQE) is reaped, so a caller is
+//! answered from that CQE and from nothing else. Which SQEs the kernel took is
+//! read from the SQ head after each `io_uring_enter`; the ones it did not take
+//! stay queued, in order, for the next call. A failed call never answers the
+//! ops the kernel took: EINTR is retried at once, EAGAIN and EBUSY (no room
+//! for now) reap what completed and retry after a short backoff. Any other
+//! error shuts the ring down: nothing is submitted again, so the SQEs the
+//! kernel has not taken never reach it and their ops go back to their callers
+//! unperformed (as do queued and later ops), who run them with pread/pwrite;
+//! the thread keeps reaping until the kernel has completed every op it took,
+//! and only then exits.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, types, EnterFlags, IoUring};
 use parking_lot::Mutex;
+
+#[cfg(test)]
+mod tests;
 
 const RING_ENTRIES: u32 = 64;
 
@@ -32,6 +49,9 @@ enum OpKind {
     DataSync,
 }
 
+/// One caller's op. Dropping it unanswered hands it back to the caller
+/// unperformed (its reply channel closes), which the ring does only with ops
+/// the kernel never saw.
 struct IoOp {
     kind: OpKind,
     offset: u64,
@@ -39,6 +59,30 @@ struct IoOp {
     addr: usize,
     len: usize,
     done: mpsc::SyncSender<io::Result<()>>,
+}
+
+/// How the ring thread enters the kernel: [`KernelEnter`] here; tests wrap it
+/// to make calls fail on cue.
+trait Enter: Send + 'static {
+    /// `io_uring_enter`: submit the SQEs waiting in the SQ (`pending`: their
+    /// ids, oldest first; may be empty) and wait for at least one completion.
+    /// Ok is the number of SQEs the kernel consumed, as the syscall returns.
+    fn enter(&mut self, ring: &IoUring, pending: &[u64]) -> io::Result<usize>;
+}
+
+/// The real `io_uring_enter`.
+struct KernelEnter;
+
+impl Enter for KernelEnter {
+    fn enter(&mut self, ring: &IoUring, pending: &[u64]) -> io::Result<usize> {
+        let flags = EnterFlags::GETEVENTS.bits();
+        // SAFETY: every SQE in the SQ points at a buffer whose caller stays
+        // blocked until the op's CQE is reaped (see `Driver`).
+        unsafe {
+            ring.submitter()
+                .enter::<libc::sigset_t>(pending.len() as u32, 1, flags, None)
+        }
+    }
 }
 
 /// One file's io_uring and its driver thread.
@@ -53,6 +97,10 @@ pub struct IoRing {
 impl IoRing {
     /// Start the ring thread for `fd` (which must outlive the ring).
     pub fn new(fd: RawFd) -> Self {
+        Self::start(fd, KernelEnter)
+    }
+
+    fn start(fd: RawFd, enter: impl Enter) -> Self {
         let ring = match IoUring::new(RING_ENTRIES) {
             Ok(r) => Some(r),
             Err(e) => {
@@ -70,10 +118,10 @@ impl IoRing {
         let (tx, thread, wake) = match ring {
             Some((ring, wake)) => {
                 let (tx, rx) = mpsc::channel();
-                let wake_fd = wake.as_raw_fd();
+                let driver = Driver::new(ring, enter, fd, wake.as_raw_fd());
                 let spawned = std::thread::Builder::new()
                     .name("kvfabric-uring".into())
-                    .spawn(move || drive(ring, fd, wake_fd, rx));
+                    .spawn(move || driver.drive(rx));
                 match spawned {
                     Ok(h) => (Some(tx), Some(h), Some(wake)),
                     Err(e) => {
@@ -113,21 +161,27 @@ impl IoRing {
             return sync_op(self.fd, kind, offset, addr, len);
         };
         let (done, wait) = mpsc::sync_channel(1);
-        tx.send(IoOp {
+        let op = IoOp {
             kind,
             offset,
             addr,
             len,
             done,
-        })
-        .map_err(|_| io::Error::other("io_uring thread is gone"))?;
+        };
+        if tx.send(op).is_err() {
+            // The ring has shut down.
+            return sync_op(self.fd, kind, offset, addr, len);
+        }
         if let Some(wake) = &self.wake {
             // SAFETY: 8-byte write of a live u64 to an eventfd we own. A failure
             // (counter saturated) still leaves the op to the next completion.
             unsafe { libc::eventfd_write(wake.as_raw_fd(), 1) };
         }
-        wait.recv()
-            .map_err(|_| io::Error::other("io_uring thread dropped an op"))?
+        match wait.recv() {
+            Ok(res) => res,
+            // Handed back unperformed: the kernel never saw it (see `IoOp`).
+            Err(_) => sync_op(self.fd, kind, offset, addr, len),
+        }
     }
 }
 
@@ -207,258 +261,275 @@ fn sqe(fd: RawFd, f: &InFlight, id: u64) -> io_uring::squeue::Entry {
     .user_data(id)
 }
 
-fn drive(mut ring: IoUring, fd: RawFd, wake: RawFd, rx: mpsc::Receiver<IoOp>) {
-    let mut inflight: HashMap<u64, InFlight> = HashMap::new();
-    // First in, first out: ops reach the device in the order callers sent them
-    // (a stack reversed them, and reads that callers issue in file order reached
-    // the disk backwards).
-    let mut queued: VecDeque<InFlight> = VecDeque::new();
-    let mut next_id = 0u64;
-    let mut open = true;
-    let mut wake_armed = false;
-    loop {
-        if inflight.is_empty() && queued.is_empty() {
-            if !open {
-                return;
-            }
-            match rx.recv() {
-                Ok(op) => queued.push_back(InFlight { op, done_bytes: 0 }),
-                Err(_) => return,
-            }
+/// How long to wait before retrying a call the kernel refused for now
+/// (EAGAIN, EBUSY with nothing to reap), or between looks at the CQ while
+/// shutting down when even waiting fails: doubling from 50 us to 10 ms.
+struct Backoff(Duration);
+
+impl Backoff {
+    const MIN: Duration = Duration::from_micros(50);
+    const MAX: Duration = Duration::from_millis(10);
+
+    fn new() -> Self {
+        Backoff(Self::MIN)
+    }
+
+    fn reset(&mut self) {
+        self.0 = Self::MIN;
+    }
+
+    fn wait(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Self::MAX);
+    }
+}
+
+/// What to do after an `io_uring_enter` error.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
+}
+
+/// The ring thread's state. An op is in exactly one place: `queued` (not in
+/// the SQ), `ops` and `unconsumed` (its SQE waits in the SQ: the kernel will
+/// take it at the next submitting call), or `ops` alone (the kernel took it:
+/// its buffer is the kernel's until its CQE).
+struct Driver<E: Enter> {
+    ring: IoUring,
+    enter: E,
+    fd: RawFd,
+    wake: RawFd,
+    /// Ops with an SQE in the SQ or in the kernel, by `user_data`.
+    ops: HashMap<u64, InFlight>,
+    /// Ids of the SQEs in the SQ the kernel has not consumed, oldest first
+    /// (the SQ is FIFO, so they are its tail): ops and `WAKE_ID`.
+    unconsumed: VecDeque<u64>,
+    /// First in, first out: ops reach the device in the order callers sent
+    /// them (a stack reversed them, and reads that callers issue in file
+    /// order reached the disk backwards).
+    queued: VecDeque<InFlight>,
+    next_id: u64,
+    /// The wake poll is in the SQ or in the kernel.
+    wake_armed: bool,
+    /// Reused for each round's CQEs: (user_data, result).
+    cqes: Vec<(u64, i32)>,
+}
+
+impl<E: Enter> Driver<E> {
+    fn new(ring: IoUring, enter: E, fd: RawFd, wake: RawFd) -> Self {
+        Driver {
+            ring,
+            enter,
+            fd,
+            wake,
+            ops: HashMap::new(),
+            unconsumed: VecDeque::new(),
+            queued: VecDeque::new(),
+            next_id: 0,
+            wake_armed: false,
+            cqes: Vec::new(),
         }
+    }
+
+    /// The thread's body: serve ops until the channel closes and every op is
+    /// answered, or shut down when the kernel refuses us for good.
+    fn drive(mut self, rx: mpsc::Receiver<IoOp>) {
+        if let Err(e) = self.serve(&rx) {
+            tracing::error!(
+                "io_uring_enter failed ({e}); the disk tier's ring shuts down \
+                 and its ops fall back to pread/pwrite"
+            );
+            self.shut_down(&rx);
+        }
+    }
+
+    /// Ok when the channel has closed and every op is answered; Err with a
+    /// non-transient `io_uring_enter` error.
+    fn serve(&mut self, rx: &mpsc::Receiver<IoOp>) -> io::Result<()> {
+        let mut open = true;
+        let mut backoff = Backoff::new();
         loop {
-            match rx.try_recv() {
-                Ok(op) => queued.push_back(InFlight { op, done_bytes: 0 }),
-                Err(mpsc::TryRecvError::Empty) => break,
-                Err(mpsc::TryRecvError::Disconnected) => {
-                    open = false;
-                    break;
+            if self.ops.is_empty() && self.queued.is_empty() {
+                if !open {
+                    return Ok(());
+                }
+                match rx.recv() {
+                    Ok(op) => self.queue(op),
+                    Err(_) => return Ok(()),
                 }
             }
+            open &= self.take_new(rx);
+            self.fill_sq();
+            let refused = match self.submit_and_wait() {
+                Ok(()) => false,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => false,
+                Err(e) if is_transient(&e) => true,
+                Err(e) => return Err(e),
+            };
+            // EBUSY may mean the CQ is full: reaping makes room.
+            let reaped = self.reap(false);
+            if !refused {
+                backoff.reset();
+            } else if reaped == 0 {
+                backoff.wait();
+            }
         }
-        while inflight.len() < RING_ENTRIES as usize {
-            let Some(f) = queued.pop_front() else { break };
-            next_id += 1;
-            let e = sqe(fd, &f, next_id);
-            // SAFETY: the buffer of `f` stays alive until its caller gets the reply,
-            // which happens only after the completion below.
-            if unsafe { ring.submission().push(&e) }.is_err() {
-                queued.push_front(f);
+    }
+
+    fn queue(&mut self, op: IoOp) {
+        self.queued.push_back(InFlight { op, done_bytes: 0 });
+    }
+
+    /// Queue every op waiting in the channel; false once it has closed.
+    fn take_new(&mut self, rx: &mpsc::Receiver<IoOp>) -> bool {
+        loop {
+            match rx.try_recv() {
+                Ok(op) => self.queue(op),
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Move queued ops into the SQ (up to the ring's depth), then the wake poll.
+    fn fill_sq(&mut self) {
+        while self.ops.len() < RING_ENTRIES as usize {
+            let Some(f) = self.queued.pop_front() else {
+                break;
+            };
+            self.next_id += 1;
+            let e = sqe(self.fd, &f, self.next_id);
+            // SAFETY: the buffer of `f` stays alive until its caller gets the
+            // reply, which comes only from the op's CQE (or, if the kernel never
+            // consumes this SQE, after the ring has stopped submitting).
+            if unsafe { self.ring.submission().push(&e) }.is_err() {
+                self.queued.push_front(f);
                 break;
             }
-            inflight.insert(next_id, f);
+            self.ops.insert(self.next_id, f);
+            self.unconsumed.push_back(self.next_id);
         }
-        if !wake_armed {
-            let poll = opcode::PollAdd::new(types::Fd(wake), libc::POLLIN as u32)
+        if !self.wake_armed {
+            let poll = opcode::PollAdd::new(types::Fd(self.wake), libc::POLLIN as u32)
                 .build()
                 .user_data(WAKE_ID);
             // SAFETY: the eventfd outlives the ring (IoRing joins this thread first).
-            wake_armed = unsafe { ring.submission().push(&poll) }.is_ok();
-        }
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-            Err(e) => {
-                tracing::error!("io_uring submit failed: {e}");
-                for (_, f) in inflight.drain() {
-                    let _ =
-                        f.op.done
-                            .send(Err(io::Error::other("io_uring submit failed")));
-                }
-                continue;
+            if unsafe { self.ring.submission().push(&poll) }.is_ok() {
+                self.wake_armed = true;
+                self.unconsumed.push_back(WAKE_ID);
             }
         }
-        let done: Vec<(u64, i32)> = ring
-            .completion()
-            .map(|c| (c.user_data(), c.result()))
-            .collect();
-        for (id, res) in done {
+    }
+
+    /// Submit the SQ and wait for a completion; whatever the call returns, the
+    /// SQEs the kernel consumed (the SQ head moved past them) leave `unconsumed`.
+    fn submit_and_wait(&mut self) -> io::Result<()> {
+        let res = self
+            .enter
+            .enter(&self.ring, self.unconsumed.make_contiguous());
+        let left = self.ring.submission().len();
+        let consumed = self.unconsumed.len().saturating_sub(left);
+        if let Ok(n) = res {
+            if n != consumed {
+                tracing::warn!("io_uring_enter took {n} SQEs but the SQ head moved {consumed}");
+            }
+        }
+        self.unconsumed.drain(..consumed);
+        res.map(|_| ())
+    }
+
+    /// Answer the ops whose CQEs have arrived (a short transfer's rest is
+    /// queued again, or, `shutting_down`, handed back); how many CQEs.
+    fn reap(&mut self, shutting_down: bool) -> usize {
+        self.cqes.clear();
+        self.cqes
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        for i in 0..self.cqes.len() {
+            let (id, res) = self.cqes[i];
             if id == WAKE_ID {
                 // Reset the counter; the ops it announced are read at the loop's top.
                 let mut n = 0;
                 // SAFETY: 8-byte read into a live u64 from an eventfd we own.
-                unsafe { libc::eventfd_read(wake, &mut n) };
-                wake_armed = false;
+                unsafe { libc::eventfd_read(self.wake, &mut n) };
+                self.wake_armed = false;
                 continue;
             }
-            let Some(mut f) = inflight.remove(&id) else {
+            let Some(f) = self.ops.remove(&id) else {
                 continue;
             };
-            if res < 0 {
-                let _ = f.op.done.send(Err(io::Error::from_raw_os_error(-res)));
-            } else if f.op.kind == OpKind::DataSync {
-                let _ = f.op.done.send(Ok(()));
-            } else if res == 0 {
-                let _ = f.op.done.send(Err(io::ErrorKind::UnexpectedEof.into()));
-            } else {
-                f.done_bytes += res as usize;
-                if f.done_bytes >= f.op.len {
-                    let _ = f.op.done.send(Ok(()));
-                } else {
+            if let Some(rest) = complete(f, res) {
+                if !shutting_down {
                     // The rest of a short transfer goes out next.
-                    queued.push_front(f);
+                    self.queued.push_front(rest);
                 }
             }
+        }
+        self.cqes.len()
+    }
+
+    /// After a non-transient error: submit nothing more, hand back every op
+    /// the kernel has not taken, and reap until the kernel has completed the
+    /// ones it took.
+    fn shut_down(&mut self, rx: &mpsc::Receiver<IoOp>) {
+        // Their SQEs stay in the SQ, but no call below submits (`pending` is
+        // empty) and the SQ goes with the ring when this thread ends.
+        for id in self.unconsumed.drain(..) {
+            self.ops.remove(&id);
+        }
+        self.wake_armed = false;
+        self.queued.clear();
+        let mut backoff = Backoff::new();
+        while !self.ops.is_empty() {
+            while let Ok(op) = rx.try_recv() {
+                drop(op);
+            }
+            match self.enter.enter(&self.ring, &[]) {
+                Ok(_) => backoff.reset(),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                // Cannot sleep in the kernel: look at the CQ now and then
+                // (completions still arrive; sleeping runs their task work).
+                Err(_) => backoff.wait(),
+            }
+            self.reap(true);
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::fd::AsRawFd;
-
-    #[test]
-    fn concurrent_writes_then_reads_roundtrip() {
-        let f = tempfile::tempfile().unwrap();
-        f.set_len(1 << 20).unwrap();
-        let ring = std::sync::Arc::new(IoRing::new(f.as_raw_fd()));
-        std::thread::scope(|s| {
-            for i in 0..8u8 {
-                let ring = ring.clone();
-                s.spawn(move || {
-                    let buf = vec![i; 65536];
-                    ring.write(i as u64 * 65536, &buf).unwrap();
-                });
-            }
-        });
-        ring.datasync().unwrap();
-        for i in 0..8u8 {
-            let mut buf = vec![0u8; 65536];
-            ring.read(i as u64 * 65536, &mut buf).unwrap();
-            assert!(buf.iter().all(|&b| b == i));
-        }
-        // Reading past the end is an error, not silent zeros.
-        let mut buf = vec![0u8; 4096];
-        assert!(ring.read(2 << 20, &mut buf).is_err());
-    }
-
-    /// An op sent while another is in flight is submitted at once, not after
-    /// that one completes: a read from a socket nobody writes to yet stays in
-    /// flight while a write on the same socket must still go through.
-    #[test]
-    fn new_op_does_not_wait_for_the_ops_in_flight() {
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let ring = std::sync::Arc::new(IoRing::new(a.as_raw_fd()));
-        let reader = {
-            let ring = ring.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4];
-                ring.read(0, &mut buf).map(|()| buf)
-            })
-        };
-        std::thread::sleep(std::time::Duration::from_millis(100)); // the read is in flight
-        let (tx, rx) = mpsc::channel();
-        {
-            let ring = ring.clone();
-            std::thread::spawn(move || tx.send(ring.write(0, b"ping")));
-        }
-        let wrote = rx.recv_timeout(std::time::Duration::from_secs(5));
-        // Unblock the read whatever happened, so the ring can shut down.
-        use std::io::{Read, Write};
-        (&b).write_all(b"pong").unwrap();
-        assert!(
-            matches!(wrote, Ok(Ok(()))),
-            "write waited behind the read: {wrote:?}"
-        );
-        let mut got = [0u8; 4];
-        (&b).read_exact(&mut got).unwrap();
-        assert_eq!(&got, b"ping");
-        assert_eq!(&reader.join().unwrap().unwrap(), b"pong");
-    }
-
-    /// The ring's read and write throughput for 1.5 MiB blocks from 8
-    /// threads against fio (io_uring, O_DIRECT, same block size and depth)
-    /// on the same file, alternated 3 times (ignored probe; the file goes in
-    /// $TMPDIR): `cargo test --release -p kvfabric-store perf_ring -- --ignored --nocapture`.
-    /// `PERF_CLIENTS` sets the ring's client threads (default: fio's depth, 8);
-    /// `PERF_BUFFERS` the buffers each client cycles through (default 1, as
-    /// fio does; 4 spreads the I/O over 48 MiB, as direct I/O from the RAM
-    /// arena would, and runs 10-25% slower on the reference VM: see `staging`).
-    #[test]
-    #[ignore]
-    fn perf_ring_vs_fio() {
-        use crate::staging::AlignedBuf;
-        use std::os::unix::fs::OpenOptionsExt;
-        use std::time::Instant;
-        const BLOCK: usize = 3 << 19;
-        const BLOCKS: usize = 512;
-        const DEPTH: usize = 8;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ring.data");
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-            .unwrap();
-        f.set_len((BLOCK * BLOCKS) as u64).unwrap();
-        let ring = IoRing::new(f.as_raw_fd());
-        let fio = |rw: &str| {
-            let o = std::process::Command::new("fio")
-                .args([
-                    "--name=p",
-                    &format!("--filename={}", path.display()),
-                    &format!("--size={}", BLOCK * BLOCKS),
-                    &format!("--bs={BLOCK}"),
-                    &format!("--iodepth={DEPTH}"),
-                    "--ioengine=io_uring",
-                    "--direct=1",
-                    &format!("--rw={rw}"),
-                    "--output-format=terse",
-                    "--terse-version=3",
-                ])
-                .output()
-                .unwrap();
-            // terse v3: field 7 is read bandwidth KiB/s, field 48 write bandwidth KiB/s.
-            let out = String::from_utf8_lossy(&o.stdout).to_string();
-            let fields: Vec<&str> = out.trim().split(';').collect();
-            let kib: f64 = fields[if rw == "read" { 6 } else { 47 }]
-                .parse()
-                .unwrap_or(0.0);
-            kib * 1024.0 / 1e9
-        };
-        let env_or = |name: &str, default: usize| -> usize {
-            std::env::var(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(default)
-        };
-        let clients = env_or("PERF_CLIENTS", DEPTH);
-        let per_client = env_or("PERF_BUFFERS", 1).max(1);
-        let ours = |write: bool| {
-            let t = Instant::now();
-            std::thread::scope(|s| {
-                for c in 0..clients {
-                    let ring = &ring;
-                    s.spawn(move || {
-                        let mut bufs: Vec<AlignedBuf> =
-                            (0..per_client).map(|_| AlignedBuf::new(BLOCK)).collect();
-                        for (n, i) in (c..BLOCKS).step_by(clients).enumerate() {
-                            let off = (i * BLOCK) as u64;
-                            let buf = &mut bufs[n % per_client];
-                            if write {
-                                buf.as_mut_slice()[0] = i as u8;
-                                ring.write(off, buf.as_slice()).unwrap();
-                            } else {
-                                ring.read(off, buf.as_mut_slice()).unwrap();
-                            }
-                        }
-                    });
-                }
-            });
-            (BLOCK * BLOCKS) as f64 / t.elapsed().as_secs_f64() / 1e9
-        };
-        ours(true);
-        for _ in 0..3 {
-            let (fw, ow, fr, or) = (fio("write"), ours(true), fio("read"), ours(false));
-            println!(
-                "write: fio {fw:.2} ring {ow:.2} GB/s ({:.2}); read: fio {fr:.2} ring {or:.2} GB/s ({:.2})",
-                ow / fw,
-                or / fr
-            );
+impl<E: Enter> Drop for Driver<E> {
+    fn drop(&mut self) {
+        // Only a panic in the ring thread gets here with ops the kernel still
+        // owns; dropping them would let their callers reuse buffers the kernel
+        // is about to write, so the process stops instead.
+        let kernel_owned = self
+            .ops
+            .keys()
+            .filter(|id| !self.unconsumed.contains(id))
+            .count();
+        if kernel_owned > 0 {
+            tracing::error!("io_uring thread died with {kernel_owned} ops in the kernel");
+            std::process::abort();
         }
     }
+}
+
+/// Answer `f` from its CQE's result, or give it back when a short transfer
+/// leaves a rest to do.
+fn complete(mut f: InFlight, res: i32) -> Option<InFlight> {
+    let reply = if res < 0 {
+        Err(io::Error::from_raw_os_error(-res))
+    } else if f.op.kind == OpKind::DataSync {
+        Ok(())
+    } else if res == 0 {
+        Err(io::ErrorKind::UnexpectedEof.into())
+    } else {
+        f.done_bytes += res as usize;
+        if f.done_bytes < f.op.len {
+            return Some(f);
+        }
+        Ok(())
+    };
+    let _ = f.op.done.send(reply);
+    None
 }

@@ -2,6 +2,8 @@
 //! loopback, and a minimal blocking HTTP client for their OpenAI API.
 #![allow(dead_code)]
 
+mod response;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -9,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+pub use response::parse_response;
 
 pub fn free_port() -> u16 {
     kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
@@ -144,15 +148,14 @@ fn raw_get(addr: &str, path: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).map_err(|e| e.to_string())?;
-    Ok(raw
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default())
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+    let (_, body) = parse_response(&raw)?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// One HTTP/1.1 request (Connection: close); (status, JSON body or Null).
+/// Chunked, sized and close-delimited bodies are all decoded (`response`).
 pub fn http(
     addr: &str,
     method: &str,
@@ -170,13 +173,7 @@ pub fn http(
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").ok_or("no HTTP header end")?;
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or("bad status line")?;
-    let json = serde_json::from_str(body.trim()).unwrap_or(Value::Null);
+    let (status, body) = parse_response(&raw)?;
+    let json = serde_json::from_slice(body.trim_ascii()).unwrap_or(Value::Null);
     Ok((status, json))
 }
