@@ -144,4 +144,32 @@ mod tests {
         let raw = response("Transfer-Encoding: chunked", "3\r\nabc");
         assert!(parse_response(&raw).is_err());
     }
+
+    /// The client end to end: a loopback server answers with a chunked JSON
+    /// body, which the client used to hand back as Null.
+    #[test]
+    fn the_client_reads_a_chunked_json_response() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            while !req.ends_with(b"\r\n\r\n") {
+                let mut byte = [0u8; 1];
+                s.read_exact(&mut byte).unwrap();
+                req.push(byte[0]);
+            }
+            s.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                  transfer-encoding: chunked\r\n\r\n\
+                  8\r\n{\"ok\": t\r\n5\r\nrue}\n\r\n0\r\n\r\n",
+            )
+            .unwrap();
+        });
+        let (status, v) = super::super::http(&addr, "GET", "/v1/models", None).unwrap();
+        server.join().unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(v["ok"], true, "{v}");
+    }
 }
