@@ -35,7 +35,9 @@ pub fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let body = if chunked {
         decode_chunked(rest)?
     } else if let Some(n) = length {
-        rest.get(..n).ok_or("body shorter than content-length")?.to_vec()
+        rest.get(..n)
+            .ok_or("body shorter than content-length")?
+            .to_vec()
     } else {
         rest.to_vec()
     };
@@ -103,7 +105,10 @@ mod tests {
     fn chunked_body_with_extensions_and_trailers() {
         let body = "7;name=value\r\n{\"a\": 1\r\nA\r\n, \"b\": [2]\r\n1 ; x\r\n}\r\n\
                     0;last\r\nX-Trailer: t\r\nX-Other: u\r\n\r\n";
-        let raw = response("Content-Type: application/json\r\nTransfer-Encoding: chunked", body);
+        let raw = response(
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked",
+            body,
+        );
         let (status, got) = parse_response(&raw).unwrap();
         assert_eq!(status, 200);
         assert_eq!(got, br#"{"a": 1, "b": [2]}"#);
@@ -130,14 +135,14 @@ mod tests {
     #[test]
     fn malformed_chunks_are_errors() {
         for bad in [
-            "zz\r\nabc\r\n0\r\n\r\n",     // size is not hex
-            "\r\nabc\r\n0\r\n\r\n",       // no size
-            "5\r\nabc\r\n0\r\n\r\n",      // data shorter than its size
-            "3\r\nabcd\r\n0\r\n\r\n",     // data longer than its size
-            "3\r\nabc",                   // cut off after the data
-            "3\r\nabc\r\n",               // no last chunk
+            "zz\r\nabc\r\n0\r\n\r\n",      // size is not hex
+            "\r\nabc\r\n0\r\n\r\n",        // no size
+            "5\r\nabc\r\n0\r\n\r\n",       // data shorter than its size
+            "3\r\nabcd\r\n0\r\n\r\n",      // data longer than its size
+            "3\r\nabc",                    // cut off after the data
+            "3\r\nabc\r\n",                // no last chunk
             "3\r\nabc\r\n0\r\nX-T: t\r\n", // cut off in the trailers
-            "ffffffffffffffffffff\r\n",   // size overflows
+            "ffffffffffffffffffff\r\n",    // size overflows
         ] {
             assert!(decode_chunked(bad.as_bytes()).is_err(), "{bad:?} decoded");
         }

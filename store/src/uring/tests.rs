@@ -125,7 +125,10 @@ impl Enter for Faulty {
         // Submit, log what the kernel took (before waiting, so a test can see
         // ops in flight), then wait as the real call would.
         // SAFETY: as in KernelEnter: the driver keeps these buffers alive.
-        let res = unsafe { ring.submitter().enter::<libc::sigset_t>(take as u32, 0, 0, None) };
+        let res = unsafe {
+            ring.submitter()
+                .enter::<libc::sigset_t>(take as u32, 0, 0, None)
+        };
         let logged = match &res {
             Ok(n) => Ok(*n),
             Err(e) => Err(e.raw_os_error().unwrap_or(0)),
@@ -186,7 +189,11 @@ fn transient_enter_failures_are_retried_and_every_op_completes() {
     assert!(s.steps.is_empty(), "not every failure was injected");
     // 8 writes, the sync and 8 reads, each taken by the kernel (an op handed
     // back to pread/pwrite would also give the right bytes).
-    assert!(s.ops_taken() >= 17, "only {} ops reached the kernel", s.ops_taken());
+    assert!(
+        s.ops_taken() >= 17,
+        "only {} ops reached the kernel",
+        s.ops_taken()
+    );
 }
 
 /// A permanent `io_uring_enter` failure while reads are in the kernel: no
@@ -222,13 +229,18 @@ fn permanent_failure_waits_for_the_kernel(waits_fail: bool) {
             reused.wait();
             reused.wait();
             // SAFETY: as above.
-            let kept = buf.iter().all(|b| unsafe { std::ptr::read_volatile(b) } == SENTINEL);
+            let kept = buf
+                .iter()
+                .all(|b| unsafe { std::ptr::read_volatile(b) } == SENTINEL);
             check_tx.send(kept).unwrap();
         });
     }
     let deadline = Instant::now() + secs(10);
     while script.lock().ops_taken() < 3 {
-        assert!(Instant::now() < deadline, "the reads never reached the kernel");
+        assert!(
+            Instant::now() < deadline,
+            "the reads never reached the kernel"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     {
@@ -243,13 +255,19 @@ fn permanent_failure_waits_for_the_kernel(waits_fail: bool) {
         let ring = ring.clone();
         std::thread::spawn(move || late_tx.send(ring.read(0, &mut [0u8; 8])));
     }
-    let late = late_rx.recv_timeout(secs(10)).expect("the untaken read came back");
+    let late = late_rx
+        .recv_timeout(secs(10))
+        .expect("the untaken read came back");
     let early = done_rx.recv_timeout(Duration::from_millis(300));
     assert!(early.is_err(), "answered before its completion: {early:?}");
-    assert_eq!(late.err().and_then(|e| e.raw_os_error()), Some(libc::ESPIPE));
+    assert_eq!(
+        late.err().and_then(|e| e.raw_os_error()),
+        Some(libc::ESPIPE)
+    );
 
     data_sent.store(true, Ordering::SeqCst);
-    (&b).write_all(&[[1u8; 8], [2; 8], [3; 8]].concat()).unwrap();
+    (&b).write_all(&[[1u8; 8], [2; 8], [3; 8]].concat())
+        .unwrap();
     let mut got: Vec<[u8; 8]> = (0..3)
         .map(|_| {
             let (res, after_data) = done_rx.recv_timeout(secs(10)).expect("a read completed");
@@ -266,7 +284,10 @@ fn permanent_failure_waits_for_the_kernel(waits_fail: bool) {
     std::thread::sleep(Duration::from_millis(200));
     reused.wait();
     for _ in 0..3 {
-        assert!(check_rx.recv_timeout(secs(10)).unwrap(), "a buffer was written after its answer");
+        assert!(
+            check_rx.recv_timeout(secs(10)).unwrap(),
+            "a buffer was written after its answer"
+        );
     }
     a.set_read_timeout(Some(secs(5))).unwrap();
     let mut rest = [0u8; 24];
