@@ -36,6 +36,8 @@ use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
+use crate::changes::ChangeFeed;
+use crate::cluster::refresh::SyncState;
 use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
@@ -65,8 +67,14 @@ pub struct ClusterNode {
     pub(super) channels: Mutex<HashMap<String, Channel>>,
     pub(super) leases: Mutex<HashMap<u64, HeldLease>>,
     pub(super) next_lease: AtomicU64,
-    /// key -> (owner it was announced to, entry announced)
-    pub(super) announced: tokio::sync::Mutex<HashMap<BlockKey, (String, HolderEntry)>>,
+    /// What the store reported and the announcer has not taken yet.
+    pub(super) changes: Arc<ChangeFeed>,
+    /// The announcer's state (held keys, retries, the refresh under way);
+    /// held across an announcement's RPCs, so announcements go out in the
+    /// order the store changed.
+    pub(super) sync_state: tokio::sync::Mutex<SyncState>,
+    /// This node's directory epoch (see [`ClusterNode::directory_epoch`]).
+    pub(super) epoch: AtomicU64,
     pub(super) kick: Notify,
     /// Remote leases to give back (drained by the releaser task).
     pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,
@@ -74,6 +82,18 @@ pub struct ClusterNode {
     pub(super) lease_requests: Counter,
     /// Blocks this node leased to remote readers.
     pub(super) leased_blocks: Counter,
+}
+
+/// A directory epoch for a node starting now: differs between restarts.
+fn start_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 pub(crate) fn tier_of(t: Tier) -> HolderTier {
@@ -151,6 +171,8 @@ impl ClusterNode {
         let view_rx = membership.subscribe();
         tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
         let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
+        let changes = Arc::new(ChangeFeed::new());
+        let held = store.watch_changes(changes.clone());
         let lease_requests = Counter::default();
         let leased_blocks = Counter::default();
         registry.register(
@@ -176,7 +198,9 @@ impl ClusterNode {
             channels: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
-            announced: tokio::sync::Mutex::new(HashMap::new()),
+            changes,
+            sync_state: tokio::sync::Mutex::new(SyncState::new(held)),
+            epoch: AtomicU64::new(start_epoch()),
             kick: Notify::new(),
             releases,
             lease_requests,
@@ -189,7 +213,6 @@ impl ClusterNode {
         tokio::spawn(crate::cluster::announce::background(
             Arc::downgrade(&node),
             node.view_rx.clone(),
-            node.store.watch_removals(),
         ));
         Ok(node)
     }
