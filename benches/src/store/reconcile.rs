@@ -239,10 +239,10 @@ fn run_one(
     }
     // Let the announcements of the fill go out (and a first full period pass).
     let settle = Duration::from_millis(args.reconcile_interval_ms * 3 + 1000);
-    rt.block_on(tokio::time::sleep(settle));
+    rt.block_on(async { tokio::time::sleep(settle).await });
     let periods = (args.idle_secs * 1000) as f64 / args.reconcile_interval_ms as f64;
     let cpu0 = cpu_time();
-    rt.block_on(tokio::time::sleep(Duration::from_secs(args.idle_secs)));
+    rt.block_on(async { tokio::time::sleep(Duration::from_secs(args.idle_secs)).await });
     let idle_cpu_ms_per_period = (cpu_time() - cpu0).as_secs_f64() * 1e3 / periods;
 
     let secs = Duration::from_secs(args.load_secs);
@@ -279,7 +279,7 @@ fn run_one(
         let _ = s.send(());
     }
     // The servers drop their nodes (and the stores' arenas) as they stop.
-    rt.block_on(tokio::time::sleep(Duration::from_millis(500)));
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(500)).await });
     Ok(SyncRun {
         reconciles,
         get_p50_us: pct_us(&mut gets, 0.5),
