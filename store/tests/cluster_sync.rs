@@ -116,7 +116,11 @@ async fn an_owner_that_restarts_is_reseeded_by_the_refresh() {
         );
         // Well before the old 30-period full refresh (15 s here).
         wait_listed(&n1, "n0", &at_n1, true, Duration::from_secs(5)).await;
-        assert_eq!(c.nodes[0].view(), views_before, "n0 saw the restart in its view");
+        assert_eq!(
+            c.nodes[0].view(),
+            views_before,
+            "n0 saw the restart in its view"
+        );
     })
     .await
     .expect("test timed out");
@@ -149,13 +153,16 @@ async fn the_refresh_lets_puts_and_gets_through_between_chunks() {
         let stop = Arc::new(AtomicBool::new(false));
         let ops = Arc::new(AtomicU64::new(0));
         let worker = {
-            let (store, stop, ops, keys) = (n0.store().clone(), stop.clone(), ops.clone(), keys.clone());
+            let (store, stop, ops, keys) =
+                (n0.store().clone(), stop.clone(), ops.clone(), keys.clone());
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; l.block_bytes()];
                 let mut i = 0u32;
                 while !stop.load(Ordering::Relaxed) {
                     let k = key(43, i);
-                    store.put(k, l, &data(&k, l.block_bytes()), PutOptions::default()).unwrap();
+                    store
+                        .put(k, l, &data(&k, l.block_bytes()), PutOptions::default())
+                        .unwrap();
                     let got = store.get_into(&keys[i as usize % keys.len()], 0, &mut buf);
                     assert!(matches!(got, Ok(Some(_))));
                     ops.fetch_add(1, Ordering::Relaxed);
@@ -180,9 +187,7 @@ async fn the_refresh_lets_puts_and_gets_through_between_chunks() {
             .iter()
             .filter(|(w, _)| *w > 0 && *w < total)
             .collect();
-        let interleaved = mid
-            .windows(2)
-            .any(|w| w[1].0 > w[0].0 && w[1].1 > w[0].1);
+        let interleaved = mid.windows(2).any(|w| w[1].0 > w[0].0 && w[1].1 > w[0].1);
         assert!(
             interleaved,
             "no puts/gets completed between two chunks of the walk: {samples:?}"

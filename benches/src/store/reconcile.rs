@@ -218,7 +218,10 @@ async fn start(
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     while nodes.iter().any(|n| n.view().nodes.len() < 2) {
-        anyhow::ensure!(Instant::now() < deadline, "the nodes did not see each other");
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the nodes did not see each other"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok((nodes, stops))
@@ -269,8 +272,12 @@ fn run_one(
             })
         })
     };
-    let mut gets = getter.join().map_err(|_| anyhow::anyhow!("getter panicked"))??;
-    let mut puts = putter.join().map_err(|_| anyhow::anyhow!("putter panicked"))??;
+    let mut gets = getter
+        .join()
+        .map_err(|_| anyhow::anyhow!("getter panicked"))??;
+    let mut puts = putter
+        .join()
+        .map_err(|_| anyhow::anyhow!("putter panicked"))??;
     for n in &nodes {
         rt.block_on(n.leave());
     }

@@ -112,9 +112,9 @@ impl ClusterNode {
             .filter(|n| n.node_id != self.me.node_id)
             .filter(|n| st.last_seen(&n.node_id).is_none_or(|t| now - t >= period))
             .collect();
-        let probes = quiet.into_iter().map(|o| async move {
-            (o.node_id.clone(), self.announce_to(o, Vec::new()).await)
-        });
+        let probes = quiet
+            .into_iter()
+            .map(|o| async move { (o.node_id.clone(), self.announce_to(o, Vec::new()).await) });
         for (owner, epoch) in futures::future::join_all(probes).await {
             if let Some(e) = epoch {
                 st.saw_owner(&owner, e, Instant::now());
@@ -126,7 +126,12 @@ impl ClusterNode {
     /// `refresh_chunk_blocks` keys), announce the ones held to their owners
     /// (only owners in `only`, when given) and withdraw the ones gone that
     /// were held. Failed announcements are kept for a retry.
-    async fn push_state(&self, st: &mut SyncState, mut keys: Vec<BlockKey>, only: Option<&BTreeSet<String>>) {
+    async fn push_state(
+        &self,
+        st: &mut SyncState,
+        mut keys: Vec<BlockKey>,
+        only: Option<&BTreeSet<String>>,
+    ) {
         keys.sort_unstable();
         keys.dedup();
         let view = self.view();
@@ -291,7 +296,10 @@ enum Wake {
 /// Membership changes, store changes (announced as they come, in batches
 /// of whatever queued meanwhile), the paced refresh, and the periodic part
 /// (retries, owner epochs, lease expiry), until the node drops.
-pub(super) async fn background(node: Weak<ClusterNode>, mut views: watch::Receiver<Arc<MembershipView>>) {
+pub(super) async fn background(
+    node: Weak<ClusterNode>,
+    mut views: watch::Receiver<Arc<MembershipView>>,
+) {
     let (period, pace) = match node.upgrade() {
         Some(n) => {
             let p = Duration::from_millis(n.cfg.reconcile_interval_ms);

@@ -94,7 +94,10 @@ impl ClusterConfig {
             ("remote_read_timeout_ms", self.remote_read_timeout_ms),
             ("reconcile_interval_ms", self.reconcile_interval_ms),
             ("refresh_chunk_blocks", self.refresh_chunk_blocks as u64),
-            ("refresh_chunks_per_period", self.refresh_chunks_per_period as u64),
+            (
+                "refresh_chunks_per_period",
+                self.refresh_chunks_per_period as u64,
+            ),
         ] {
             if v == 0 {
                 return bad(format!("{name} is zero"));

@@ -5,15 +5,13 @@
 //! Whole-block reads (local, else remote holders) live in `read.rs`;
 //! announcements and membership handling in `announce.rs`.
 //!
-//! Directory entries are soft state kept in step with what the store holds by
-//! [`ClusterNode::sync`]: it diffs the store's holdings against what was last
-//! announced and sends one batched Announce / Withdraw per owner. It runs
-//! after every put through the gRPC API, on every membership change (keys
-//! whose owner changed are re-announced; owners drop entries of nodes that
-//! left and keys they no longer own), and periodically (a full refresh every
-//! 30 periods re-seeds an owner that restarted unseen). Blocks that leave the
-//! store (evictions, removals) are withdrawn as they go: the store sends their
-//! keys on a channel the announcer drains, one Withdraw per owner per batch.
+//! Directory entries are soft state kept in step with what the store holds
+//! by the announcer (`announce.rs`): the store reports each put, tier change
+//! and removal on a [`ChangeFeed`]; [`ClusterNode::sync`] re-reads those keys
+//! and sends one batched Announce / Withdraw per owner (the gRPC put path
+//! calls it before acknowledging). Nothing periodic scans the store; a paced,
+//! chunked full refresh (`refresh.rs`) re-seeds owners after a membership
+//! change or when an owner's directory epoch changes (it restarted).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,12 +29,12 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::changes::ChangeFeed;
 use crate::cluster::config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
-use crate::changes::ChangeFeed;
 use crate::cluster::refresh::SyncState;
 use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;

@@ -72,7 +72,12 @@ impl SyncState {
         let merged = match (self.refresh.take(), owners) {
             (None, o) => o,
             (Some(Refresh { owners: None, .. }), _) | (Some(_), None) => None,
-            (Some(Refresh { owners: Some(a), .. }), Some(b)) => Some(&a | &b),
+            (
+                Some(Refresh {
+                    owners: Some(a), ..
+                }),
+                Some(b),
+            ) => Some(&a | &b),
         };
         self.refresh = Some(Refresh {
             cursor: None,
@@ -212,12 +217,21 @@ mod tests {
         let now = Instant::now();
         s.saw_owner("o", 1, now);
         s.saw_owner("o", 1, now);
-        assert!(s.walked().is_none(), "first sight and an unchanged epoch: nothing to do");
+        assert!(
+            s.walked().is_none(),
+            "first sight and an unchanged epoch: nothing to do"
+        );
         s.saw_owner("o", 2, now);
         let (_, owners) = s.next_chunk(8).unwrap();
         assert_eq!(owners, Some(BTreeSet::from(["o".to_string()])));
         // Too many failures: the owner is re-seeded when it answers.
-        s.failed("p", (0..=RETRY_CAP as u32).map(|_| k(1)).collect::<Vec<_>>().into_iter());
+        s.failed(
+            "p",
+            (0..=RETRY_CAP as u32)
+                .map(|_| k(1))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        );
         assert!(s.take_retry(10).is_empty());
         s.saw_owner("p", 5, now);
         assert!(s.walked().is_some());

@@ -114,8 +114,7 @@ impl Cluster {
             let grpc = TcpListener::bind(("127.0.0.1", *g))
                 .await
                 .expect("grpc bind");
-            let (node, stop) =
-                start_node(i, &peers, grpc, format!("127.0.0.1:{t}"), &opts).await;
+            let (node, stop) = start_node(i, &peers, grpc, format!("127.0.0.1:{t}"), &opts).await;
             nodes.push(node);
             stops.push(stop);
         }
@@ -149,8 +148,7 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         };
-        let (node, stop) =
-            start_node(i, &self.peers, grpc, "127.0.0.1:0".into(), &self.opts).await;
+        let (node, stop) = start_node(i, &self.peers, grpc, "127.0.0.1:0".into(), &self.opts).await;
         self.nodes[i] = node;
         self.stops[i] = stop;
     }
