@@ -165,7 +165,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
         a.store()
             .put(*k, small, &small_block, PutOptions::default())?;
     }
-    a.sync(false).await;
+    a.sync().await;
     let mut cc = client::connect(&c.info().grpc_addr, Duration::from_secs(5)).await?;
     let req = kvfabric_proto::v1::LookupRequest {
         keys: prefix.iter().map(|k| k.as_bytes().to_vec()).collect(),
@@ -208,7 +208,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
             .for_each(|(j, b)| *b = (i * 31 + j) as u8);
         a.store().put(*k, big, &data, PutOptions::default())?;
     }
-    a.sync(false).await;
+    a.sync().await;
     let secs = Duration::from_secs(args.seconds);
     let batch = args.batch.clamp(1, keys.len());
     let concurrency = args.concurrency.max(1);

@@ -13,7 +13,10 @@
 //!   the store's RAM arena (a registered segment) through the transfer engine.
 
 mod disk;
+mod reconcile;
 mod redis;
+
+pub use reconcile::{SyncBenchArgs, SyncReport};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,6 +51,10 @@ pub struct StoreArgs {
     /// Concurrent clients / disk queue depth.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
+    /// Metadata at scale instead of the data-path phases: the cluster
+    /// directory's sync with 10k and 1M blocks ("directory_sync").
+    #[arg(long)]
+    pub metadata_scale: bool,
 }
 
 impl Default for StoreArgs {
@@ -58,6 +65,7 @@ impl Default for StoreArgs {
             blocks: 128,
             disk_blocks: 512,
             clients: 8,
+            metadata_scale: false,
         }
     }
 }
@@ -170,7 +178,13 @@ fn keep_best_rounds(
 
 /// `kvfabric bench store`.
 pub fn run(args: &StoreArgs) -> anyhow::Result<()> {
-    crate::print_report(args.json, &measure(args)?, |report| {
+    let report = if args.metadata_scale {
+        let sync = reconcile::measure(&SyncBenchArgs::default())?;
+        json!({ "directory_sync": serde_json::to_value(sync)? })
+    } else {
+        measure(args)?
+    };
+    crate::print_report(args.json, &report, |report| {
         if let Value::Object(m) = report {
             println!("{:<24} value", "metric");
             for (k, v) in m {

@@ -9,6 +9,7 @@
 //! `kvfabric node` runs: gRPC CacheService + directory + transfer server +
 //! `/metrics` + `/health`) and [`serve_store`] (a standalone single node).
 
+mod changes;
 pub mod cluster;
 mod config;
 mod disk;
@@ -29,6 +30,7 @@ mod store;
 mod store_tests;
 mod uring;
 
+pub use changes::{BlockChange, ChangeFeed};
 pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};

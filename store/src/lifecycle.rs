@@ -218,6 +218,7 @@ impl Shared {
         let to_disk = r.durable || self.write_through(&g, &r.key, &block);
         g.blocks.insert(r.key, block);
         g.ram_order.insert(r.key);
+        g.note(&r.key, crate::changes::BlockChange::Stored);
         if !to_disk {
             return Ok(PutOutcome {
                 already_present: false,

@@ -281,6 +281,7 @@ impl Shared {
             Some(b) if b.ram.is_none() && b.disk == Some(dext) => {
                 b.ram = Some(ram);
                 g.ram_order.insert(*key);
+                g.note(key, crate::changes::BlockChange::Tier);
                 StoreMetrics::tier(&self.metrics.promotions, TierName::Ram).inc();
                 Ok(Some(ram))
             }

@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::changes::{BlockChange, ChangeFeed};
 use crate::config::NodeConfig;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
@@ -95,9 +96,8 @@ pub(crate) struct Inner {
     pub reservations: HashMap<u64, ReservationSlot>,
     pub next_reservation: u64,
     pub seen: SeenKeys,
-    /// Keys of blocks that left the store entirely (evicted from their last
-    /// tier or removed), for [`crate::Store::watch_removals`].
-    pub removals: Option<tokio::sync::mpsc::UnboundedSender<BlockKey>>,
+    /// Where changes of what is stored go, for [`crate::Store::watch_changes`].
+    pub changes: Option<Arc<ChangeFeed>>,
 }
 
 impl Inner {
@@ -115,7 +115,7 @@ impl Inner {
             reservations: HashMap::new(),
             next_reservation: 0,
             seen: SeenKeys::default(),
-            removals: None,
+            changes: None,
         }
     }
 
@@ -181,7 +181,9 @@ impl Inner {
         self.release_ram(ext);
         if gone {
             self.blocks.remove(key);
-            self.note_gone(key);
+            self.note(key, BlockChange::Removed);
+        } else {
+            self.note(key, BlockChange::Tier);
         }
     }
 
@@ -196,21 +198,21 @@ impl Inner {
         self.release_disk(ext);
         if gone {
             self.blocks.remove(key);
-            self.note_gone(key);
+            self.note(key, BlockChange::Removed);
         }
     }
 
-    /// Tell the removals subscriber, if any, that `key` left the store.
-    fn note_gone(&self, key: &BlockKey) {
-        if let Some(tx) = &self.removals {
-            let _ = tx.send(*key);
+    /// Tell the changes subscriber, if any, what happened to `key`.
+    pub fn note(&self, key: &BlockKey, change: BlockChange) {
+        if let Some(feed) = &self.changes {
+            feed.push(*key, change);
         }
     }
 
     /// Forget `key` entirely; true when it was stored.
     pub fn remove_block(&mut self, key: &BlockKey) -> Option<Block> {
         let b = self.blocks.remove(key)?;
-        self.note_gone(key);
+        self.note(key, BlockChange::Removed);
         if let Some(e) = b.ram {
             self.ram_order.remove(key);
             self.release_ram(e);

@@ -17,6 +17,7 @@ use kvfabric_transfer::SharedRegion;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 
+use crate::changes::ChangeFeed;
 use crate::config::NodeConfig;
 use crate::disk::{DiskTier, DISK_ALIGN};
 use crate::keys::{BlockKey, KvLayout};
@@ -319,19 +320,15 @@ impl Store {
             .collect()
     }
 
-    /// Every stored block (fastest tier of each): what the cluster announces.
-    pub fn holdings(&self) -> Vec<BlockInfo> {
-        let g = self.shared.inner.lock();
-        g.blocks.iter().map(|(k, b)| block_info(k, b)).collect()
-    }
-
-    /// Keys of blocks that leave the store entirely (evicted from their last
-    /// tier, or removed), sent as they go. One subscriber: a later call
-    /// replaces the earlier one. The cluster withdraws them from the directory.
-    pub fn watch_removals(&self) -> tokio::sync::mpsc::UnboundedReceiver<BlockKey> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        self.shared.inner.lock().removals = Some(tx);
-        rx
+    /// Report every later change of what is stored (puts, tier changes,
+    /// removals) to `feed`, and return the keys stored now. One subscriber:
+    /// a later call replaces the earlier one. The cluster's directory
+    /// announcer subscribes once, at start (the returned keys are what a
+    /// recovered disk tier holds), and is then told only of changes.
+    pub fn watch_changes(&self, feed: Arc<ChangeFeed>) -> Vec<BlockKey> {
+        let mut g = self.shared.inner.lock();
+        g.changes = Some(feed);
+        g.blocks.keys().copied().collect()
     }
 
     /// Presence of each key (any tier).

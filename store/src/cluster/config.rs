@@ -41,8 +41,14 @@ pub struct ClusterConfig {
     pub rpc_timeout_ms: u64,
     /// Timeout of one remote block read (lease + transfer). Default: 3000.
     pub remote_read_timeout_ms: u64,
-    /// Period of the holdings reconciliation (announce new, withdraw gone blocks). Default: 1000.
+    /// Period of the directory sync's periodic part (retry failed
+    /// announcements, check owners' directory epochs) and the unit the full
+    /// refresh is paced in. Changes themselves are announced as they happen. Default: 1000.
     pub reconcile_interval_ms: u64,
+    /// Blocks per chunk of a full refresh (the store's lock is held to read one chunk). Default: 4096.
+    pub refresh_chunk_blocks: usize,
+    /// Chunks of a full refresh per `reconcile_interval_ms`. Default: 16.
+    pub refresh_chunks_per_period: usize,
     /// Size of the staging region remote reads land in. Default: 64MiB.
     pub staging_capacity: ByteSize,
 }
@@ -63,6 +69,8 @@ impl Default for ClusterConfig {
             rpc_timeout_ms: 1000,
             remote_read_timeout_ms: 3000,
             reconcile_interval_ms: 1000,
+            refresh_chunk_blocks: 4096,
+            refresh_chunks_per_period: 16,
             staging_capacity: ByteSize::mib(64),
         }
     }
@@ -85,6 +93,11 @@ impl ClusterConfig {
             ("rpc_timeout_ms", self.rpc_timeout_ms),
             ("remote_read_timeout_ms", self.remote_read_timeout_ms),
             ("reconcile_interval_ms", self.reconcile_interval_ms),
+            ("refresh_chunk_blocks", self.refresh_chunk_blocks as u64),
+            (
+                "refresh_chunks_per_period",
+                self.refresh_chunks_per_period as u64,
+            ),
         ] {
             if v == 0 {
                 return bad(format!("{name} is zero"));

@@ -21,12 +21,14 @@ mod lease;
 pub mod membership;
 pub mod node;
 mod read;
+mod refresh;
 pub mod rendezvous;
 pub mod rpc;
 pub mod server;
 pub mod service;
 pub mod staging;
 
+pub use announce::RefreshStatus;
 pub use config::{parse_peer, ClusterConfig};
 pub use directory::{DirectoryShard, HolderEntry, HolderTier};
 pub use lease::LeasedBlock;

@@ -5,15 +5,13 @@
 //! Whole-block reads (local, else remote holders) live in `read.rs`;
 //! announcements and membership handling in `announce.rs`.
 //!
-//! Directory entries are soft state kept in step with what the store holds by
-//! [`ClusterNode::sync`]: it diffs the store's holdings against what was last
-//! announced and sends one batched Announce / Withdraw per owner. It runs
-//! after every put through the gRPC API, on every membership change (keys
-//! whose owner changed are re-announced; owners drop entries of nodes that
-//! left and keys they no longer own), and periodically (a full refresh every
-//! 30 periods re-seeds an owner that restarted unseen). Blocks that leave the
-//! store (evictions, removals) are withdrawn as they go: the store sends their
-//! keys on a channel the announcer drains, one Withdraw per owner per batch.
+//! Directory entries are soft state kept in step with what the store holds
+//! by the announcer (`announce.rs`): the store reports each put, tier change
+//! and removal on a [`ChangeFeed`]; [`ClusterNode::sync`] re-reads those keys
+//! and sends one batched Announce / Withdraw per owner (the gRPC put path
+//! calls it before acknowledging). Nothing periodic scans the store; a paced,
+//! chunked full refresh (`refresh.rs`) re-seeds owners after a membership
+//! change or when an owner's directory epoch changes (it restarted).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -31,11 +29,13 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::changes::ChangeFeed;
 use crate::cluster::config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
+use crate::cluster::refresh::SyncState;
 use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
@@ -65,8 +65,14 @@ pub struct ClusterNode {
     pub(super) channels: Mutex<HashMap<String, Channel>>,
     pub(super) leases: Mutex<HashMap<u64, HeldLease>>,
     pub(super) next_lease: AtomicU64,
-    /// key -> (owner it was announced to, entry announced)
-    pub(super) announced: tokio::sync::Mutex<HashMap<BlockKey, (String, HolderEntry)>>,
+    /// What the store reported and the announcer has not taken yet.
+    pub(super) changes: Arc<ChangeFeed>,
+    /// The announcer's state (held keys, retries, the refresh under way);
+    /// held across an announcement's RPCs, so announcements go out in the
+    /// order the store changed.
+    pub(super) sync_state: tokio::sync::Mutex<SyncState>,
+    /// This node's directory epoch (see [`ClusterNode::directory_epoch`]).
+    pub(super) epoch: AtomicU64,
     pub(super) kick: Notify,
     /// Remote leases to give back (drained by the releaser task).
     pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,
@@ -74,6 +80,18 @@ pub struct ClusterNode {
     pub(super) lease_requests: Counter,
     /// Blocks this node leased to remote readers.
     pub(super) leased_blocks: Counter,
+}
+
+/// A directory epoch for a node starting now: differs between restarts.
+fn start_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 pub(crate) fn tier_of(t: Tier) -> HolderTier {
@@ -151,6 +169,8 @@ impl ClusterNode {
         let view_rx = membership.subscribe();
         tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
         let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
+        let changes = Arc::new(ChangeFeed::new());
+        let held = store.watch_changes(changes.clone());
         let lease_requests = Counter::default();
         let leased_blocks = Counter::default();
         registry.register(
@@ -176,7 +196,9 @@ impl ClusterNode {
             channels: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
             next_lease: AtomicU64::new(1),
-            announced: tokio::sync::Mutex::new(HashMap::new()),
+            changes,
+            sync_state: tokio::sync::Mutex::new(SyncState::new(held)),
+            epoch: AtomicU64::new(start_epoch()),
             kick: Notify::new(),
             releases,
             lease_requests,
@@ -189,7 +211,6 @@ impl ClusterNode {
         tokio::spawn(crate::cluster::announce::background(
             Arc::downgrade(&node),
             node.view_rx.clone(),
-            node.store.watch_removals(),
         ));
         Ok(node)
     }

@@ -52,7 +52,13 @@ impl DirectoryService for DirectoryRpc {
         // Accepted even when this node's view does not (yet) make it the owner:
         // views converge, and the next view change trims what it does not own.
         let accepted = self.0.shard_announce(entries) as u32;
-        Ok(Response::new(AnnounceResponse { accepted }))
+        let mut resp = Response::new(AnnounceResponse { accepted });
+        // Holders watch it: a changed epoch means entries were lost here.
+        resp.metadata_mut().insert(
+            crate::cluster::announce::EPOCH_HEADER,
+            self.0.directory_epoch().into(),
+        );
+        Ok(resp)
     }
 
     async fn withdraw(

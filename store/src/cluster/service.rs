@@ -141,7 +141,7 @@ impl CacheService for ClusterCacheService {
     ) -> Result<Response<PutResponse>, Status> {
         let resp = self.local.put(req).await?;
         // Registered with the key's owner before the put is acknowledged.
-        self.node.sync(false).await;
+        self.node.sync().await;
         Ok(resp)
     }
 
@@ -183,7 +183,7 @@ impl CacheService for ClusterCacheService {
     ) -> Result<Response<RemoveResponse>, Status> {
         if Self::local_only(&req) {
             let r = self.local.remove(req).await;
-            self.node.sync(false).await;
+            self.node.sync().await;
             return r;
         }
         let keys = parse_keys(&req.get_ref().keys)?;
@@ -196,7 +196,7 @@ impl CacheService for ClusterCacheService {
             })
             .await;
         let local = self.local.remove(req).await?.into_inner().removed;
-        self.node.sync(false).await;
+        self.node.sync().await;
         Ok(Response::new(RemoveResponse {
             removed: local + remote,
         }))

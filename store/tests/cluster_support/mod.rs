@@ -47,10 +47,16 @@ pub fn data(k: &BlockKey, len: usize) -> Vec<u8> {
         .collect()
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub ram: u64,
     pub remote_read_timeout_ms: u64,
     pub reconcile_interval_ms: u64,
+    /// Static peers: a peer silent this long leaves the view.
+    pub failure_timeout_ms: u64,
+    /// Directory refresh pace: blocks per chunk, chunks per period.
+    pub refresh_chunk_blocks: usize,
+    pub refresh_chunks_per_period: usize,
     /// Nodes (by index) whose transfer port peers reach through a [`Proxy`].
     pub proxied: Vec<usize>,
 }
@@ -61,6 +67,9 @@ impl Default for Options {
             ram: 64 << 20,
             remote_read_timeout_ms: 1500,
             reconcile_interval_ms: 1000,
+            failure_timeout_ms: 2000,
+            refresh_chunk_blocks: 4096,
+            refresh_chunks_per_period: 16,
             proxied: Vec::new(),
         }
     }
@@ -71,6 +80,9 @@ pub struct Cluster {
     /// proxies[i]: the proxy in front of node i's transfer port, if proxied.
     pub proxies: Vec<Option<Proxy>>,
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    peers: Vec<String>,
+    grpc_ports: Vec<u16>,
+    opts: Options,
 }
 
 impl Cluster {
@@ -99,42 +111,12 @@ impl Cluster {
         let mut nodes = Vec::new();
         let mut stops = Vec::new();
         for (i, (g, t)) in ports.iter().enumerate() {
-            let cfg = NodeConfig {
-                node_id: format!("n{i}"),
-                ram_capacity: bytesize::ByteSize::b(opts.ram),
-                ..NodeConfig::default()
-            };
-            let mut registry = Registry::default();
-            let store = Store::open(cfg, &mut registry).expect("store opens");
-            let cluster = ClusterConfig {
-                peers: peers.clone(),
-                transfer_listen: format!("127.0.0.1:{t}"),
-                transfer_transport: "tcp".into(),
-                probe_interval_ms: 100,
-                remote_read_timeout_ms: opts.remote_read_timeout_ms,
-                reconcile_interval_ms: opts.reconcile_interval_ms,
-                ..ClusterConfig::default()
-            };
             let grpc = TcpListener::bind(("127.0.0.1", *g))
                 .await
                 .expect("grpc bind");
-            let http = TcpListener::bind("127.0.0.1:0").await.expect("http bind");
-            let addr = grpc.local_addr().expect("grpc addr");
-            let node = ClusterNode::start(store, cluster, addr, &mut registry)
-                .await
-                .expect("node starts");
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            tokio::spawn(serve_cluster_node(
-                node.clone(),
-                registry,
-                grpc,
-                http,
-                async {
-                    let _ = rx.await;
-                },
-            ));
+            let (node, stop) = start_node(i, &peers, grpc, format!("127.0.0.1:{t}"), &opts).await;
             nodes.push(node);
-            stops.push(tx);
+            stops.push(stop);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         while nodes.iter().any(|x| x.view().nodes.len() < n) {
@@ -148,7 +130,27 @@ impl Cluster {
             nodes,
             proxies,
             stops,
+            grpc_ports: ports.iter().map(|(g, _)| *g).collect(),
+            peers,
+            opts,
         }
+    }
+
+    /// Stop node `i` and start it again on its gRPC port with an empty
+    /// store and directory (a process restart), quicker than peers notice.
+    pub async fn restart(&mut self, i: usize) {
+        self.stop(i);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let grpc = loop {
+            match TcpListener::bind(("127.0.0.1", self.grpc_ports[i])).await {
+                Ok(l) => break l,
+                Err(e) => assert!(Instant::now() < deadline, "grpc port not freed: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let (node, stop) = start_node(i, &self.peers, grpc, "127.0.0.1:0".into(), &self.opts).await;
+        self.nodes[i] = node;
+        self.stops[i] = stop;
     }
 
     /// Store `keys` (layout `l`) on node `i` and register them with their owners.
@@ -159,7 +161,7 @@ impl Cluster {
                 .put(*k, l, &data(k, l.block_bytes()), PutOptions::default())
                 .expect("put");
         }
-        self.nodes[i].sync(false).await;
+        self.nodes[i].sync().await;
     }
 
     /// Stop node `i`'s gRPC server (it leaves membership first).
@@ -167,6 +169,51 @@ impl Cluster {
         let (tx, _) = tokio::sync::oneshot::channel();
         let _ = std::mem::replace(&mut self.stops[i], tx).send(());
     }
+}
+
+/// Node `n{i}` serving on `grpc`, its transfer engine on `transfer`.
+async fn start_node(
+    i: usize,
+    peers: &[String],
+    grpc: TcpListener,
+    transfer: String,
+    opts: &Options,
+) -> (Arc<ClusterNode>, tokio::sync::oneshot::Sender<()>) {
+    let cfg = NodeConfig {
+        node_id: format!("n{i}"),
+        ram_capacity: bytesize::ByteSize::b(opts.ram),
+        ..NodeConfig::default()
+    };
+    let mut registry = Registry::default();
+    let store = Store::open(cfg, &mut registry).expect("store opens");
+    let cluster = ClusterConfig {
+        peers: peers.to_vec(),
+        transfer_listen: transfer,
+        transfer_transport: "tcp".into(),
+        probe_interval_ms: 100,
+        failure_timeout_ms: opts.failure_timeout_ms,
+        remote_read_timeout_ms: opts.remote_read_timeout_ms,
+        reconcile_interval_ms: opts.reconcile_interval_ms,
+        refresh_chunk_blocks: opts.refresh_chunk_blocks,
+        refresh_chunks_per_period: opts.refresh_chunks_per_period,
+        ..ClusterConfig::default()
+    };
+    let http = TcpListener::bind("127.0.0.1:0").await.expect("http bind");
+    let addr = grpc.local_addr().expect("grpc addr");
+    let node = ClusterNode::start(store, cluster, addr, &mut registry)
+        .await
+        .expect("node starts");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve_cluster_node(
+        node.clone(),
+        registry,
+        grpc,
+        http,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    (node, tx)
 }
 
 const PASS: u8 = 0;
