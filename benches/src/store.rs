@@ -11,8 +11,13 @@
 //!   Redis, gRPC and the data path run in interleaved rounds (best of 3 each).
 //! - Data path (tcp, shm): `clients` tasks each lease a block and READ it from
 //!   the store's RAM arena (a registered segment) through the transfer engine.
+//!
+//! `--metadata-scale` runs instead the metadata-scale report: what the
+//! store's bookkeeping costs per op at 10k and at 1M resident blocks, one
+//! section per part (`store/metadata.rs`: "policy", the eviction orders).
 
 mod disk;
+mod metadata;
 mod redis;
 
 use std::path::PathBuf;
@@ -48,6 +53,16 @@ pub struct StoreArgs {
     /// Concurrent clients / disk queue depth.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
+    /// Report the metadata-scale figures (ops/s at each of
+    /// `--metadata-blocks` resident blocks) instead of the data-path ones.
+    #[arg(long)]
+    pub metadata_scale: bool,
+    /// Resident-block counts of the metadata-scale report (4 KiB blocks).
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000, 1_000_000])]
+    pub metadata_blocks: Vec<usize>,
+    /// Timed ops per policy and resident-block count in the metadata-scale report.
+    #[arg(long, default_value_t = 200_000)]
+    pub metadata_ops: usize,
 }
 
 impl Default for StoreArgs {
@@ -58,6 +73,9 @@ impl Default for StoreArgs {
             blocks: 128,
             disk_blocks: 512,
             clients: 8,
+            metadata_scale: false,
+            metadata_blocks: vec![10_000, 1_000_000],
+            metadata_ops: 200_000,
         }
     }
 }
@@ -168,9 +186,22 @@ fn keep_best_rounds(
     }
 }
 
+/// The metadata-scale report: one section per part of the store's bookkeeping.
+pub fn measure_metadata(args: &StoreArgs) -> anyhow::Result<Value> {
+    let mut report = serde_json::Map::new();
+    let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops)?;
+    report.insert("policy".into(), policy);
+    Ok(Value::Object(report))
+}
+
 /// `kvfabric bench store`.
 pub fn run(args: &StoreArgs) -> anyhow::Result<()> {
-    crate::print_report(args.json, &measure(args)?, |report| {
+    let report = if args.metadata_scale {
+        measure_metadata(args)?
+    } else {
+        measure(args)?
+    };
+    crate::print_report(args.json, &report, |report| {
         if let Value::Object(m) = report {
             println!("{:<24} value", "metric");
             for (k, v) in m {
