@@ -11,8 +11,14 @@
 //!   Redis, gRPC and the data path run in interleaved rounds (best of 3 each).
 //! - Data path (tcp, shm): `clients` tasks each lease a block and READ it from
 //!   the store's RAM arena (a registered segment) through the transfer engine.
+//!
+//! `--metadata-scale` runs instead the metadata-scale report: what the
+//! store's bookkeeping costs per op at 10k and at 1M resident blocks, one
+//! section per part (`store/metadata.rs`: "policy", the eviction orders;
+//! `store/reconcile.rs`: "directory_sync", the cluster directory's sync).
 
 mod disk;
+mod metadata;
 mod reconcile;
 mod redis;
 
@@ -51,10 +57,16 @@ pub struct StoreArgs {
     /// Concurrent clients / disk queue depth.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
-    /// Metadata at scale instead of the data-path phases: the cluster
-    /// directory's sync with 10k and 1M blocks ("directory_sync").
+    /// Report the metadata-scale figures (ops/s at each of
+    /// `--metadata-blocks` resident blocks) instead of the data-path ones.
     #[arg(long)]
     pub metadata_scale: bool,
+    /// Resident-block counts of the metadata-scale report (4 KiB blocks).
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000, 1_000_000])]
+    pub metadata_blocks: Vec<usize>,
+    /// Timed ops per policy and resident-block count in the metadata-scale report.
+    #[arg(long, default_value_t = 200_000)]
+    pub metadata_ops: usize,
 }
 
 impl Default for StoreArgs {
@@ -66,6 +78,8 @@ impl Default for StoreArgs {
             disk_blocks: 512,
             clients: 8,
             metadata_scale: false,
+            metadata_blocks: vec![10_000, 1_000_000],
+            metadata_ops: 200_000,
         }
     }
 }
@@ -176,11 +190,23 @@ fn keep_best_rounds(
     }
 }
 
+/// The metadata-scale report: one section per part of the store's bookkeeping.
+pub fn measure_metadata(args: &StoreArgs) -> anyhow::Result<Value> {
+    let mut report = serde_json::Map::new();
+    let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops)?;
+    report.insert("policy".into(), policy);
+    let sync = reconcile::measure(&SyncBenchArgs {
+        scales: args.metadata_blocks.clone(),
+        ..SyncBenchArgs::default()
+    })?;
+    report.insert("directory_sync".into(), serde_json::to_value(sync)?);
+    Ok(Value::Object(report))
+}
+
 /// `kvfabric bench store`.
 pub fn run(args: &StoreArgs) -> anyhow::Result<()> {
     let report = if args.metadata_scale {
-        let sync = reconcile::measure(&SyncBenchArgs::default())?;
-        json!({ "directory_sync": serde_json::to_value(sync)? })
+        measure_metadata(args)?
     } else {
         measure(args)?
     };

@@ -35,6 +35,32 @@ fn store_bench_reports_every_field() {
     }
 }
 
+/// The metadata-scale report at small scales: a "policy" section with both
+/// orders, every scale's rate (each run checks its tier stayed full) and the ratio.
+#[test]
+fn metadata_scale_reports_the_policy_section() {
+    let args = kvfabric_benches::store::StoreArgs {
+        metadata_scale: true,
+        metadata_blocks: vec![64, 512],
+        metadata_ops: 2000,
+        ..Default::default()
+    };
+    let v = kvfabric_benches::store::measure_metadata(&args).unwrap();
+    let p = &v["policy"];
+    for name in ["lru", "s3fifo"] {
+        let runs = p[name]["scales"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} missing in {v}"));
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[1]["resident_blocks"], 512);
+        assert!(runs
+            .iter()
+            .all(|r| r["ops_per_sec"].as_f64().unwrap() > 0.0));
+        assert!(p[name]["ratio_largest_to_smallest"].as_f64().unwrap() > 0.0);
+    }
+    assert!(p["min_ratio"].as_f64().unwrap() > 0.0);
+}
+
 /// The full-size bench, as `kvfabric bench store --json` runs it:
 /// `cargo test -p kvfabric-benches --test store_bench -- --ignored --nocapture`.
 #[test]

@@ -1,0 +1,113 @@
+//! S3-FIFO (Yang et al., SOSP'23) over slab-linked queues.
+//!
+//! New blocks enter a small FIFO (10%); those read again there move to the
+//! main FIFO, the rest leave and are remembered in a ghost queue; a ghost
+//! that comes back goes straight to main. Main reinserts blocks read since
+//! they were last at its head.
+//!
+//! The ghost queue keeps the earlier implementation's exact behaviour (and
+//! with it the same decisions): a returning ghost leaves the ghost set but
+//! its queue entry stays until it ages out, and the queue, stale entries
+//! included, is trimmed to the number of live blocks (at least 64) on every
+//! removal from small, so it stays bounded.
+
+use std::collections::{HashSet, VecDeque};
+
+use super::list::Queues;
+use crate::keys::BlockKey;
+
+const SMALL: usize = 0;
+const MAIN: usize = 1;
+
+/// S3-FIFO ranking of one tier's blocks.
+#[derive(Debug, Default)]
+pub struct S3Fifo {
+    /// Small and main; a node's counter is its read frequency (0..=3).
+    queues: Queues<2>,
+    ghost: VecDeque<BlockKey>,
+    ghost_set: HashSet<BlockKey>,
+}
+
+impl S3Fifo {
+    pub(super) fn insert(&mut self, key: BlockKey) {
+        if self.queues.find(&key).is_some() {
+            self.touch(key);
+            return;
+        }
+        let q = if self.ghost_set.remove(&key) {
+            MAIN
+        } else {
+            SMALL
+        };
+        self.queues.push_back(q, key);
+    }
+
+    pub(super) fn touch(&mut self, key: BlockKey) {
+        if let Some(s) = self.queues.find(&key) {
+            let f = self.queues.freq(s);
+            self.queues.set_freq(s, (f + 1).min(3));
+        }
+    }
+
+    pub(super) fn remove(&mut self, key: &BlockKey) {
+        let Some((queue, _)) = self.queues.remove(key) else {
+            return;
+        };
+        if queue == SMALL {
+            self.ghost.push_back(*key);
+            self.ghost_set.insert(*key);
+            let cap = self.queues.total().max(64);
+            while self.ghost.len() > cap {
+                if let Some(old) = self.ghost.pop_front() {
+                    self.ghost_set.remove(&old);
+                }
+            }
+        }
+    }
+
+    pub(super) fn victim(
+        &mut self,
+        mut eligible: impl FnMut(&BlockKey) -> bool,
+    ) -> Option<BlockKey> {
+        // Bounded: every block is looked at a few times at most.
+        let budget = 4 * self.queues.total() + 4;
+        for _ in 0..budget {
+            let (small, total) = (self.queues.len(SMALL), self.queues.total());
+            let from_small = small > 0 && (small * 10 >= total || self.queues.len(MAIN) == 0);
+            if from_small {
+                let s = self.queues.front(SMALL)?;
+                if self.queues.freq(s) > 0 {
+                    self.queues.set_freq(s, 0);
+                    self.queues.move_to_back(s, MAIN);
+                } else {
+                    self.queues.move_to_back(s, SMALL);
+                    let key = self.queues.key(s);
+                    if eligible(&key) {
+                        return Some(key);
+                    }
+                }
+            } else {
+                let s = self.queues.front(MAIN)?;
+                let f = self.queues.freq(s);
+                self.queues.move_to_back(s, MAIN);
+                if f > 0 {
+                    self.queues.set_freq(s, f - 1);
+                } else {
+                    let key = self.queues.key(s);
+                    if eligible(&key) {
+                        return Some(key);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether `key` is in the main queue.
+    #[cfg(test)]
+    pub(super) fn in_main(&self, key: &BlockKey) -> bool {
+        self.queues
+            .find(key)
+            .is_some_and(|s| self.queues.queue(s) == MAIN)
+    }
+}
