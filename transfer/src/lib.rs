@@ -4,6 +4,10 @@
 //! READ/WRITE ops against peers' segments, and the transports that carry them
 //! (tcp, shm, rdma). See docs/ARCHITECTURE.md, "Transfer engine".
 //!
+//! The handle is `fabric.rs`; the state every transport shares is `core/`,
+//! which knows no transport; each transport is a folder under `transport/`,
+//! behind one contract, and `transport/select.rs` picks one per peer.
+//!
 //! ```text
 //! let engine = TransferEngine::start(TransferConfig::default(), &mut registry).await?;
 //! let seg = engine.register(Arc::new(SharedRegion::create("arena", 1 << 30)?));
@@ -12,34 +16,29 @@
 
 pub mod checksum;
 mod config;
-mod engine;
+mod core;
 mod error;
-mod io_util;
+mod fabric;
+mod hello;
 pub mod memory;
 mod metrics;
 mod op;
-mod peer;
-mod protocol;
 mod segment;
-mod shm;
-mod tcp_client;
-mod tcp_server;
 #[doc(hidden)]
 pub mod testdata;
+mod transport;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
-#[cfg(feature = "rdma")]
-pub mod rdma;
-#[cfg(feature = "rdma")]
-mod rdma_batch;
-#[cfg(feature = "rdma")]
-mod rdma_link;
 
 pub use config::{TransferConfig, TransportChoice};
-pub use engine::{TransferEngine, Transport};
 pub use error::TransferError;
+pub use fabric::TransferEngine;
 pub use memory::SharedRegion;
 pub use metrics::TransferMetrics;
 pub use op::{BatchReport, Notification, OpKind, TransferOp};
 pub use segment::{RdmaKey, SegmentId, SegmentMeta, TransportKeys};
+/// The rdma verbs layer (feature `rdma`); without the feature only
+/// `device_names`, which finds none.
+pub use transport::rdma::verbs as rdma;
+pub use transport::Transport;

@@ -8,6 +8,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::op::OpKind;
+
 /// Transport label.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum TransportLabel {
@@ -23,6 +25,16 @@ pub enum DirectionLabel {
     Write,
     ServedRead,
     ServedWrite,
+}
+
+impl DirectionLabel {
+    /// The direction of an op this node initiated.
+    pub fn of(kind: OpKind) -> Self {
+        match kind {
+            OpKind::Read => DirectionLabel::Read,
+            OpKind::Write => DirectionLabel::Write,
+        }
+    }
 }
 
 /// Labels of the per-transport counters.

@@ -2,6 +2,9 @@
 
 use crate::{SegmentId, TransferError};
 
+/// Largest notification payload accepted (by every transport).
+pub const MAX_NOTIFY_BYTES: u64 = 1 << 20;
+
 /// READ pulls remote bytes into local memory; WRITE pushes local bytes to the peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {

@@ -1,10 +1,10 @@
 //! Running a batch over rdma links (feature `rdma`).
 //!
 //! 1. One pipelined range round trip on a link's control connection
-//!    ([`RequestKind::RdmaRange`]): the owner refuses bad ranges before a byte
+//!    (`control.rs`): the owner refuses bad ranges before a byte
 //!    moves and answers each segment's rkey (and, for checksummed READs, the
 //!    checksum of the range). Ops whose local or remote segment has no NIC
-//!    registration are handed back to the engine to run over tcp.
+//!    registration are handed back (`None` slots) to run over tcp.
 //! 2. One RDMA READ/WRITE work request per slice (`slice_bytes`), sprayed over
 //!    the batch's queue pairs, at most [`WINDOW`] posted per queue pair;
 //!    completions are awaited (no spinning) with the op timeout.
@@ -21,104 +21,49 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-use crate::engine::{Inner, PreparedOp};
-use crate::io_util::{bounded, read_message};
+use super::control::{ranges, RangeReply};
+use super::link::{RdmaLink, RdmaPeer};
+use super::nic::Nic;
+use super::verbs::{RdmaMemory, RdmaOp};
+use crate::checksum::checksum;
+use crate::core::{lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
-use crate::protocol::{
-    checksum, decode_rdma_key, Request, RequestKind, Response, Status, FLAG_CHECKSUM,
-    RDMA_KEY_BYTES, REQUEST_BYTES, RESPONSE_BYTES,
-};
-use crate::rdma::{RdmaMemory, RdmaOp};
-use crate::rdma_link::RdmaLink;
 use crate::segment::RdmaKey;
-use crate::{tcp_client, OpKind, SharedRegion, TransferError};
+use crate::transport::contract::BatchTransport;
+use crate::{OpKind, SharedRegion, TransferError};
 
 /// Work requests kept posted per queue pair (below its send queue depth).
 const WINDOW: usize = 128;
 /// Largest slice one work request carries.
 const MAX_SLICE: u64 = 1 << 30;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+impl BatchTransport for RdmaPeer {
+    /// Ops whose segments have no NIC registration go over tcp.
+    const HANDS_BACK: bool = true;
 
-/// The owner's answer to a range check: the segment's key (None: not
-/// registered with its NIC) and the range's checksum when asked.
-struct RangeReply {
-    key: Option<RdmaKey>,
-    checksum: u64,
-}
-
-/// Range-check `ops[i]` for every `(i, with_checksum)` in `asks`, pipelined on
-/// one control connection. `Err` means the connection broke.
-async fn ranges(
-    inner: &Inner,
-    peer: &str,
-    conn: &mut TcpStream,
-    ops: &[PreparedOp],
-    asks: &[(usize, bool)],
-) -> Result<Vec<Result<RangeReply, TransferError>>, TransferError> {
-    let timeout = inner.config.op_timeout();
-    let mut out = Vec::with_capacity(asks.len() * REQUEST_BYTES);
-    for &(i, sum) in asks {
-        let op = &ops[i].op;
-        let req = Request {
-            kind: RequestKind::RdmaRange,
-            flags: if sum { FLAG_CHECKSUM } else { 0 },
-            segment: op.remote.0,
-            op_offset: op.remote_offset,
-            op_len: op.len,
-            slice_offset: op.remote_offset,
-            slice_len: op.len,
-            checksum: 0,
+    async fn run_batch(
+        &self,
+        inner: &Arc<Inner>,
+        peer: &str,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<Option<OpResult>> {
+        let n = ops.len();
+        let slice = inner.config.slice_bytes.max(4096) as u64;
+        let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
+        let want = (slices as usize).clamp(1, inner.config.connections_per_peer);
+        let links = match self.checkout(inner, peer, want).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.finished(peer, false, true);
+                return vec![Some(Err(e)); n];
+            }
         };
-        out.extend_from_slice(&req.encode());
+        let out = run_links(inner, &self.nic, peer, ops, links).await;
+        let any_ok = out.results.iter().any(|r| matches!(r, Some(Ok(()))));
+        self.finished(peer, any_ok, out.broken);
+        self.put_back(out.healthy, inner.config.connections_per_peer.max(1));
+        out.results
     }
-    let (mut rd, mut wr) = conn.split();
-    let writer = bounded(peer, timeout, wr.write_all(&out));
-    let reader = async {
-        let mut replies = Vec::with_capacity(asks.len());
-        for &(i, _) in asks {
-            let mut head = [0u8; RESPONSE_BYTES];
-            bounded(peer, timeout, rd.read_exact(&mut head)).await?;
-            let resp = Response::decode(&head)?;
-            replies.push(match resp.status {
-                Status::Ok if resp.payload_len == RDMA_KEY_BYTES as u64 => {
-                    let mut key = [0u8; RDMA_KEY_BYTES];
-                    bounded(peer, timeout, rd.read_exact(&mut key)).await?;
-                    Ok(RangeReply {
-                        key: Some(decode_rdma_key(&key)?),
-                        checksum: resp.checksum,
-                    })
-                }
-                Status::Ok => {
-                    return Err(TransferError::Connection {
-                        peer: peer.into(),
-                        reason: format!("rdma key of {} bytes", resp.payload_len),
-                    })
-                }
-                status => {
-                    let reason =
-                        bounded(peer, timeout, read_message(&mut rd, resp.message_len)).await?;
-                    if status == Status::Unsupported {
-                        Ok(RangeReply {
-                            key: None,
-                            checksum: 0,
-                        })
-                    } else {
-                        let op = &ops[i].op;
-                        Err(tcp_client::refusal(peer, &resp, reason, op, 0, op.len))
-                    }
-                }
-            });
-        }
-        Ok(replies)
-    };
-    let ((), replies) = tokio::try_join!(writer, reader)?;
-    Ok(replies)
 }
 
 /// One op going over rdma.
@@ -156,29 +101,26 @@ struct Shared {
     peer: String,
 }
 
-/// What a batch over rdma left for the engine.
-pub(crate) struct RdmaOutcome {
+/// What a batch over rdma links left.
+struct RdmaOutcome {
     /// Per op: its result, or None when it must run over tcp.
-    pub results: Vec<Option<Result<(), TransferError>>>,
+    results: Vec<Option<OpResult>>,
     /// Links to return to the pool.
-    pub healthy: Vec<RdmaLink>,
+    healthy: Vec<RdmaLink>,
     /// A link broke: forget the pool and re-decide the transport.
-    pub broken: bool,
+    broken: bool,
 }
 
 /// Run `ops` over `links` (at least one).
-pub(crate) async fn run_batch(
+async fn run_links(
     inner: &Arc<Inner>,
+    nic: &Nic,
     peer: &str,
     ops: Vec<PreparedOp>,
     mut links: Vec<RdmaLink>,
 ) -> RdmaOutcome {
-    let mut results: Vec<Option<Result<(), TransferError>>> = vec![None; ops.len()];
-    let nic = inner.rdma.as_ref();
-    let locals: Vec<Option<Arc<RdmaMemory>>> = ops
-        .iter()
-        .map(|p| nic.and_then(|n| n.memory(p.op.local)))
-        .collect();
+    let mut results: Vec<Option<OpResult>> = vec![None; ops.len()];
+    let locals: Vec<Option<Arc<RdmaMemory>>> = ops.iter().map(|p| nic.memory(p.op.local)).collect();
     let asks: Vec<(usize, bool)> = (0..ops.len())
         .filter(|&i| locals[i].is_some())
         .map(|i| (i, ops[i].op.checksum && ops[i].op.kind == OpKind::Read))
@@ -201,8 +143,53 @@ pub(crate) async fn run_batch(
             };
         }
     };
-    // Plan the ops the owner accepted; corrupt WRITE sources as armed (test
-    // hook) after taking their checksum, to restore once the batch is done.
+    let (plans, corrupted) = plan(inner, &ops, locals, &asks, replies, &mut results);
+    let slice = (inner.config.slice_bytes as u64).clamp(4096, MAX_SLICE);
+    let (jobs, tallies) = slice_jobs(&ops, &plans, slice);
+    let spare = links.split_off(jobs.len().clamp(1, links.len()));
+    let shared = Arc::new(Shared {
+        ops,
+        plans,
+        jobs,
+        next: AtomicUsize::new(0),
+        abort: AtomicBool::new(false),
+        tallies: Mutex::new(tallies),
+        timeout: inner.config.op_timeout(),
+        peer: peer.to_string(),
+    });
+    let mut healthy = spare;
+    let link_error = drive_all(&shared, links, &mut healthy).await;
+    for &i in &corrupted {
+        flip_first_byte(&shared.ops[i].local, shared.ops[i].op.local_offset);
+    }
+    let verify = settle(inner, &shared, link_error.as_ref(), &mut results);
+    let mut broken = link_error.is_some();
+    if !verify.is_empty() {
+        let links = healthy.first_mut();
+        broken |= !verify_writes(inner, &shared, &verify, links, link_error, &mut results).await;
+    }
+    count(inner, &shared, &results);
+    if broken {
+        healthy.clear();
+    }
+    RdmaOutcome {
+        results,
+        healthy,
+        broken,
+    }
+}
+
+/// Plan the ops the owner accepted; corrupt WRITE sources as armed (test
+/// hook) after taking their checksum, to restore once the batch is done.
+/// Returns the plans and the ops corrupted.
+fn plan(
+    inner: &Inner,
+    ops: &[PreparedOp],
+    mut locals: Vec<Option<Arc<RdmaMemory>>>,
+    asks: &[(usize, bool)],
+    replies: Vec<Result<RangeReply, TransferError>>,
+    results: &mut [Option<OpResult>],
+) -> (Vec<Plan>, Vec<usize>) {
     let mut plans = Vec::new();
     let mut corrupted = Vec::new();
     for (&(i, _), reply) in asks.iter().zip(replies) {
@@ -234,7 +221,7 @@ pub(crate) async fn run_batch(
                 sum
             }
         };
-        if let Some(local) = locals[i].clone() {
+        if let Some(local) = locals[i].take() {
             plans.push(Plan {
                 index: i,
                 local,
@@ -243,7 +230,11 @@ pub(crate) async fn run_batch(
             });
         }
     }
-    let slice = (inner.config.slice_bytes as u64).clamp(4096, MAX_SLICE);
+    (plans, corrupted)
+}
+
+/// One work request per `slice` bytes of every planned op; one tally per plan.
+fn slice_jobs(ops: &[PreparedOp], plans: &[Plan], slice: u64) -> (Vec<Job>, Vec<Tally>) {
     let mut jobs = Vec::new();
     let mut tallies = Vec::with_capacity(plans.len());
     for (k, plan) in plans.iter().enumerate() {
@@ -265,38 +256,45 @@ pub(crate) async fn run_batch(
             error: None,
         });
     }
-    let spare = links.split_off(jobs.len().clamp(1, links.len()));
-    let shared = Arc::new(Shared {
-        ops,
-        plans,
-        jobs,
-        next: AtomicUsize::new(0),
-        abort: AtomicBool::new(false),
-        tallies: Mutex::new(tallies),
-        timeout: inner.config.op_timeout(),
-        peer: peer.to_string(),
-    });
-    let mut healthy = spare;
-    let mut link_error = None;
-    if !shared.jobs.is_empty() {
-        let mut set = tokio::task::JoinSet::new();
-        for mut link in links {
-            let shared = shared.clone();
-            set.spawn(async move { drive(&shared, &mut link).await.map(|()| link) });
-        }
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(Ok(link)) => healthy.push(link),
-                Ok(Err(e)) => link_error = Some(e),
-                Err(e) => link_error = Some(TransferError::Io(format!("rdma task failed: {e}"))),
-            }
-        }
-    } else {
+    (jobs, tallies)
+}
+
+/// Drive the jobs over every link, one task each; the links that finished
+/// cleanly join `healthy`. The last link error, if any.
+async fn drive_all(
+    shared: &Arc<Shared>,
+    links: Vec<RdmaLink>,
+    healthy: &mut Vec<RdmaLink>,
+) -> Option<TransferError> {
+    if shared.jobs.is_empty() {
         healthy.extend(links);
+        return None;
     }
-    for &i in &corrupted {
-        flip_first_byte(&shared.ops[i].local, shared.ops[i].op.local_offset);
+    let mut link_error = None;
+    let mut set = tokio::task::JoinSet::new();
+    for mut link in links {
+        let shared = shared.clone();
+        set.spawn(async move { drive(&shared, &mut link).await.map(|()| link) });
     }
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(link)) => healthy.push(link),
+            Ok(Err(e)) => link_error = Some(e),
+            Err(e) => link_error = Some(TransferError::Io(format!("rdma task failed: {e}"))),
+        }
+    }
+    link_error
+}
+
+/// Settle every plan from its tally: done (READ checksums verified here),
+/// failed, or left unfinished by `link_error`. Returns the checksummed
+/// WRITEs that landed, to verify with their owner.
+fn settle(
+    inner: &Inner,
+    shared: &Shared,
+    link_error: Option<&TransferError>,
+    results: &mut [Option<OpResult>],
+) -> Vec<usize> {
     let tallies = std::mem::take(&mut *lock(&shared.tallies));
     let mut verify = Vec::new();
     for (plan, t) in shared.plans.iter().zip(tallies) {
@@ -312,75 +310,80 @@ pub(crate) async fn run_batch(
                 (None, _) => Ok(()),
             },
             (None, _) => Err(link_error
-                .clone()
+                .cloned()
                 .unwrap_or_else(|| TransferError::Connection {
-                    peer: peer.into(),
+                    peer: shared.peer.clone(),
                     reason: "op left unfinished".into(),
                 })),
         };
         results[plan.index] = Some(r);
     }
-    let mut broken = link_error.is_some();
-    if !verify.is_empty() {
-        let asks: Vec<(usize, bool)> = verify.iter().map(|&i| (i, true)).collect();
-        let checked = match healthy.first_mut() {
-            Some(l) => ranges(inner, peer, &mut l.conn, &shared.ops, &asks).await,
-            None => Err(link_error.clone().unwrap_or(TransferError::Connection {
-                peer: peer.into(),
-                reason: "no link left to verify writes".into(),
-            })),
-        };
-        let wants: HashMap<usize, Option<u64>> =
-            shared.plans.iter().map(|p| (p.index, p.want)).collect();
-        match checked {
-            Ok(replies) => {
-                for (&i, reply) in verify.iter().zip(replies) {
-                    let op = &shared.ops[i].op;
-                    results[i] = Some(match reply {
-                        Ok(r) if Some(r.checksum) == wants.get(&i).copied().flatten() => Ok(()),
-                        Ok(_) => Err(TransferError::Checksum {
-                            segment: op.remote.0,
-                            offset: op.remote_offset,
-                            len: op.len,
-                        }),
-                        Err(e) => Err(e),
-                    });
-                }
+    verify
+}
+
+/// A second range round trip on `link` asks the owner for the checksum of
+/// what each WRITE in `verify` left; false when that broke the link.
+async fn verify_writes(
+    inner: &Inner,
+    shared: &Shared,
+    verify: &[usize],
+    link: Option<&mut RdmaLink>,
+    link_error: Option<TransferError>,
+    results: &mut [Option<OpResult>],
+) -> bool {
+    let peer = shared.peer.as_str();
+    let asks: Vec<(usize, bool)> = verify.iter().map(|&i| (i, true)).collect();
+    let checked = match link {
+        Some(l) => ranges(inner, peer, &mut l.conn, &shared.ops, &asks).await,
+        None => Err(link_error.unwrap_or(TransferError::Connection {
+            peer: peer.into(),
+            reason: "no link left to verify writes".into(),
+        })),
+    };
+    let wants: HashMap<usize, Option<u64>> =
+        shared.plans.iter().map(|p| (p.index, p.want)).collect();
+    match checked {
+        Ok(replies) => {
+            for (&i, reply) in verify.iter().zip(replies) {
+                let op = &shared.ops[i].op;
+                results[i] = Some(match reply {
+                    Ok(r) if Some(r.checksum) == wants.get(&i).copied().flatten() => Ok(()),
+                    Ok(_) => Err(TransferError::Checksum {
+                        segment: op.remote.0,
+                        offset: op.remote_offset,
+                        len: op.len,
+                    }),
+                    Err(e) => Err(e),
+                });
             }
-            Err(e) => {
-                broken = true;
-                for &i in &verify {
-                    results[i] = Some(Err(e.clone()));
-                }
+            true
+        }
+        Err(e) => {
+            for &i in verify {
+                results[i] = Some(Err(e.clone()));
             }
+            false
         }
     }
+}
+
+/// Count every planned op in the rdma metrics.
+fn count(inner: &Inner, shared: &Shared, results: &[Option<OpResult>]) {
     for plan in &shared.plans {
         let p = &shared.ops[plan.index];
         match &results[plan.index] {
             Some(Ok(())) => {
-                let dir = match p.op.kind {
-                    OpKind::Read => DirectionLabel::Read,
-                    OpKind::Write => DirectionLabel::Write,
-                };
+                let dir = DirectionLabel::of(p.op.kind);
                 inner.metrics.op_done(TransportLabel::Rdma, dir, p.op.len);
             }
             _ => inner.metrics.op_failed(TransportLabel::Rdma),
         }
     }
-    if broken {
-        healthy.clear();
-    }
-    RdmaOutcome {
-        results,
-        healthy,
-        broken,
-    }
 }
 
 fn fail_all(
     inner: &Inner,
-    results: &mut [Option<Result<(), TransferError>>],
+    results: &mut [Option<OpResult>],
     asks: &[(usize, bool)],
     e: &TransferError,
 ) {

@@ -1,12 +1,14 @@
 //! The rdma transport's verbs layer (feature `rdma`): device discovery, memory
 //! registration of segments (rkeys go into segment metadata), RC queue pairs
-//! and one-sided RDMA READ/WRITE work requests with completion waiting.
+//! and one-sided RDMA READ/WRITE work requests. Waiting for completions is
+//! `completions.rs`.
 //!
 //! Built on raw verbs (ibverbs-sys) because ibverbs 0.9's safe API can only
 //! register memory it allocates itself and only posts SENDs. It compiles in CI;
 //! it runs only where an RDMA NIC exists. With no device, discovery logs once
-//! and the engine uses tcp. The engine side (queue-pair exchange, batches) is
-//! in `rdma_link.rs`.
+//! and the engine uses tcp. The engine side is beside it: the NIC and its
+//! registrations (`nic.rs`), links and their exchange (`link.rs`), batches
+//! (`batch.rs`).
 //!
 //! Each queue pair has its own completion queue and completion channel, so a
 //! batch that owns a queue pair reaps exactly its own completions, and waits
@@ -21,11 +23,9 @@ use ibverbs_sys as ffi;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-pub use crate::protocol::RdmaEndpoint;
 use crate::segment::RdmaKey;
+pub use crate::transport::tcp::protocol::RdmaEndpoint;
 use crate::{OpKind, SharedRegion, TransferError};
-
-mod completions;
 
 const PORT_NUM: u8 = 1;
 /// Work requests a queue pair holds (its completion queue holds as many).
@@ -60,7 +60,7 @@ fn os_err(what: &str) -> TransferError {
     TransferError::Io(format!("{what}: {}", std::io::Error::last_os_error()))
 }
 
-fn errno_err(what: &str, errno: i32) -> TransferError {
+pub(super) fn errno_err(what: &str, errno: i32) -> TransferError {
     TransferError::Io(format!(
         "{what}: {}",
         std::io::Error::from_raw_os_error(errno)
@@ -83,7 +83,7 @@ pub struct RdmaOp {
 
 /// An opened device: context and protection domain.
 pub struct RdmaDevice {
-    ctx: *mut ffi::ibv_context,
+    pub(super) ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
     lid: u16,
     gid: [u8; 16],
@@ -238,7 +238,7 @@ impl Drop for RdmaMemory {
 }
 
 /// The fd of a completion channel, for tokio's reactor.
-struct ChannelFd(RawFd);
+pub(super) struct ChannelFd(RawFd);
 
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {
@@ -249,12 +249,12 @@ impl AsRawFd for ChannelFd {
 /// A reliable-connected queue pair to one peer, with its own completion
 /// queue and completion channel.
 pub struct RcQueuePair {
-    device: Arc<RdmaDevice>,
+    pub(super) device: Arc<RdmaDevice>,
     qp: *mut ffi::ibv_qp,
-    cq: *mut ffi::ibv_cq,
-    channel: *mut ffi::ibv_comp_channel,
+    pub(super) cq: *mut ffi::ibv_cq,
+    pub(super) channel: *mut ffi::ibv_comp_channel,
     /// Readiness of the channel's fd; `None` only while dropping.
-    events: Option<AsyncFd<ChannelFd>>,
+    pub(super) events: Option<AsyncFd<ChannelFd>>,
 }
 
 // SAFETY: posting to and polling a QP from one thread at a time is enforced

@@ -1,103 +1,30 @@
-//! The rdma transport on the engine side (feature `rdma`): the engine's NIC
-//! (the device opened at start and the NIC registration of every segment),
-//! the per-peer pools of rdma links, and both ends of the queue-pair exchange.
-//! Running a batch over rdma links is `rdma_batch.rs`.
+//! rdma links (feature `rdma`): a tcp control connection to the peer plus one
+//! RC queue pair set up over it ([`RequestKind::RdmaConnect`]: our endpoint
+//! out, the peer's back); the peer keeps its end of the queue pair as long as
+//! that connection lives, so dropping a link tears down both ends. And the
+//! per-peer pool of links.
 //!
-//! A link is a tcp control connection to the peer plus one RC queue pair set
-//! up over it ([`RequestKind::RdmaConnect`]: our endpoint out, the peer's
-//! back); the peer keeps its end of the queue pair as long as that connection
-//! lives, so dropping a link tears down both ends. rdma is chosen for a peer
-//! only when both ends have a device (the hello says so) and the exchange
-//! works; a failed exchange is logged once per peer and the peer gets tcp.
+//! rdma is chosen for a peer only when both ends have a device (the hello
+//! says so) and the exchange works; a failed exchange is logged once per peer
+//! and the peer gets tcp.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
-use crate::engine::Inner;
-use crate::io_util::{bounded, read_message, write_all_2};
+use super::nic::Nic;
+use super::verbs::RcQueuePair;
+use crate::core::{lock, Inner};
+use crate::hello::Hello;
 use crate::metrics::TransportLabel;
-use crate::protocol::{
-    Hello, RdmaEndpoint, Request, RequestKind, Response, Status, RDMA_ENDPOINT_BYTES,
-    RESPONSE_BYTES,
+use crate::transport::io::{bounded, read_message, write_all_2};
+use crate::transport::tcp::client;
+use crate::transport::tcp::protocol::{
+    RdmaEndpoint, Request, RequestKind, Response, Status, RDMA_ENDPOINT_BYTES, RESPONSE_BYTES,
 };
-use crate::rdma::{self, RcQueuePair, RdmaDevice, RdmaMemory};
-use crate::segment::RdmaKey;
-use crate::{tcp_client, SegmentId, SharedRegion, TransferError};
-
-/// Queue pairs one control connection may hold on the serving side.
-pub(crate) const MAX_SERVED_QPS: usize = 16;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The engine's NIC: the device opened at start and the NIC registration of
-/// every segment, whose rkeys go into segment metadata.
-pub(crate) struct RdmaNic {
-    device: Arc<RdmaDevice>,
-    memory: Mutex<HashMap<SegmentId, Arc<RdmaMemory>>>,
-}
-
-impl RdmaNic {
-    /// Discover devices (logging once) and open the first; None without one.
-    pub fn discover() -> Option<Self> {
-        rdma::log_devices_once();
-        if rdma::device_names().is_empty() {
-            return None;
-        }
-        match RdmaDevice::open(None) {
-            Ok(device) => Some(RdmaNic {
-                device,
-                memory: Default::default(),
-            }),
-            Err(e) => {
-                tracing::warn!(error = %e, "RDMA device present but unusable; using tcp");
-                None
-            }
-        }
-    }
-
-    /// Register a segment with the NIC; failure is logged and leaves the
-    /// segment reachable over tcp/shm only.
-    pub fn register(&self, id: SegmentId, region: Arc<SharedRegion>) {
-        match self.device.register(region) {
-            Ok(mem) => {
-                lock(&self.memory).insert(id, Arc::new(mem));
-            }
-            Err(e) => tracing::warn!(segment = %id, error = %e, "RDMA registration failed"),
-        }
-    }
-
-    /// Drop a segment's NIC registration (its rkey stops working once no
-    /// in-flight batch holds it).
-    pub fn unregister(&self, id: SegmentId) {
-        lock(&self.memory).remove(&id);
-    }
-
-    /// The segment's RDMA key, when registered with the NIC.
-    pub fn key(&self, id: SegmentId) -> Option<RdmaKey> {
-        lock(&self.memory).get(&id).map(|m| m.key())
-    }
-
-    pub(crate) fn memory(&self, id: SegmentId) -> Option<Arc<RdmaMemory>> {
-        lock(&self.memory).get(&id).cloned()
-    }
-}
-
-/// Serving side of the exchange: a queue pair connected to `remote`.
-pub(crate) fn accept_qp(inner: &Inner, remote: RdmaEndpoint) -> Result<RcQueuePair, TransferError> {
-    let nic = inner
-        .rdma
-        .as_ref()
-        .ok_or_else(|| TransferError::Unsupported("no RDMA device".into()))?;
-    let mut qp = RcQueuePair::create(&nic.device)?;
-    qp.connect(remote)?;
-    Ok(qp)
-}
+use crate::TransferError;
 
 /// A control connection and the queue pair set up over it.
 pub(crate) struct RdmaLink {
@@ -113,8 +40,8 @@ pub(crate) struct RdmaLink {
 /// Queue pairs connect even when the two NICs cannot reach each other (the
 /// failure shows on the first work request), so rdma that breaks before any
 /// op ever succeeded over it is turned off for the peer, which then gets tcp.
-#[derive(Default)]
 pub(crate) struct RdmaPeer {
+    pub(super) nic: Arc<Nic>,
     pool: Mutex<Option<(Arc<()>, Vec<RdmaLink>)>>,
     warned: AtomicBool,
     /// An op to this peer has succeeded over rdma.
@@ -124,6 +51,16 @@ pub(crate) struct RdmaPeer {
 }
 
 impl RdmaPeer {
+    pub fn new(nic: Arc<Nic>) -> Self {
+        RdmaPeer {
+            nic,
+            pool: Mutex::new(None),
+            warned: AtomicBool::new(false),
+            proven: AtomicBool::new(false),
+            disabled: AtomicBool::new(false),
+        }
+    }
+
     /// Whether rdma links to this peer work (one was set up and none broke since).
     pub fn ready(&self) -> bool {
         lock(&self.pool).is_some()
@@ -137,9 +74,7 @@ impl RdmaPeer {
         peer: &str,
         hello: &Hello,
     ) -> Result<(), TransferError> {
-        if inner.rdma.is_none() {
-            return Err(TransferError::Unsupported("no local RDMA device".into()));
-        }
+        self.nic.device("no local RDMA device")?;
         if !hello.rdma {
             return Err(TransferError::Unsupported(format!(
                 "{peer} has no RDMA device"
@@ -151,7 +86,7 @@ impl RdmaPeer {
             )));
         }
         let token = Arc::new(());
-        let link = match open_link(inner, peer, token.clone()).await {
+        let link = match open_link(inner, &self.nic, peer, token.clone()).await {
             Ok(l) => l,
             Err(e) => {
                 if !self.warned.swap(true, Ordering::Relaxed) {
@@ -199,7 +134,7 @@ impl RdmaPeer {
             (idle.drain(keep..).collect::<Vec<_>>(), token.clone())
         };
         while links.len() < want {
-            match open_link(inner, peer, token.clone()).await {
+            match open_link(inner, &self.nic, peer, token.clone()).await {
                 Ok(l) => links.push(l),
                 Err(e) if links.is_empty() => return Err(e),
                 Err(e) => {
@@ -227,24 +162,17 @@ impl RdmaPeer {
 
 /// Initiating side of the exchange: a control connection, our queue pair,
 /// the peer's endpoint in return, and our queue pair connected to it.
-async fn open_link(inner: &Inner, peer: &str, pool: Arc<()>) -> Result<RdmaLink, TransferError> {
-    let nic = inner
-        .rdma
-        .as_ref()
-        .ok_or_else(|| TransferError::Unsupported("no local RDMA device".into()))?;
+async fn open_link(
+    inner: &Inner,
+    nic: &Nic,
+    peer: &str,
+    pool: Arc<()>,
+) -> Result<RdmaLink, TransferError> {
+    let device = nic.device("no local RDMA device")?;
     let timeout = inner.config.op_timeout();
-    let (mut conn, _) = tcp_client::connect(inner, peer).await?;
-    let mut qp = RcQueuePair::create(&nic.device)?;
-    let req = Request {
-        kind: RequestKind::RdmaConnect,
-        flags: 0,
-        segment: 0,
-        op_offset: 0,
-        op_len: RDMA_ENDPOINT_BYTES as u64,
-        slice_offset: 0,
-        slice_len: RDMA_ENDPOINT_BYTES as u64,
-        checksum: 0,
-    };
+    let (mut conn, _) = client::connect(inner, peer).await?;
+    let mut qp = RcQueuePair::create(device)?;
+    let req = Request::control(RequestKind::RdmaConnect, RDMA_ENDPOINT_BYTES as u64);
     let ours = qp.endpoint().encode();
     bounded(peer, timeout, write_all_2(&mut conn, &req.encode(), &ours)).await?;
     let mut head = [0u8; RESPONSE_BYTES];

@@ -1,7 +1,7 @@
-//! The tcp wire protocol: a hello exchanged once per connection, then
-//! fixed-size little-endian request and response headers, each followed by
-//! its payload (a slice of a segment), so payloads can be read straight into
-//! and written straight from registered memory.
+//! The tcp wire protocol: after the hello (`crate::hello`), fixed-size
+//! little-endian request and response headers, each followed by its payload
+//! (a slice of a segment), so payloads can be read straight into and written
+//! straight from registered memory. Pure encoding and decoding: no I/O here.
 //!
 //! The same connection carries the rdma control plane: a queue-pair exchange
 //! ([`RequestKind::RdmaConnect`], payload an [`RdmaEndpoint`]) and per-op range
@@ -12,17 +12,6 @@ use serde::{Deserialize, Serialize};
 use crate::segment::RdmaKey;
 use crate::TransferError;
 
-/// "KVFT".
-pub const MAGIC: u32 = 0x5446_564b;
-/// Protocol version; a peer with another version is refused at hello.
-pub const VERSION: u16 = 1;
-/// Largest notification payload accepted.
-pub const MAX_NOTIFY_BYTES: u64 = 1 << 20;
-
-const BOOT_ID_BYTES: usize = 48;
-const SOCKET_BYTES: usize = 64;
-/// Size of an encoded [`Hello`].
-pub const HELLO_BYTES: usize = 12 + BOOT_ID_BYTES + SOCKET_BYTES;
 /// Size of an encoded [`Request`].
 pub const REQUEST_BYTES: usize = 56;
 /// Size of an encoded [`Response`] header.
@@ -31,57 +20,6 @@ pub const RESPONSE_BYTES: usize = 24;
 pub const RDMA_ENDPOINT_BYTES: usize = 24;
 /// Size of an encoded [`RdmaKey`].
 pub const RDMA_KEY_BYTES: usize = 16;
-/// Hello flag: this engine has an RDMA device and accepts queue pairs.
-const HELLO_RDMA: u8 = 1;
-
-/// Identity exchanged when a connection opens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hello {
-    pub pid: u32,
-    pub boot_id: String,
-    pub shm_socket: String,
-    /// The engine has an RDMA device (older peers send 0: no).
-    pub rdma: bool,
-}
-
-impl Hello {
-    pub fn encode(&self) -> [u8; HELLO_BYTES] {
-        let mut b = [0u8; HELLO_BYTES];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        b[6] = if self.rdma { HELLO_RDMA } else { 0 };
-        b[8..12].copy_from_slice(&self.pid.to_le_bytes());
-        put_str(&mut b[12..12 + BOOT_ID_BYTES], &self.boot_id);
-        put_str(&mut b[12 + BOOT_ID_BYTES..], &self.shm_socket);
-        b
-    }
-
-    pub fn decode(b: &[u8; HELLO_BYTES]) -> Result<Self, TransferError> {
-        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let version = u16::from_le_bytes([b[4], b[5]]);
-        if magic != MAGIC || version != VERSION {
-            return Err(TransferError::InvalidArgument(format!(
-                "not a kvfabric transfer peer (magic {magic:#x}, version {version})"
-            )));
-        }
-        Ok(Hello {
-            pid: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-            boot_id: get_str(&b[12..12 + BOOT_ID_BYTES]),
-            shm_socket: get_str(&b[12 + BOOT_ID_BYTES..]),
-            rdma: b[6] & HELLO_RDMA != 0,
-        })
-    }
-}
-
-fn put_str(dst: &mut [u8], s: &str) {
-    let n = s.len().min(dst.len());
-    dst[..n].copy_from_slice(&s.as_bytes()[..n]);
-}
-
-fn get_str(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
 
 /// What a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +106,28 @@ impl Request {
     }
 }
 
+impl Request {
+    /// A request that names no segment and carries `len` payload bytes (a
+    /// notification, an rdma endpoint).
+    pub fn control(kind: RequestKind, len: u64) -> Self {
+        Request {
+            kind,
+            flags: 0,
+            segment: 0,
+            op_offset: 0,
+            op_len: len,
+            slice_offset: 0,
+            slice_len: len,
+            checksum: 0,
+        }
+    }
+
+    /// Whether this slice ends its op (a checked request: the ranges add up).
+    pub fn ends_op(&self) -> bool {
+        self.slice_offset + self.slice_len == self.op_offset + self.op_len
+    }
+}
+
 fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
@@ -197,6 +157,17 @@ pub struct Response {
 }
 
 impl Response {
+    /// A successful answer: `payload_len` bytes follow; `checksum` is the
+    /// payload's checksum (or the aux word).
+    pub fn ok(checksum: u64, payload_len: u64) -> Self {
+        Response {
+            status: Status::Ok,
+            message_len: 0,
+            checksum,
+            payload_len,
+        }
+    }
+
     pub fn encode(&self) -> [u8; RESPONSE_BYTES] {
         let mut b = [0u8; RESPONSE_BYTES];
         b[0] = self.status as u8;
@@ -228,8 +199,6 @@ impl Response {
         })
     }
 }
-
-pub use crate::checksum::checksum;
 
 /// The address of one end of an rdma RC connection, exchanged over tcp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,27 +241,29 @@ impl RdmaEndpoint {
     }
 }
 
-/// Encode a segment's rdma key (address, rkey, 4 reserved zero bytes).
-pub fn encode_rdma_key(key: &RdmaKey) -> [u8; RDMA_KEY_BYTES] {
-    let mut b = [0u8; RDMA_KEY_BYTES];
-    b[0..8].copy_from_slice(&key.addr.to_le_bytes());
-    b[8..12].copy_from_slice(&key.rkey.to_le_bytes());
-    b
-}
-
-/// Decode a segment's rdma key; refuses a wrong length or set reserved bytes.
-#[cfg_attr(not(any(feature = "rdma", test)), allow(dead_code))]
-pub fn decode_rdma_key(b: &[u8]) -> Result<RdmaKey, TransferError> {
-    if b.len() != RDMA_KEY_BYTES || b[12..].iter().any(|&x| x != 0) {
-        return Err(TransferError::InvalidArgument(format!(
-            "bad rdma key ({} bytes)",
-            b.len()
-        )));
+/// The wire form of a segment's rdma key (answered to an `RdmaRange`).
+impl RdmaKey {
+    /// Encode (address, rkey, 4 reserved zero bytes).
+    pub fn encode(&self) -> [u8; RDMA_KEY_BYTES] {
+        let mut b = [0u8; RDMA_KEY_BYTES];
+        b[0..8].copy_from_slice(&self.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&self.rkey.to_le_bytes());
+        b
     }
-    Ok(RdmaKey {
-        addr: u64_at(b, 0),
-        rkey: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
-    })
+
+    /// Decode; refuses a wrong length or set reserved bytes.
+    pub fn decode(b: &[u8]) -> Result<Self, TransferError> {
+        if b.len() != RDMA_KEY_BYTES || b[12..].iter().any(|&x| x != 0) {
+            return Err(TransferError::InvalidArgument(format!(
+                "bad rdma key ({} bytes)",
+                b.len()
+            )));
+        }
+        Ok(RdmaKey {
+            addr: u64_at(b, 0),
+            rkey: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+        })
+    }
 }
 
 #[cfg(test)]
@@ -301,19 +272,6 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_garbage_is_refused() {
-        let h = Hello {
-            pid: 42,
-            boot_id: "abc".into(),
-            shm_socket: "kvfabric-1".into(),
-            rdma: false,
-        };
-        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        let with_nic = Hello {
-            rdma: true,
-            ..h.clone()
-        };
-        assert_eq!(Hello::decode(&with_nic.encode()).unwrap(), with_nic);
-        assert!(Hello::decode(&[7u8; HELLO_BYTES]).is_err());
         let r = Request {
             kind: RequestKind::Write,
             flags: FLAG_CHECKSUM,
@@ -367,12 +325,12 @@ mod tests {
             addr: 0x7f00_dead_b000,
             rkey: 0xabcd_ef01,
         };
-        let kb = encode_rdma_key(&key);
-        assert_eq!(decode_rdma_key(&kb).unwrap(), key);
-        assert!(decode_rdma_key(&kb[..15]).is_err());
+        let kb = key.encode();
+        assert_eq!(RdmaKey::decode(&kb).unwrap(), key);
+        assert!(RdmaKey::decode(&kb[..15]).is_err());
         let mut bad = kb;
         bad[15] = 9;
-        assert!(decode_rdma_key(&bad).is_err());
+        assert!(RdmaKey::decode(&bad).is_err());
 
         for kind in [RequestKind::RdmaConnect, RequestKind::RdmaRange] {
             let r = Request {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ibverbs_sys as ffi;
 
-use super::{errno_err, Completion, RcQueuePair};
+use super::verbs::{errno_err, Completion, RcQueuePair};
 use crate::TransferError;
 
 impl RcQueuePair {

@@ -11,14 +11,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::engine::{Inner, PreparedOp};
-use crate::io_util::{bounded, read_message, write_all_2};
+use super::protocol::{Request, RequestKind, Response, Status, FLAG_CHECKSUM, RESPONSE_BYTES};
+use crate::checksum::checksum;
+use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::hello::{Hello, HELLO_BYTES};
 use crate::metrics::TransportLabel;
 use crate::op::{OpKind, TransferOp};
-use crate::protocol::{
-    checksum, Hello, Request, RequestKind, Response, Status, FLAG_CHECKSUM, HELLO_BYTES,
-    RESPONSE_BYTES,
-};
+use crate::transport::io::{bounded, read_message, write_all_2};
 use crate::TransferError;
 
 /// Open a connection and exchange hellos.
@@ -68,24 +67,8 @@ pub(crate) async fn run_batch(
     peer: &str,
     ops: Vec<PreparedOp>,
     mut conns: Vec<TcpStream>,
-) -> (Vec<Result<(), TransferError>>, Vec<TcpStream>) {
-    let slice = inner.config.slice_bytes.max(4096) as u64;
-    let mut jobs = Vec::new();
-    let mut tallies = Vec::with_capacity(ops.len());
-    for (i, p) in ops.iter().enumerate() {
-        let mut at = 0;
-        let mut n = 0;
-        while at < p.op.len {
-            let len = slice.min(p.op.len - at);
-            jobs.push(SliceJob { op: i, at, len });
-            at += len;
-            n += 1;
-        }
-        tallies.push(Tally {
-            slices_left: n,
-            error: None,
-        });
-    }
+) -> (Vec<OpResult>, Vec<TcpStream>) {
+    let (jobs, tallies) = slice_jobs(&ops, inner.config.slice_bytes.max(4096) as u64);
     conns.truncate(jobs.len().max(1));
     let shared = Arc::new(BatchShared {
         inner: inner.clone(),
@@ -96,50 +79,7 @@ pub(crate) async fn run_batch(
         abort: AtomicBool::new(false),
         tallies: Mutex::new(tallies),
     });
-    let mut healthy = Vec::new();
-    let mut conn_error = None;
-    if shared.jobs.len() == 1 && conns.len() == 1 {
-        // One slice (a small op): request then reply on this task, no
-        // channel, no join, no spawn on the latency path.
-        for mut c in conns {
-            let timeout = inner.config.op_timeout();
-            let (mut rd, mut wr) = c.split();
-            let outcome = match send_request(&shared, &mut wr, 0, timeout).await {
-                Ok(()) => receive_reply(&shared, &mut rd, 0, timeout).await,
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(()) => healthy.push(c),
-                Err(e) => conn_error = Some(e),
-            }
-        }
-    } else if conns.len() == 1 {
-        // Small batches: no task spawn.
-        for mut c in conns {
-            match drive_connection(&shared, &mut c).await {
-                Ok(()) => healthy.push(c),
-                Err(e) => conn_error = Some(e),
-            }
-        }
-    } else {
-        let mut set = tokio::task::JoinSet::new();
-        for mut c in conns {
-            let shared = shared.clone();
-            set.spawn(async move { drive_connection(&shared, &mut c).await.map(|()| c) });
-        }
-        while let Some(r) = set.join_next().await {
-            match r {
-                Ok(Ok(c)) => healthy.push(c),
-                Ok(Err(e)) => conn_error = Some(e),
-                Err(e) => {
-                    conn_error = Some(TransferError::Connection {
-                        peer: peer.to_string(),
-                        reason: format!("connection task failed: {e}"),
-                    })
-                }
-            }
-        }
-    }
+    let (mut healthy, conn_error) = drive_all(&shared, conns).await;
     let tallies = std::mem::take(&mut *lock(&shared.tallies));
     let results = tallies
         .into_iter()
@@ -160,8 +100,78 @@ pub(crate) async fn run_batch(
     (results, healthy)
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Cut every op into slices of at most `slice` bytes; one tally per op.
+fn slice_jobs(ops: &[PreparedOp], slice: u64) -> (Vec<SliceJob>, Vec<Tally>) {
+    let mut jobs = Vec::new();
+    let mut tallies = Vec::with_capacity(ops.len());
+    for (i, p) in ops.iter().enumerate() {
+        let mut at = 0;
+        let mut n = 0;
+        while at < p.op.len {
+            let len = slice.min(p.op.len - at);
+            jobs.push(SliceJob { op: i, at, len });
+            at += len;
+            n += 1;
+        }
+        tallies.push(Tally {
+            slices_left: n,
+            error: None,
+        });
+    }
+    (jobs, tallies)
+}
+
+/// Drive the batch's slices over every connection; the connections that
+/// finished cleanly, and the last connection error.
+async fn drive_all(
+    shared: &Arc<BatchShared>,
+    conns: Vec<TcpStream>,
+) -> (Vec<TcpStream>, Option<TransferError>) {
+    let mut healthy = Vec::new();
+    let mut conn_error = None;
+    if shared.jobs.len() == 1 && conns.len() == 1 {
+        // One slice (a small op): request then reply on this task, no
+        // channel, no join, no spawn on the latency path.
+        for mut c in conns {
+            let timeout = shared.inner.config.op_timeout();
+            let (mut rd, mut wr) = c.split();
+            let outcome = match send_request(shared, &mut wr, 0, timeout).await {
+                Ok(()) => receive_reply(shared, &mut rd, 0, timeout).await,
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(()) => healthy.push(c),
+                Err(e) => conn_error = Some(e),
+            }
+        }
+    } else if conns.len() == 1 {
+        // Small batches: no task spawn.
+        for mut c in conns {
+            match drive_connection(shared, &mut c).await {
+                Ok(()) => healthy.push(c),
+                Err(e) => conn_error = Some(e),
+            }
+        }
+    } else {
+        let mut set = tokio::task::JoinSet::new();
+        for mut c in conns {
+            let shared = shared.clone();
+            set.spawn(async move { drive_connection(&shared, &mut c).await.map(|()| c) });
+        }
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(Ok(c)) => healthy.push(c),
+                Ok(Err(e)) => conn_error = Some(e),
+                Err(e) => {
+                    conn_error = Some(TransferError::Connection {
+                        peer: shared.peer.clone(),
+                        reason: format!("connection task failed: {e}"),
+                    })
+                }
+            }
+        }
+    }
+    (healthy, conn_error)
 }
 
 /// Pump slices through one connection: a writer sends requests (at most
@@ -349,16 +359,7 @@ pub(crate) async fn notify(
     payload: &[u8],
 ) -> Result<(), TransferError> {
     let timeout = inner.config.op_timeout();
-    let req = Request {
-        kind: RequestKind::Notify,
-        flags: 0,
-        segment: 0,
-        op_offset: 0,
-        op_len: payload.len() as u64,
-        slice_offset: 0,
-        slice_len: payload.len() as u64,
-        checksum: 0,
-    };
+    let req = Request::control(RequestKind::Notify, payload.len() as u64);
     bounded(peer, timeout, write_all_2(conn, &req.encode(), payload)).await?;
     let mut head = [0u8; RESPONSE_BYTES];
     bounded(peer, timeout, conn.read_exact(&mut head)).await?;

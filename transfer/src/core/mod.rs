@@ -1,0 +1,108 @@
+//! The shared core of the transfer engine: the state every transport and
+//! server works against ([`Inner`]: configuration, segment table, metrics,
+//! this engine's hello, notifications, the corruption test hook), ops whose
+//! local side has been checked ([`PreparedOp`]), and the assembly of a
+//! batch's per-op results from the parts that ran ([`BatchResults`]).
+//!
+//! It knows no transport: transports import it, never the other way, so a new
+//! transport is a folder under `transport/` and a line in its selection.
+
+mod results;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::broadcast;
+
+pub(crate) use results::{BatchResults, OpResult};
+
+use crate::config::TransferConfig;
+use crate::hello::Hello;
+use crate::metrics::TransferMetrics;
+use crate::op::{Notification, TransferOp};
+use crate::segment::{check_range, SegmentTable};
+use crate::{SharedRegion, TransferError};
+
+/// An op whose local range has been checked, holding its local region.
+#[derive(Debug, Clone)]
+pub(crate) struct PreparedOp {
+    pub op: TransferOp,
+    pub local: Arc<SharedRegion>,
+}
+
+/// State shared by the engine handle, its servers and its batches.
+pub(crate) struct Inner {
+    pub config: TransferConfig,
+    pub segments: SegmentTable,
+    pub metrics: TransferMetrics,
+    pub hello: Hello,
+    pub node: String,
+    pub corrupt: AtomicU32,
+    pub notify_tx: broadcast::Sender<Notification>,
+}
+
+impl Inner {
+    pub fn new(
+        config: TransferConfig,
+        metrics: TransferMetrics,
+        hello: Hello,
+        node: String,
+    ) -> Self {
+        let (notify_tx, _) = broadcast::channel(1024);
+        Inner {
+            config,
+            segments: SegmentTable::default(),
+            metrics,
+            hello,
+            node,
+            corrupt: AtomicU32::new(0),
+            notify_tx,
+        }
+    }
+
+    /// Consume one armed payload corruption (test hook), if any.
+    pub fn take_corruption(&self) -> bool {
+        self.corrupt
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Check the local side of an op before anything moves.
+    pub fn prepare(&self, op: TransferOp) -> Result<PreparedOp, TransferError> {
+        if op.len == 0 {
+            return Err(TransferError::InvalidArgument("zero-length op".into()));
+        }
+        let local = self
+            .segments
+            .resolve("local", op.local.0, op.local_offset, op.len)?;
+        check_range(&local, op.local_offset, op.len)?;
+        Ok(PreparedOp { op, local })
+    }
+
+    /// Prepare every op of a batch: the refused ones settle their results
+    /// now; the others are returned with their positions, to run.
+    pub fn prepare_batch(
+        &self,
+        ops: Vec<TransferOp>,
+    ) -> (BatchResults, Vec<usize>, Vec<PreparedOp>) {
+        let mut results = BatchResults::new(ops.len());
+        let mut prepared = Vec::with_capacity(ops.len());
+        let mut index = Vec::with_capacity(ops.len());
+        for (i, op) in ops.into_iter().enumerate() {
+            match self.prepare(op) {
+                Ok(p) => {
+                    prepared.push(p);
+                    index.push(i);
+                }
+                Err(e) => results.set(i, Err(e)),
+            }
+        }
+        (results, index, prepared)
+    }
+}
+
+/// Lock a mutex, recovering it from a poisoning panic (the data it guards
+/// stays consistent between statements).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

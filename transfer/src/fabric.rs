@@ -1,0 +1,176 @@
+//! The transfer engine's handle ([`TransferEngine`]): registers segments,
+//! hands out their metadata, and turns a batch of ops into per-op results —
+//! the local side of every op is checked here (`crate::core`), then the ops
+//! go to the transport selected for the peer (`crate::transport`).
+//!
+//! (Named `fabric` so as not to be confused with the LLM engine crate.)
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::broadcast;
+
+use crate::config::TransferConfig;
+use crate::core::{Inner, OpResult};
+use crate::hello::{boot_id, Hello};
+use crate::metrics::TransferMetrics;
+use crate::op::{BatchReport, Notification, TransferOp, MAX_NOTIFY_BYTES};
+use crate::segment::{SegmentId, SegmentMeta, TransportKeys};
+use crate::transport::{Listeners, Transport, Transports};
+use crate::{SharedRegion, TransferError};
+
+/// A running transfer engine. Dropping it stops its servers.
+pub struct TransferEngine {
+    inner: Arc<Inner>,
+    local_addr: SocketAddr,
+    transports: Transports,
+}
+
+impl TransferEngine {
+    /// Bind the tcp listener and the shm socket, register metrics, and serve.
+    pub async fn start(
+        config: TransferConfig,
+        registry: &mut Registry,
+    ) -> Result<Self, TransferError> {
+        if config.connections_per_peer == 0 || config.slice_bytes == 0 {
+            return Err(TransferError::InvalidArgument(
+                "connections_per_peer and slice_bytes must be positive".into(),
+            ));
+        }
+        let listeners = Listeners::bind(&config.listen).await?;
+        let local_addr = listeners.local_addr;
+        let hello = Hello {
+            pid: std::process::id(),
+            boot_id: boot_id(),
+            shm_socket: listeners.shm_socket.clone(),
+            rdma: listeners.nic.present(),
+        };
+        let node = config
+            .node_name
+            .clone()
+            .unwrap_or_else(|| local_addr.to_string());
+        let metrics = TransferMetrics::register(registry);
+        let inner = Arc::new(Inner::new(config, metrics, hello, node));
+        let transports = Transports::serve(inner.clone(), listeners);
+        tracing::info!(addr = %local_addr, "transfer engine listening");
+        Ok(TransferEngine {
+            inner,
+            local_addr,
+            transports,
+        })
+    }
+
+    /// The address peers reach this engine at.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Register a region; peers may then read and write inside it.
+    pub fn register(&self, region: Arc<SharedRegion>) -> SegmentId {
+        let id = self.inner.segments.register(region.clone());
+        self.transports.nic().register(id, region);
+        id
+    }
+
+    /// Unregister a segment: every later op naming it is refused.
+    pub fn unregister(&self, id: SegmentId) -> Result<(), TransferError> {
+        self.transports.nic().unregister(id);
+        self.inner
+            .segments
+            .unregister(id)
+            .map(|_| ())
+            .ok_or_else(|| TransferError::UnknownSegment {
+                side: "local".into(),
+                segment: id.0,
+            })
+    }
+
+    /// Metadata of a registered segment, to hand to peers.
+    pub fn segment_meta(&self, id: SegmentId) -> Result<SegmentMeta, TransferError> {
+        let region = self
+            .inner
+            .segments
+            .get(id)
+            .ok_or_else(|| TransferError::UnknownSegment {
+                side: "local".into(),
+                segment: id.0,
+            })?;
+        let hello = &self.inner.hello;
+        Ok(SegmentMeta {
+            node: self.inner.node.clone(),
+            id,
+            len: region.len() as u64,
+            keys: TransportKeys {
+                boot_id: hello.boot_id.clone(),
+                pid: hello.pid,
+                shm_socket: hello.shm_socket.clone(),
+                rdma: self.transports.nic().key(id),
+            },
+        })
+    }
+
+    /// Notifications delivered by peers (see [`Self::batch_then_notify`]).
+    pub fn notifications(&self) -> broadcast::Receiver<Notification> {
+        self.inner.notify_tx.subscribe()
+    }
+
+    /// The transport chosen for `peer`, once a batch has reached it.
+    pub fn transport_for(&self, peer: &str) -> Option<Transport> {
+        self.transports.chosen(peer)
+    }
+
+    /// Arm the next `count` checksummed payloads this engine sends (or copies,
+    /// for shm) to be corrupted in flight. Fault injection for tests.
+    #[doc(hidden)]
+    pub fn inject_payload_corruption(&self, count: u32) {
+        self.inner.corrupt.store(count, Ordering::Relaxed);
+    }
+
+    /// Run `ops` against the peer at `peer` (its transfer address). One result
+    /// per op, in order; an op succeeds only if all of its bytes arrived (and
+    /// matched their checksum when asked).
+    pub async fn batch(&self, peer: &str, ops: Vec<TransferOp>) -> Vec<OpResult> {
+        let n = ops.len() as i64;
+        self.inner.metrics.in_flight_ops.inc_by(n);
+        let (mut results, index, prepared) = self.inner.prepare_batch(ops);
+        if !prepared.is_empty() {
+            results.merge(index, self.transports.run(peer, prepared).await);
+        }
+        self.inner.metrics.in_flight_ops.dec_by(n);
+        results.finish()
+    }
+
+    /// Like [`Self::batch`], then, if every op succeeded, deliver `note` to the
+    /// peer's [`Self::notifications`] (e.g. "your blocks are in").
+    pub async fn batch_then_notify(
+        &self,
+        peer: &str,
+        ops: Vec<TransferOp>,
+        note: Vec<u8>,
+    ) -> BatchReport {
+        let ops = self.batch(peer, ops).await;
+        let notified = if ops.iter().all(|r| r.is_ok()) {
+            self.notify(peer, &note).await
+        } else {
+            Err(TransferError::InvalidArgument(
+                "notification withheld: an op failed".into(),
+            ))
+        };
+        BatchReport { ops, notified }
+    }
+
+    /// Send a notification to a peer.
+    pub async fn notify(&self, peer: &str, note: &[u8]) -> Result<(), TransferError> {
+        if note.len() as u64 > MAX_NOTIFY_BYTES {
+            return Err(TransferError::InvalidArgument(
+                "notification too large".into(),
+            ));
+        }
+        self.transports.notify(peer, note).await
+    }
+
+    /// Stop serving; in-flight served requests are cut off.
+    pub fn shutdown(self) {}
+}

@@ -1,0 +1,110 @@
+//! The tcp links to one peer: a pool of idle connections that each batch
+//! checks connections out of (opening what is missing) and returns the
+//! healthy ones to, so concurrent batches to one peer run in parallel.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::net::TcpStream;
+
+use super::client;
+use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::metrics::{DirectionLabel, TransportLabel};
+use crate::transport::contract::BatchTransport;
+use crate::TransferError;
+
+/// The idle tcp connections to one peer.
+#[derive(Default)]
+pub(crate) struct TcpPeer {
+    idle: Mutex<Vec<TcpStream>>,
+}
+
+impl TcpPeer {
+    /// Take `want` connections from the pool, opening what is missing.
+    pub async fn checkout(
+        &self,
+        inner: &Inner,
+        peer: &str,
+        want: usize,
+    ) -> Result<Vec<TcpStream>, TransferError> {
+        let mut conns: Vec<TcpStream> = {
+            let mut idle = lock(&self.idle);
+            let keep = idle.len().saturating_sub(want);
+            idle.drain(keep..).collect()
+        };
+        while conns.len() < want {
+            let (c, _) = client::connect(inner, peer).await?;
+            conns.push(c);
+        }
+        Ok(conns)
+    }
+
+    /// Return healthy connections; when one of the batch broke, the idle
+    /// ones are closed too (the peer may have restarted).
+    pub fn put_back(&self, healthy: Vec<TcpStream>, one_broke: bool) {
+        let mut idle = lock(&self.idle);
+        if one_broke {
+            idle.clear();
+        }
+        idle.extend(healthy);
+    }
+
+    /// Deliver a notification over one pooled connection.
+    pub async fn notify(
+        &self,
+        inner: &Inner,
+        peer: &str,
+        note: &[u8],
+    ) -> Result<(), TransferError> {
+        let mut conns = self.checkout(inner, peer, 1).await?;
+        let mut c = conns.pop().ok_or_else(|| TransferError::Connection {
+            peer: peer.into(),
+            reason: "no connection".into(),
+        })?;
+        client::notify(inner, peer, &mut c, note).await?;
+        self.put_back(vec![c], false);
+        Ok(())
+    }
+
+    /// Run a batch over as many connections as it has slices (at most
+    /// `connections_per_peer`).
+    async fn run_uncounted(
+        &self,
+        inner: &Arc<Inner>,
+        peer: &str,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<OpResult> {
+        let n = ops.len();
+        let slice = inner.config.slice_bytes as u64;
+        let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
+        let want = (slices as usize).clamp(1, inner.config.connections_per_peer);
+        let conns = match self.checkout(inner, peer, want).await {
+            Ok(c) => c,
+            Err(e) => return vec![Err(e); n],
+        };
+        let (results, healthy) = client::run_batch(inner, peer, ops, conns).await;
+        let one_broke = healthy.len() < want;
+        self.put_back(healthy, one_broke);
+        results
+    }
+}
+
+impl BatchTransport for TcpPeer {
+    async fn run_batch(
+        &self,
+        inner: &Arc<Inner>,
+        peer: &str,
+        ops: Vec<PreparedOp>,
+    ) -> Vec<Option<OpResult>> {
+        let flows: Vec<_> = ops.iter().map(|p| (p.op.kind, p.op.len)).collect();
+        let results = self.run_uncounted(inner, peer, ops).await;
+        for ((kind, len), r) in flows.into_iter().zip(&results) {
+            match r {
+                Ok(()) => inner
+                    .metrics
+                    .op_done(TransportLabel::Tcp, DirectionLabel::of(kind), len),
+                Err(_) => inner.metrics.op_failed(TransportLabel::Tcp),
+            }
+        }
+        results.into_iter().map(Some).collect()
+    }
+}
