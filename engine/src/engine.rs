@@ -68,7 +68,7 @@ pub fn start_with_connector(
                 layout,
                 blocks: kv.blocks(),
             };
-            Some(connect(memory, registry).map_err(|e| EngineError::Model(e.to_string()))?)
+            Some(connect(memory, registry)?)
         }
         None => None,
     };
@@ -157,4 +157,34 @@ pub async fn run(
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use bytesize::ByteSize;
+    use kvfabric_connector::ConnectorError;
+
+    use super::*;
+
+    #[test]
+    fn a_connector_that_fails_to_attach_is_a_connector_error() {
+        let connect: ConnectFn =
+            Box::new(|_, _| Err(ConnectorError::Config("no fabric here".into())));
+        let cfg = EngineConfig {
+            kv_pool: ByteSize::mib(8),
+            ..EngineConfig::default()
+        };
+        let err = start_with_connector(
+            crate::model::test_model(),
+            &cfg,
+            EngineMetrics::new(),
+            &mut Registry::default(),
+            Some(connect),
+        )
+        .expect_err("the engine must not start without its connector");
+        assert!(
+            matches!(err, EngineError::Connector(ConnectorError::Config(_))),
+            "{err:?}"
+        );
+    }
 }

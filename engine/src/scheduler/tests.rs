@@ -4,7 +4,7 @@
 //! loading, saves that end late, a load dropped while the connector still
 //! writes). Runs the reference model with a fake fabric.
 
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kvfabric_connector::{
@@ -20,18 +20,8 @@ use crate::request::SamplingParams;
 const BT: usize = 16;
 const BLOCKS: usize = 8;
 
-fn model() -> Arc<LlamaModel> {
-    static M: OnceLock<Arc<LlamaModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let p = crate::model::reference_model_path();
-        assert!(p.exists(), "run `kvfabric model fetch` first");
-        Arc::new(LlamaModel::load(&p, |_, _| {}).expect("load the reference model"))
-    })
-    .clone()
-}
-
 fn scheduler(max_batch_tokens: usize, connector: Option<Arc<dyn KvConnector>>) -> Scheduler {
-    let m = model();
+    let m = crate::model::test_model();
     let c = &m.config;
     let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT);
     let kv = KvPool::with_bytes(layout, (BLOCKS * layout.block_bytes()) as u64).expect("pool");
