@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod http;
 pub mod kernels;
 pub mod kv;
+pub mod metrics;
 pub mod model;
 pub mod request;
 pub mod sampling;
@@ -21,6 +22,7 @@ pub mod tokenizer;
 pub use config::{EngineConfig, Role};
 pub use engine::{run, start, start_with_connector, start_with_metrics, RunningEngine};
 pub use error::EngineError;
+pub use metrics::EngineMetrics;
 pub use request::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
     Usage,

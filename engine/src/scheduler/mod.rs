@@ -39,9 +39,9 @@ use tokio::sync::mpsc;
 use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
 
 use crate::config::Role;
-use crate::http::EngineMetrics;
 use crate::kernels::Compute;
 use crate::kv::{BlockPool, BlockTable, KvPool};
+use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, SeqChunk};
 use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
