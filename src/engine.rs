@@ -104,7 +104,10 @@ pub async fn run(
         )),
         _ => None,
     };
-    let served = kvfabric_engine::run(cfg, model, connect, crate::node::shutdown_signal()).await;
+    let served = kvfabric_engine::EngineBuilder::new(cfg)
+        .connector(connect)
+        .serve(model, crate::node::shutdown_signal())
+        .await;
     if let Some(e) = embedded {
         e.stop().await;
     }

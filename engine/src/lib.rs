@@ -20,7 +20,7 @@ pub mod scheduler;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, Role};
-pub use engine::{run, start, start_with_connector, start_with_metrics, RunningEngine};
+pub use engine::{EngineBuilder, RunningEngine};
 pub use error::EngineError;
 pub use metrics::EngineMetrics;
 pub use request::{
