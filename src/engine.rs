@@ -51,6 +51,11 @@ pub struct EngineFlags {
     #[arg(long, value_name = "BOOL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<bool>,
+    /// Kernel instruction set: auto | scalar | avx2 | avx512 (same bits, different speed)
+    /// [env: KVFABRIC_ISA] [default: auto].
+    #[arg(long, value_name = "ISA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isa: Option<String>,
 }
 
 /// Flags of `[connector]`; unset flags leave the file/env values alone.

@@ -29,10 +29,10 @@ use kvfabric_connector::{ConnectFn, KvConnector, KvMemory};
 use prometheus_client::registry::Registry;
 
 use crate::chat::ChatTemplate;
-use crate::config::EngineConfig;
+use crate::config::{EngineConfig, IsaChoice};
 use crate::gguf::GgufFile;
 use crate::http::{self, HttpState};
-use crate::kernels::Compute;
+use crate::kernels::{Compute, Isa};
 use crate::kv::KvPool;
 use crate::metrics::EngineMetrics;
 use crate::model::LlamaModel;
@@ -153,6 +153,7 @@ impl EngineBuilder {
     /// config is validated).
     fn launch(self, model: Arc<LlamaModel>) -> Result<RunningEngine, EngineError> {
         let cfg = &self.config;
+        let isa = pick_isa(cfg.isa, Isa::detect())?;
         let c = &model.config;
         let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens);
         let kv = KvPool::with_bytes(layout, cfg.kv_pool.as_u64())?;
@@ -169,9 +170,11 @@ impl EngineBuilder {
             }
             None => None,
         };
+        let mut cx = Compute::new(cfg.threads);
+        cx.isa = isa;
         let sched = Scheduler::new(
             model,
-            Compute::new(cfg.threads),
+            cx,
             kv,
             SchedulerConfig {
                 max_batch_tokens: cfg.max_batch_tokens,
@@ -209,6 +212,28 @@ pub fn load_with_progress(model_path: &Path) -> Result<LlamaModel, EngineError> 
     model
 }
 
+/// The kernels' ISA for the configured `choice` on a CPU whose best is `best`.
+fn pick_isa(choice: IsaChoice, best: Isa) -> Result<Isa, EngineError> {
+    let want = match choice {
+        IsaChoice::Auto => return Ok(best),
+        IsaChoice::Scalar => Isa::Scalar,
+        IsaChoice::Avx2 => Isa::Avx2,
+        IsaChoice::Avx512 => Isa::Avx512,
+    };
+    let available = match want {
+        Isa::Scalar => true,
+        Isa::Avx2 => best != Isa::Scalar,
+        Isa::Avx512 => best == Isa::Avx512,
+    };
+    if available {
+        Ok(want)
+    } else {
+        Err(EngineError::InvalidRequest(format!(
+            "engine config: isa {choice:?} is not available on this CPU (best: {best:?})"
+        )))
+    }
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -236,6 +261,17 @@ mod tests {
             matches!(err, EngineError::Connector(ConnectorError::Config(_))),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn the_configured_isa_is_used_and_one_the_cpu_lacks_is_refused() {
+        use IsaChoice::*;
+        assert_eq!(pick_isa(Auto, Isa::Avx2).ok(), Some(Isa::Avx2));
+        assert_eq!(pick_isa(Scalar, Isa::Avx512).ok(), Some(Isa::Scalar));
+        assert_eq!(pick_isa(Avx2, Isa::Avx512).ok(), Some(Isa::Avx2));
+        assert_eq!(pick_isa(Avx512, Isa::Avx512).ok(), Some(Isa::Avx512));
+        assert!(pick_isa(Avx512, Isa::Avx2).is_err());
+        assert!(pick_isa(Avx2, Isa::Scalar).is_err());
     }
 
     #[test]
