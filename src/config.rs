@@ -157,6 +157,30 @@ mod tests {
     }
 
     #[test]
+    fn kvfabric_isa_reaches_the_engine_config_through_the_env_layer() {
+        use kvfabric_engine::{EngineConfig, IsaChoice};
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("kv.toml", "[engine]\nisa = \"avx2\"\n")?;
+            let path = jail.directory().join("kv.toml");
+            let flags = crate::engine::EngineFlags::default();
+            let got: EngineConfig = load("engine", None, &flags).unwrap();
+            assert_eq!(got.isa, IsaChoice::Auto);
+            let got: EngineConfig = load("engine", Some(&path), &flags).unwrap();
+            assert_eq!(got.isa, IsaChoice::Avx2, "from the file");
+            jail.set_env("KVFABRIC_ISA", "scalar");
+            let got: EngineConfig = load("engine", Some(&path), &flags).unwrap();
+            assert_eq!(got.isa, IsaChoice::Scalar, "the env var beats the file");
+            let flags = crate::engine::EngineFlags {
+                isa: Some("avx512".into()),
+                ..Default::default()
+            };
+            let got: EngineConfig = load("engine", Some(&path), &flags).unwrap();
+            assert_eq!(got.isa, IsaChoice::Avx512, "--isa beats the env var");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn missing_file_is_an_error() {
         let err = load::<Demo, _>(
             "demo",

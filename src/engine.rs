@@ -51,6 +51,11 @@ pub struct EngineFlags {
     #[arg(long, value_name = "BOOL")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<bool>,
+    /// Kernel instruction set: auto | scalar | avx2 | avx512 (same bits, different speed)
+    /// [env: KVFABRIC_ISA] [default: auto].
+    #[arg(long, value_name = "ISA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isa: Option<String>,
 }
 
 /// Flags of `[connector]`; unset flags leave the file/env values alone.
@@ -104,7 +109,10 @@ pub async fn run(
         )),
         _ => None,
     };
-    let served = kvfabric_engine::run(cfg, model, connect, crate::node::shutdown_signal()).await;
+    let served = kvfabric_engine::EngineBuilder::new(cfg)
+        .connector(connect)
+        .serve(model, crate::node::shutdown_signal())
+        .await;
     if let Some(e) = embedded {
         e.stop().await;
     }

@@ -21,6 +21,25 @@ pub enum Role {
     Decode,
 }
 
+/// The instruction set the kernels run with.
+///
+/// Every choice gives the same bits (the kernels reduce in one fixed order
+/// on every ISA); it changes speed only, so it is for measuring and for
+/// working around a CPU, never for results.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsaChoice {
+    /// The best this CPU supports (default).
+    #[default]
+    Auto,
+    /// Portable scalar code.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL (and AVX2).
+    Avx512,
+}
+
 /// Settings of the bundled engine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -44,6 +63,10 @@ pub struct EngineConfig {
     pub model_name: String,
     /// Reuse blocks of earlier requests held in this engine's KV pool. Default: true.
     pub prefix_cache: bool,
+    /// Kernel instruction set: auto | scalar | avx2 | avx512 (env
+    /// `KVFABRIC_ISA`, flag `--isa`); one the CPU lacks is refused at start.
+    /// Default: auto.
+    pub isa: IsaChoice,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +81,7 @@ impl Default for EngineConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
             model_name: "smollm2".into(),
             prefix_cache: true,
+            isa: IsaChoice::Auto,
         }
     }
 }
@@ -98,6 +122,10 @@ mod tests {
         assert_eq!(partial.role, Role::Prefill);
         assert_eq!(partial.kv_pool, ByteSize::mib(64));
         assert_eq!(partial.block_tokens, 64);
+        assert_eq!(partial.isa, IsaChoice::Auto);
+        let scalar: EngineConfig = serde_json::from_str(r#"{"isa": "scalar"}"#).expect("isa");
+        assert_eq!(scalar.isa, IsaChoice::Scalar);
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"isa": "sse"}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"treads": 2}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"role": "both2"}"#).is_err());
         let bad = EngineConfig {

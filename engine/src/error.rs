@@ -12,6 +12,9 @@ pub enum EngineError {
     /// A malformed or unsupported model file.
     #[error("model file: {0}")]
     Model(String),
+    /// The fabric connector could not be attached (or failed).
+    #[error("fabric connector: {0}")]
+    Connector(#[from] kvfabric_connector::ConnectorError),
     /// An OS call failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

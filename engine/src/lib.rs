@@ -12,15 +12,17 @@ pub mod gguf;
 pub mod http;
 pub mod kernels;
 pub mod kv;
+pub mod metrics;
 pub mod model;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
 pub mod tokenizer;
 
-pub use config::{EngineConfig, Role};
-pub use engine::{run, start, start_with_connector, start_with_metrics, RunningEngine};
+pub use config::{EngineConfig, IsaChoice, Role};
+pub use engine::{EngineBuilder, RunningEngine};
 pub use error::EngineError;
+pub use metrics::EngineMetrics;
 pub use request::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
     Usage,

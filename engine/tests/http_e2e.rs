@@ -1,4 +1,4 @@
-//! End to end: the real scheduler (`kvfabric_engine::start`) behind the
+//! End to end: the real scheduler (`kvfabric_engine::EngineBuilder`) behind the
 //! OpenAI HTTP API, with the reference model. Greedy chat "What is the
 //! capital of France?" mentions Paris; streamed and unstreamed answers are
 //! identical; a stop sequence cuts the answer and the engine keeps serving;
@@ -51,7 +51,9 @@ async fn chat_over_the_real_scheduler_says_paris_streamed_and_not() {
         kv_pool: ByteSize::mib(64),
         ..EngineConfig::default()
     };
-    let engine = kvfabric_engine::start(model, &cfg).expect("engine starts");
+    let engine = kvfabric_engine::EngineBuilder::new(cfg)
+        .start(model)
+        .expect("engine starts");
 
     let metrics = EngineMetrics::new();
     let mut registry = Registry::default();

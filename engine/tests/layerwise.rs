@@ -22,7 +22,7 @@ use kvfabric_connector::{
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
-    start_with_connector, EngineConfig, GenerationEvent, GenerationRequest, Role, RunningEngine,
+    EngineBuilder, EngineConfig, GenerationEvent, GenerationRequest, Role, RunningEngine,
     SamplingParams,
 };
 use kvfabric_store::keys::BlockKey;
@@ -226,8 +226,11 @@ fn engine(
         role: Role::Both,
         ..EngineConfig::default()
     };
-    let mut reg = prometheus_client::registry::Registry::default();
-    start_with_connector(model.clone(), &cfg, metrics.clone(), &mut reg, connect).expect("start")
+    EngineBuilder::new(cfg)
+        .metrics(metrics.clone())
+        .connector(connect)
+        .start(model.clone())
+        .expect("start")
 }
 
 /// Greedy tokens, logits bits and cached tokens of one request.

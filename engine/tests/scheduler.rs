@@ -9,8 +9,8 @@ use std::sync::Arc;
 use bytesize::ByteSize;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
-    start, EngineConfig, FinishReason, GenerationEvent, GenerationRequest, Role, RunningEngine,
-    SamplingParams, Usage,
+    EngineBuilder, EngineConfig, FinishReason, GenerationEvent, GenerationRequest, Role,
+    RunningEngine, SamplingParams, Usage,
 };
 use tokio::sync::mpsc;
 
@@ -37,7 +37,7 @@ fn engine(
         role,
         ..EngineConfig::default()
     };
-    start(model.clone(), &cfg).expect("start")
+    EngineBuilder::new(cfg).start(model.clone()).expect("start")
 }
 
 fn submit(e: &RunningEngine, prompt: &[u32], max_tokens: usize) -> mpsc::Receiver<GenerationEvent> {
@@ -190,8 +190,10 @@ fn scheduler_reports_batch_size_and_kv_pool_use() {
         kv_pool: ByteSize::b((32 * block_bytes) as u64),
         ..EngineConfig::default()
     };
-    let e =
-        kvfabric_engine::start_with_metrics(model.clone(), &cfg, metrics.clone()).expect("start");
+    let e = EngineBuilder::new(cfg)
+        .metrics(metrics.clone())
+        .start(model.clone())
+        .expect("start");
     let rx = submit(&e, &prompt(3, 40), 4);
     collect(rx);
     stop(e);

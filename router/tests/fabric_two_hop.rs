@@ -15,24 +15,20 @@ use kvfabric_engine::Role;
 use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 use support::*;
 
 async fn fabric_engine(node: &EmbeddedNode, role: Role) -> TestEngine {
     let metrics = EngineMetrics::new();
-    let mut registry = Registry::default();
-    let running = kvfabric_engine::engine::start_with_connector(
-        loaded().model.clone(),
-        &engine_config(role),
-        metrics.clone(),
-        &mut registry,
-        Some(FabricConnector::connect_fn(
+    let mut running = kvfabric_engine::EngineBuilder::new(engine_config(role))
+        .metrics(metrics.clone())
+        .connector(FabricConnector::connect_fn(
             node.node().clone(),
             ConnectorConfig::default(),
-        )),
-    )
-    .expect("start engine with connector");
+        ))
+        .start(loaded().model.clone())
+        .expect("start engine with connector");
+    let registry = std::mem::take(&mut running.registry);
     serve_running(running, metrics, registry).await
 }
 

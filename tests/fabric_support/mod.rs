@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use bytesize::ByteSize;
 use kvfabric_connector::{ConnectFn, ConnectorConfig, EmbeddedNode, FabricConnector};
-use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, RunningEngine, SamplingParams,
@@ -97,15 +96,10 @@ pub fn engine(node: Option<&EmbeddedNode>, cfg: &EngineConfig) -> RunningEngine 
 
 /// An engine with the connector `connect` builds (None: no fabric at all).
 pub fn engine_with(connect: Option<ConnectFn>, cfg: &EngineConfig) -> RunningEngine {
-    let mut registry = prometheus_client::registry::Registry::default();
-    kvfabric_engine::start_with_connector(
-        model(),
-        cfg,
-        EngineMetrics::new(),
-        &mut registry,
-        connect,
-    )
-    .expect("engine")
+    kvfabric_engine::EngineBuilder::new(cfg.clone())
+        .connector(connect)
+        .start(model())
+        .expect("engine")
 }
 
 /// What one request produced.

@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use kvfabric_connector::{ConnectFn, ConnectorStats, KvConnector};
-use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
-use kvfabric_engine::{EngineConfig, EngineHandle, RunningEngine};
+use kvfabric_engine::{EngineBuilder, EngineConfig, EngineHandle, RunningEngine};
 
 /// Settings shared by every engine of a bench.
 pub fn engine_config(threads: usize, kv_pool_mib: u64, prefix_cache: bool) -> EngineConfig {
@@ -28,15 +27,10 @@ pub fn start_engine(
     cfg: &EngineConfig,
     connect: Option<ConnectFn>,
 ) -> anyhow::Result<RunningEngine> {
-    let mut registry = prometheus_client::registry::Registry::default();
     let with_fabric = connect.is_some();
-    let e = kvfabric_engine::start_with_connector(
-        model.clone(),
-        cfg,
-        EngineMetrics::new(),
-        &mut registry,
-        connect,
-    )?;
+    let e = EngineBuilder::new(cfg.clone())
+        .connector(connect)
+        .start(model.clone())?;
     anyhow::ensure!(
         e.connector.is_some() == with_fabric,
         "the engine did not keep the connector it was given"

@@ -14,9 +14,9 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use tokio::sync::mpsc;
 
-use super::metrics::EngineMetrics;
 use super::openai::ApiError;
 use super::stop::StopMatcher;
+use crate::metrics::EngineMetrics;
 use crate::request::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
     Usage,

@@ -7,7 +7,6 @@
 
 mod completions;
 pub mod generate;
-pub mod metrics;
 pub mod openai;
 mod response;
 pub mod stop;
@@ -27,10 +26,10 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::chat::ChatTemplate;
+pub use crate::metrics::{EngineMetrics, RequestOutcomeLabels};
 use crate::request::EngineHandle;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
-pub use metrics::{EngineMetrics, RequestOutcomeLabels};
 pub use openai::ApiError;
 
 /// Everything the HTTP layer needs; cheap to clone.

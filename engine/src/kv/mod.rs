@@ -1,7 +1,9 @@
-//! Paged KV: the block pool (fabric layout) and block allocation with a local prefix cache.
+//! Paged KV: the block pool (fabric layout), block allocation with a local
+//! prefix cache, and the owned handles through which the engine holds blocks.
 
+pub mod blocks;
 pub mod pool;
-pub mod prefix_cache;
+mod prefix_cache;
 
+pub use blocks::{Block, BlockPool, BlockTable};
 pub use pool::{BlockId, KvPool};
-pub use prefix_cache::BlockManager;

@@ -7,6 +7,9 @@
 //! least recently released cached block. Keys come from
 //! `kvfabric_store::KeyChain`, so the same prefix has the same name here, in
 //! the fabric and on other nodes.
+//!
+//! The counts are private to the `kv` module: the engine holds references
+//! through the owned handles of [`super::blocks`], which release on drop.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,7 +27,7 @@ struct Meta {
 
 /// Reference counts, free list and key -> block map of a pool's blocks.
 #[derive(Debug)]
-pub struct BlockManager {
+pub(super) struct BlockManager {
     meta: Vec<Meta>,
     free: Vec<BlockId>,
     by_key: HashMap<BlockKey, BlockId>,
@@ -34,7 +37,7 @@ pub struct BlockManager {
 
 impl BlockManager {
     /// Manage `blocks` blocks, all free.
-    pub fn new(blocks: usize) -> BlockManager {
+    pub(super) fn new(blocks: usize) -> BlockManager {
         BlockManager {
             meta: vec![Meta::default(); blocks],
             free: (0..blocks as BlockId).rev().collect(),
@@ -45,17 +48,17 @@ impl BlockManager {
     }
 
     /// Blocks that can be allocated now (free + cached).
-    pub fn available(&self) -> usize {
+    pub(super) fn available(&self) -> usize {
         self.free.len() + self.lru.len()
     }
 
     /// Blocks currently holding a cached prefix with no user.
-    pub fn cached(&self) -> usize {
+    pub(super) fn cached(&self) -> usize {
         self.lru.len()
     }
 
     /// Take a block (count 1), evicting the least recently used cached block if needed.
-    pub fn allocate(&mut self) -> Option<BlockId> {
+    pub(super) fn allocate(&mut self) -> Option<BlockId> {
         let b = match self.free.pop() {
             Some(b) => b,
             None => {
@@ -72,7 +75,7 @@ impl BlockManager {
     }
 
     /// The longest run of leading `keys` present in the cache; each hit block's count is raised.
-    pub fn lookup(&mut self, keys: &[BlockKey]) -> Vec<BlockId> {
+    pub(super) fn lookup(&mut self, keys: &[BlockKey]) -> Vec<BlockId> {
         let mut hits = Vec::new();
         for k in keys {
             let Some(&b) = self.by_key.get(k) else { break };
@@ -88,14 +91,14 @@ impl BlockManager {
 
     /// Take one more reference to a block in use (the connector pins a
     /// block this way while it saves it).
-    pub fn retain(&mut self, block: BlockId) {
+    pub(super) fn retain(&mut self, block: BlockId) {
         let m = &mut self.meta[block as usize];
         debug_assert!(m.refs > 0, "retain of an unreferenced block");
         m.refs += 1;
     }
 
     /// Name a fully computed block; a key already held by another block is left as is.
-    pub fn register(&mut self, block: BlockId, key: BlockKey) {
+    pub(super) fn register(&mut self, block: BlockId, key: BlockKey) {
         if self.by_key.contains_key(&key) || self.meta[block as usize].key.is_some() {
             return;
         }
@@ -104,12 +107,12 @@ impl BlockManager {
     }
 
     /// The key a block is registered under.
-    pub fn key_of(&self, block: BlockId) -> Option<BlockKey> {
+    pub(super) fn key_of(&self, block: BlockId) -> Option<BlockKey> {
         self.meta[block as usize].key
     }
 
     /// Drop one reference; at zero the block becomes cached (if named) or free.
-    pub fn release(&mut self, block: BlockId) {
+    pub(super) fn release(&mut self, block: BlockId) {
         let m = &mut self.meta[block as usize];
         debug_assert!(m.refs > 0, "release of an unreferenced block");
         m.refs = m.refs.saturating_sub(1);

@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 
-use super::LlamaModel;
+use super::{LayerWeights, LlamaModel};
 use crate::kernels::attention::{attend_group, AttnGeometry, BlockKv};
 use crate::kernels::{rms_norm, swiglu, Compute, SideLines, NORM_ROWS};
 use crate::kv::pool::{BlockId, KvPool};
@@ -138,6 +138,9 @@ impl LlamaModel {
         out
     }
 
+    /// Check the batch, then per layer: [`Self::qkv_projection`],
+    /// [`Self::rope`], [`Self::store_kv`], the gate, [`Self::attention`],
+    /// [`Self::attn_output`], [`Self::mlp`]; then [`Self::logits`].
     fn forward_pass(
         &self,
         cx: &Compute,
@@ -145,18 +148,52 @@ impl LlamaModel {
         chunks: &[SeqChunk],
         before_attention: &mut dyn FnMut(usize),
     ) -> Result<ForwardOutput, EngineError> {
+        let rows = self.batch_rows(kv, chunks)?;
+        let mut out: ForwardOutput = vec![None; chunks.len()];
+        if rows.is_empty() {
+            return Ok(out);
+        }
         let c = &self.config;
-        let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.heads, c.kv_heads);
+        let plan = AttnPlan::new(cx, chunks, &rows, c.heads / c.kv_heads, c.kv_heads);
+        let mut a = self.embed(chunks, rows.len());
+        for (l, lw) in self.layers.iter().enumerate() {
+            self.qkv_projection(cx, lw, &mut a);
+            self.rope(&rows, &mut a.qkv);
+            self.store_kv(kv, l, chunks, &rows, &a.qkv);
+            before_attention(l);
+            self.attention(cx, kv, l, chunks, &rows, &plan, &a.qkv, &mut a.att);
+            // The next layer's KV, requested into L2 while this layer's remaining
+            // matmuls compute, in parts by their work (attn_out, gate_up, down).
+            let t = rows.len();
+            let next_kv = if l + 1 < c.layers && lw.gate_up.takes_side_lines(cx.isa, t) {
+                kv_lines(kv, chunks, &plan.order, l + 1, cx.pool.threads())
+            } else {
+                SideLines::none()
+            }
+            .split(&[1, 5, 3]);
+            self.attn_output(cx, lw, &mut a, &next_kv[0]);
+            self.mlp(cx, lw, &mut a, &next_kv[1], &next_kv[2]);
+        }
+        self.logits(cx, chunks, &a.x, &mut out);
+        Ok(out)
+    }
+
+    /// Check that `kv` and `chunks` fit the model; (chunk index, position) of every row.
+    fn batch_rows(
+        &self,
+        kv: &KvPool,
+        chunks: &[SeqChunk],
+    ) -> Result<Vec<(usize, usize)>, EngineError> {
+        let c = &self.config;
         let bt = kv.layout().block_tokens as usize;
         if kv.layout().layers as usize != c.layers
-            || kv.layout().kv_heads as usize != nkv
-            || kv.layout().head_dim as usize != hd
+            || kv.layout().kv_heads as usize != c.kv_heads
+            || kv.layout().head_dim as usize != c.head_dim
         {
             return Err(EngineError::InvalidRequest(
                 "KV pool layout does not match the model".into(),
             ));
         }
-        // Row metadata: (chunk index, position).
         let mut rows = Vec::new();
         for (ci, ch) in chunks.iter().enumerate() {
             let end = ch.start + ch.tokens.len();
@@ -180,14 +217,15 @@ impl LlamaModel {
                 rows.push((ci, ch.start + i));
             }
         }
-        let t = rows.len();
-        let mut out: ForwardOutput = vec![None; chunks.len()];
-        if t == 0 {
-            return Ok(out);
-        }
-        let qn = nh * hd;
-        let kvn = nkv * hd;
-        let qkv_n = qn + 2 * kvn;
+        Ok(rows)
+    }
+
+    /// The pass's buffers for `t` rows, the residual stream holding the
+    /// chunks' token embeddings.
+    fn embed(&self, chunks: &[SeqChunk], t: usize) -> Activations {
+        let c = &self.config;
+        let h = c.hidden;
+        let (qn, kvn) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
         let mut x = vec![0f32; t * h];
         let mut r = 0;
         for ch in chunks {
@@ -197,181 +235,208 @@ impl LlamaModel {
                 r += 1;
             }
         }
-        let mut hn = vec![0f32; t * h];
-        let mut qkv = vec![0f32; t * qkv_n];
-        let mut att = vec![0f32; t * qn];
-        let mut tmp = vec![0f32; t * h];
-        let mut gu = vec![0f32; t.min(FFN_ROWS) * 2 * c.ffn];
-        let mut act = vec![0f32; t.min(FFN_ROWS) * c.ffn];
+        Activations {
+            t,
+            x,
+            hn: vec![0f32; t * h],
+            qkv: vec![0f32; t * (qn + 2 * kvn)],
+            att: vec![0f32; t * qn],
+            tmp: vec![0f32; t * h],
+            gu: vec![0f32; t.min(FFN_ROWS) * 2 * c.ffn],
+            act: vec![0f32; t.min(FFN_ROWS) * c.ffn],
+        }
+    }
+
+    /// Attention RMSNorm of the residual stream, then the fused q|k|v matmul.
+    fn qkv_projection(&self, cx: &Compute, lw: &LayerWeights, a: &mut Activations) {
+        let (h, eps) = (self.config.hidden, self.config.rms_eps);
+        for_rows(cx, NORM_ROWS, (&mut a.x, h), (&mut a.hn, h), &|_, x, hn| {
+            rms_norm(cx.isa, x, &lw.attn_norm, eps, hn)
+        });
+        lw.qkv.matmul(&cx.pool, cx.isa, &a.hn, a.t, &mut a.qkv);
+    }
+
+    /// Rotary embedding of every row's q and k heads at its position (GGUF
+    /// llama layout: adjacent pairs).
+    fn rope(&self, rows: &[(usize, usize)], qkv: &mut [f32]) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let qk = (c.heads + c.kv_heads) * hd;
+        let qkv_n = qk + c.kv_heads * hd;
+        for (row, &(_, pos)) in qkv.chunks_exact_mut(qkv_n).zip(rows) {
+            let rope = &self.rope[pos * hd / 2..(pos + 1) * hd / 2];
+            for head in row[..qk].chunks_exact_mut(hd) {
+                for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(rope) {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * cos - b * sin;
+                    pair[1] = a * sin + b * cos;
+                }
+            }
+        }
+    }
+
+    /// Write every row's K and V of layer `l` into its sequence's block.
+    fn store_kv(
+        &self,
+        kv: &mut KvPool,
+        l: usize,
+        chunks: &[SeqChunk],
+        rows: &[(usize, usize)],
+        qkv: &[f32],
+    ) {
+        let c = &self.config;
+        let (qn, kvn) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let bt = kv.layout().block_tokens as usize;
+        for (row, &(ci, pos)) in qkv.chunks_exact(qn + 2 * kvn).zip(rows) {
+            let block = chunks[ci].blocks[pos / bt];
+            kv.write_token(block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
+        }
+    }
+
+    /// Causal GQA attention of every row over its sequence's blocks at
+    /// layer `l`, into `att` (`[t][heads * head_dim]`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        cx: &Compute,
+        kv: &KvPool,
+        l: usize,
+        chunks: &[SeqChunk],
+        rows: &[(usize, usize)],
+        plan: &AttnPlan,
+        qkv: &[f32],
+        att: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (hd, nkv) = (c.head_dim, c.kv_heads);
+        let (qn, group) = (c.heads * hd, c.heads / nkv);
+        let qkv_n = qn + 2 * nkv * hd;
         let geom = AttnGeometry {
-            block_tokens: bt,
+            block_tokens: kv.layout().block_tokens as usize,
             kv_heads: nkv,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
         };
-        let group = nh / nkv;
-        // Attention tasks: (chunk, first row, end row, first KV head, end KV head), longest
-        // contexts first so the pool's dynamic split ends balanced. With plenty of row
-        // ranges (decode batches, long prefills) a task walks every KV head of its rows:
-        // a token's K (and V) rows of all heads are one contiguous span, so one core
-        // streams it in order instead of two cores taking every other head's third of
-        // it. With too few tasks for the threads, each takes one query head instead.
-        let ranges: usize = chunks
+        let tables: Vec<Vec<BlockKv>> = chunks
             .iter()
-            .map(|ch| ch.tokens.len().div_ceil(ATTN_ROWS))
-            .sum();
-        let heads_together = if ranges >= 2 * cx.pool.threads() {
-            nkv
-        } else {
-            1
-        };
-        let mut attn_tasks = Vec::new();
-        let mut r0 = 0;
-        for (ci, ch) in chunks.iter().enumerate() {
-            let n = ch.tokens.len();
-            for a in (0..n).step_by(ATTN_ROWS) {
-                for kh in (0..nkv).step_by(heads_together) {
-                    let (ra, rb) = (r0 + a, r0 + (a + ATTN_ROWS).min(n));
-                    attn_tasks.push((ci, ra, rb, kh, (kh + heads_together).min(nkv)));
-                }
-            }
-            r0 += n;
-        }
-        attn_tasks.sort_by_key(|&(ci, a, _, kh, _)| (std::cmp::Reverse(rows[a].1), ci, kh));
-        let split = if attn_tasks.len() < 2 * cx.pool.threads() {
-            group
-        } else {
-            1
-        };
-        let heads_per_task = group / split;
-        // Chunks in the order attention takes them (for the KV prefetch).
-        let mut attn_order: Vec<usize> = Vec::with_capacity(chunks.len());
-        for &(ci, ..) in &attn_tasks {
-            if !attn_order.contains(&ci) {
-                attn_order.push(ci);
-            }
-        }
-        for (l, lw) in self.layers.iter().enumerate() {
-            for_rows(cx, NORM_ROWS, (&mut x, h), (&mut hn, h), &|_, x, hn| {
-                rms_norm(cx.isa, x, &lw.attn_norm, c.rms_eps, hn)
-            });
-            lw.qkv.matmul(&cx.pool, cx.isa, &hn, t, &mut qkv);
-            for (r, &(ci, pos)) in rows.iter().enumerate() {
-                let row = &mut qkv[r * qkv_n..(r + 1) * qkv_n];
-                let rope = &self.rope[pos * hd / 2..(pos + 1) * hd / 2];
-                for head in row[..qn + kvn].chunks_exact_mut(hd) {
-                    for (pair, &(cos, sin)) in head.chunks_exact_mut(2).zip(rope) {
-                        let (a, b) = (pair[0], pair[1]);
-                        pair[0] = a * cos - b * sin;
-                        pair[1] = a * sin + b * cos;
+            .map(|ch| {
+                ch.blocks
+                    .iter()
+                    .map(|&b| BlockKv {
+                        k: kv.half_ptr(b, l, false),
+                        v: kv.half_ptr(b, l, true),
+                    })
+                    .collect()
+            })
+            .collect();
+        let (split, heads_per_task) = (plan.split, plan.heads_per_task);
+        let att_ptr = SendPtr(att.as_mut_ptr());
+        cx.pool.run(plan.tasks.len() * split, &|i| {
+            let (ci, ra, rb, kh0, kh1) = plan.tasks[i / split];
+            let att_ptr = &att_ptr;
+            for kh in kh0..kh1 {
+                let h0 = kh * group + (i % split) * heads_per_task;
+                let n = (rb - ra) * heads_per_task;
+                let (mut qs, mut outs, mut ctxs) = (
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                    Vec::with_capacity(n),
+                );
+                for (r, &(_, pos)) in rows.iter().enumerate().take(rb).skip(ra) {
+                    for head in h0..h0 + heads_per_task {
+                        let at = r * qkv_n + head * hd;
+                        qs.push(&qkv[at..at + hd]);
+                        // SAFETY: each task writes its own (row, head) slices.
+                        outs.push(unsafe {
+                            std::slice::from_raw_parts_mut(att_ptr.0.add(r * qn + head * hd), hd)
+                        });
+                        ctxs.push(pos + 1);
                     }
                 }
-                let block = chunks[ci].blocks[pos / bt];
-                kv.write_token(block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
+                // SAFETY: the tables point into the pool, which is not written while
+                // attention runs, and cover every row's positions.
+                SCORES.with(|s| unsafe {
+                    attend_group(
+                        cx.isa,
+                        &qs,
+                        &mut outs,
+                        &ctxs,
+                        &tables[ci],
+                        &geom,
+                        kh,
+                        &mut s.borrow_mut(),
+                    )
+                });
             }
-            before_attention(l);
-            let tables: Vec<Vec<BlockKv>> = chunks
-                .iter()
-                .map(|ch| {
-                    ch.blocks
-                        .iter()
-                        .map(|&b| BlockKv {
-                            k: kv.half_ptr(b, l, false),
-                            v: kv.half_ptr(b, l, true),
-                        })
-                        .collect()
-                })
-                .collect();
-            let att_ptr = SendPtr(att.as_mut_ptr());
-            let qkv_ref = &qkv;
-            cx.pool.run(attn_tasks.len() * split, &|i| {
-                let (ci, ra, rb, kh0, kh1) = attn_tasks[i / split];
-                let att_ptr = &att_ptr;
-                for kh in kh0..kh1 {
-                    let h0 = kh * group + (i % split) * heads_per_task;
-                    let n = (rb - ra) * heads_per_task;
-                    let (mut qs, mut outs, mut ctxs) = (
-                        Vec::with_capacity(n),
-                        Vec::with_capacity(n),
-                        Vec::with_capacity(n),
-                    );
-                    for (r, &(_, pos)) in rows.iter().enumerate().take(rb).skip(ra) {
-                        for head in h0..h0 + heads_per_task {
-                            let at = r * qkv_n + head * hd;
-                            qs.push(&qkv_ref[at..at + hd]);
-                            // SAFETY: each task writes its own (row, head) slices.
-                            outs.push(unsafe {
-                                std::slice::from_raw_parts_mut(
-                                    att_ptr.0.add(r * qn + head * hd),
-                                    hd,
-                                )
-                            });
-                            ctxs.push(pos + 1);
-                        }
-                    }
-                    // SAFETY: the tables point into the pool, which is not written while
-                    // attention runs, and cover every row's positions.
-                    SCORES.with(|s| unsafe {
-                        attend_group(
-                            cx.isa,
-                            &qs,
-                            &mut outs,
-                            &ctxs,
-                            &tables[ci],
-                            &geom,
-                            kh,
-                            &mut s.borrow_mut(),
-                        )
-                    });
-                }
-            });
-            // The next layer's KV, requested into L2 while this layer's remaining
-            // matmuls compute, in parts by their work (attn_out, gate_up, down).
-            let next_kv = if l + 1 < c.layers && lw.gate_up.takes_side_lines(cx.isa, t) {
-                kv_lines(kv, chunks, &attn_order, l + 1, cx.pool.threads())
-            } else {
-                SideLines::none()
-            }
-            .split(&[1, 5, 3]);
-            lw.attn_out
-                .matmul_prefetching(&cx.pool, cx.isa, &att, t, &mut tmp, &next_kv[0]);
-            let tmp_ref = &tmp;
-            for_rows(cx, NORM_ROWS, (&mut x, h), (&mut hn, h), &|r0, x, hn| {
-                for (a, b) in x.iter_mut().zip(&tmp_ref[r0 * h..]) {
+        });
+    }
+
+    /// Output projection of the attention, added to the residual stream,
+    /// then the FFN RMSNorm (into `hn`).
+    fn attn_output(&self, cx: &Compute, lw: &LayerWeights, a: &mut Activations, ahead: &SideLines) {
+        let (h, eps) = (self.config.hidden, self.config.rms_eps);
+        lw.attn_out
+            .matmul_prefetching(&cx.pool, cx.isa, &a.att, a.t, &mut a.tmp, ahead);
+        let tmp = &a.tmp;
+        for_rows(
+            cx,
+            NORM_ROWS,
+            (&mut a.x, h),
+            (&mut a.hn, h),
+            &|r0, x, hn| {
+                for (a, b) in x.iter_mut().zip(&tmp[r0 * h..]) {
                     *a += *b;
                 }
-                rms_norm(cx.isa, x, &lw.ffn_norm, c.rms_eps, hn)
+                rms_norm(cx.isa, x, &lw.ffn_norm, eps, hn)
+            },
+        );
+    }
+
+    /// The FFN (fused gate|up, SwiGLU, down) of the normed rows, added to
+    /// the residual stream. It runs in row slices to bound the activation
+    /// memory (rows are independent).
+    fn mlp(
+        &self,
+        cx: &Compute,
+        lw: &LayerWeights,
+        a: &mut Activations,
+        gate_up_ahead: &SideLines,
+        down_ahead: &SideLines,
+    ) {
+        let (h, ffn, t) = (self.config.hidden, self.config.ffn, a.t);
+        for r0 in (0..t).step_by(FFN_ROWS) {
+            let rows = (t - r0).min(FFN_ROWS);
+            let gu = &mut a.gu[..rows * 2 * ffn];
+            let act = &mut a.act[..rows * ffn];
+            lw.gate_up.matmul_prefetching(
+                &cx.pool,
+                cx.isa,
+                &a.hn[r0 * h..(r0 + rows) * h],
+                rows,
+                gu,
+                gate_up_ahead,
+            );
+            for_rows(cx, 1, (gu, 2 * ffn), (act, ffn), &|_, g, a| {
+                swiglu(cx.isa, g, a)
             });
-            // The FFN runs in row slices to bound the activation memory (rows are independent).
-            for r0 in (0..t).step_by(FFN_ROWS) {
-                let rows = (t - r0).min(FFN_ROWS);
-                let gu = &mut gu[..rows * 2 * c.ffn];
-                let act = &mut act[..rows * c.ffn];
-                lw.gate_up.matmul_prefetching(
-                    &cx.pool,
-                    cx.isa,
-                    &hn[r0 * h..(r0 + rows) * h],
-                    rows,
-                    gu,
-                    &next_kv[1],
-                );
-                for_rows(cx, 1, (gu, 2 * c.ffn), (act, c.ffn), &|_, g, a| {
-                    swiglu(cx.isa, g, a)
-                });
-                lw.down.matmul_prefetching(
-                    &cx.pool,
-                    cx.isa,
-                    act,
-                    rows,
-                    &mut tmp[r0 * h..(r0 + rows) * h],
-                    &next_kv[2],
-                );
-            }
-            for (a, b) in x.iter_mut().zip(&tmp) {
-                *a += *b;
-            }
+            lw.down.matmul_prefetching(
+                &cx.pool,
+                cx.isa,
+                act,
+                rows,
+                &mut a.tmp[r0 * h..(r0 + rows) * h],
+                down_ahead,
+            );
         }
-        // Logits for the last row of each chunk that asked for them.
+        for (a, b) in a.x.iter_mut().zip(&a.tmp) {
+            *a += *b;
+        }
+    }
+
+    /// Logits of the last row of each chunk that asked for them, into `out`.
+    fn logits(&self, cx: &Compute, chunks: &[SeqChunk], x: &[f32], out: &mut ForwardOutput) {
+        let c = &self.config;
+        let h = c.hidden;
         let mut want = Vec::new();
         let mut end = 0;
         for (ci, ch) in chunks.iter().enumerate() {
@@ -381,7 +446,7 @@ impl LlamaModel {
             }
         }
         if want.is_empty() {
-            return Ok(out);
+            return;
         }
         let m = want.len();
         let mut normed = vec![0f32; m * h];
@@ -405,7 +470,91 @@ impl LlamaModel {
         for (i, &(ci, _)) in want.iter().enumerate() {
             out[ci] = Some(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
         }
-        Ok(out)
+    }
+}
+
+/// The buffers of one forward pass over `t` rows.
+struct Activations {
+    t: usize,
+    /// The residual stream, `[t][hidden]`.
+    x: Vec<f32>,
+    /// Normed rows (the input of the q|k|v and gate|up matmuls).
+    hn: Vec<f32>,
+    /// `[t][q | k | v]`.
+    qkv: Vec<f32>,
+    /// Attention output, `[t][heads * head_dim]`.
+    att: Vec<f32>,
+    /// The output of the attention and down projections, `[t][hidden]`.
+    tmp: Vec<f32>,
+    /// gate|up and SwiGLU output of one FFN slice of at most [`FFN_ROWS`] rows.
+    gu: Vec<f32>,
+    act: Vec<f32>,
+}
+
+/// How a batch's attention splits into pool tasks (the same for every layer).
+struct AttnPlan {
+    /// (chunk, first row, end row, first KV head, end KV head), longest
+    /// contexts first so the pool's dynamic split ends balanced.
+    tasks: Vec<(usize, usize, usize, usize, usize)>,
+    /// Each task runs as `split` pool jobs of `heads_per_task` query heads per KV head.
+    split: usize,
+    heads_per_task: usize,
+    /// Chunks in the order attention takes them (for the KV prefetch).
+    order: Vec<usize>,
+}
+
+impl AttnPlan {
+    /// With plenty of row ranges (decode batches, long prefills) a task
+    /// walks every KV head of its rows: a token's K (and V) rows of all
+    /// heads are one contiguous span, so one core streams it in order
+    /// instead of two cores taking every other head's third of it. With too
+    /// few tasks for the threads, each takes one query head instead.
+    fn new(
+        cx: &Compute,
+        chunks: &[SeqChunk],
+        rows: &[(usize, usize)],
+        group: usize,
+        nkv: usize,
+    ) -> AttnPlan {
+        let ranges: usize = chunks
+            .iter()
+            .map(|ch| ch.tokens.len().div_ceil(ATTN_ROWS))
+            .sum();
+        let heads_together = if ranges >= 2 * cx.pool.threads() {
+            nkv
+        } else {
+            1
+        };
+        let mut tasks = Vec::new();
+        let mut r0 = 0;
+        for (ci, ch) in chunks.iter().enumerate() {
+            let n = ch.tokens.len();
+            for a in (0..n).step_by(ATTN_ROWS) {
+                for kh in (0..nkv).step_by(heads_together) {
+                    let (ra, rb) = (r0 + a, r0 + (a + ATTN_ROWS).min(n));
+                    tasks.push((ci, ra, rb, kh, (kh + heads_together).min(nkv)));
+                }
+            }
+            r0 += n;
+        }
+        tasks.sort_by_key(|&(ci, a, _, kh, _)| (std::cmp::Reverse(rows[a].1), ci, kh));
+        let split = if tasks.len() < 2 * cx.pool.threads() {
+            group
+        } else {
+            1
+        };
+        let mut order: Vec<usize> = Vec::with_capacity(chunks.len());
+        for &(ci, ..) in &tasks {
+            if !order.contains(&ci) {
+                order.push(ci);
+            }
+        }
+        AttnPlan {
+            tasks,
+            split,
+            heads_per_task: group / split,
+            order,
+        }
     }
 }
 

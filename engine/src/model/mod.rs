@@ -37,6 +37,23 @@ pub fn reference_model_path() -> PathBuf {
 
 pub use llama::{ForwardOutput, SeqChunk};
 
+/// The reference model, loaded once per test binary (unit tests that run
+/// the engine need `kvfabric model fetch` first, like the integration tests).
+#[cfg(test)]
+pub(crate) fn test_model() -> std::sync::Arc<LlamaModel> {
+    static M: std::sync::OnceLock<std::sync::Arc<LlamaModel>> = std::sync::OnceLock::new();
+    M.get_or_init(|| {
+        let p = reference_model_path();
+        assert!(
+            p.exists(),
+            "{}: run `kvfabric model fetch` first",
+            p.display()
+        );
+        std::sync::Arc::new(LlamaModel::load(&p, |_, _| {}).expect("load the reference model"))
+    })
+    .clone()
+}
+
 /// Llama hyper-parameters read from `llama.*` metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {

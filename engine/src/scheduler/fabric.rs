@@ -13,24 +13,26 @@
 //!   time, the blocks are registered after that pass; if not, the pass's
 //!   work for the sequence is dropped, its table goes back to what it was,
 //!   and it waits in `loading` for the load to end like any other. Blocks
-//!   still being written are never freed or reused: a sequence that goes
-//!   away mid-stream leaves its load behind as an [`Orphan`].
-//! * Save: each block a sequence completes is pinned (one more reference)
-//!   and queued with the connector; the pin is dropped when the connector
-//!   reports the save finished. A full queue drops the save, never waits.
+//!   still being written are never freed or reused: a load's blocks are a
+//!   [`LoadBlocks`], which, dropped before its load ends (the sequence went
+//!   away mid-stream), parks them with the pool until it does.
+//! * Save: each block a sequence completes is pinned (a [`Block`] handle
+//!   in [`SavePins`]) and queued with the connector; the pin is dropped
+//!   when the connector reports the save finished. A full queue drops the
+//!   save, never waits.
 //! * Prefill role: a finished sequence waits in `flushing` until every full
 //!   block of its prompt is in the fabric (or failed), then the scheduler
 //!   sends `Saved` (the transfer params) and `Finished`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use kvfabric_connector::{KvConnector, SaveBlock};
+use kvfabric_connector::{KvConnector, PendingLoad, SaveBlock};
 use kvfabric_store::keys::BlockKey;
 
 use super::{FabricWait, Loading, Scheduler, Seq};
-use crate::kv::{BlockId, BlockManager};
+use crate::kv::{Block, BlockId, BlockTable};
 use crate::request::{GenerationEvent, TransferParams};
-use kvfabric_connector::PendingLoad;
 
 /// Block indices fit in the low bits of a save's tag, the sequence id above.
 const TAG_BLOCK_BITS: u32 = 24;
@@ -48,10 +50,41 @@ pub(super) enum FabricState {
     Failed,
 }
 
+/// Blocks queued with the connector for saving, each pinned (kept
+/// unchanged, never reused) until the connector reports its save ended.
+#[derive(Debug, Default)]
+pub(super) struct SavePins {
+    /// By (tag, block); a block can be queued twice under one tag (its
+    /// sequence was preempted and completed it again).
+    pins: HashMap<(u64, BlockId), Vec<Block>>,
+}
+
+impl SavePins {
+    fn hold(&mut self, tag: u64, pin: Block) {
+        self.pins.entry((tag, pin.id())).or_default().push(pin);
+    }
+
+    /// The save of `block` under `tag` ended: drop its pin.
+    fn done(&mut self, tag: u64, block: BlockId) {
+        if let Some(v) = self.pins.get_mut(&(tag, block)) {
+            v.pop();
+            if v.is_empty() {
+                self.pins.remove(&(tag, block));
+            }
+        }
+    }
+
+    /// Saves still pinned.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.pins.values().map(Vec::len).sum()
+    }
+}
+
 /// Pin block `r` of `s` (registered under `key`) and queue it for saving.
 pub(super) fn save_block(
     c: &dyn KvConnector,
-    blocks: &mut BlockManager,
+    pins: &mut SavePins,
     s: &mut Seq,
     r: usize,
     key: BlockKey,
@@ -60,39 +93,89 @@ pub(super) fn save_block(
     if s.fabric.len() <= r {
         s.fabric.resize(r + 1, FabricState::Unknown);
     }
-    let b = s.table[r];
     // Another block holds this key already (a concurrent duplicate): that one is saved.
-    if s.fabric[r] != FabricState::Unknown || blocks.key_of(b) != Some(key) {
+    if s.fabric[r] != FabricState::Unknown || s.table.key_of(r) != Some(key) {
         return;
     }
-    blocks.retain(b);
+    let pin = s.table.pin(r);
+    let tag = (s.id << TAG_BLOCK_BITS) | r as u64;
     let queued = c.save(SaveBlock {
         key,
-        block: b,
+        block: pin.id(),
         tokens: block_tokens as u32,
-        tag: (s.id << TAG_BLOCK_BITS) | r as u64,
+        tag,
     });
     if queued {
         s.fabric[r] = FabricState::Saving;
-    } else {
-        blocks.release(b);
+        pins.hold(tag, pin);
     }
 }
 
-/// A load streaming into a running sequence: `blocks[..n]` sit in its
-/// table from index `from`, unregistered, still written by the connector.
+/// A fabric load and the pool blocks it writes into. Until the load ends
+/// the blocks are the connector's; dropped before then, this parks them
+/// with the pool, which frees them once the load has ended.
+pub(super) struct LoadBlocks {
+    /// None once dropped.
+    load: Option<PendingLoad>,
+    blocks: BlockTable,
+    /// The load reported its end.
+    ended: bool,
+}
+
+impl LoadBlocks {
+    pub(super) fn new(load: PendingLoad, blocks: BlockTable) -> LoadBlocks {
+        LoadBlocks {
+            load: Some(load),
+            blocks,
+            ended: false,
+        }
+    }
+
+    fn pending(&self) -> &PendingLoad {
+        self.load.as_ref().expect("a live LoadBlocks has its load")
+    }
+
+    /// Wait up to `timeout` for the load to end: Some(blocks that arrived).
+    pub(super) fn wait(&mut self, timeout: Duration) -> Option<usize> {
+        let n = self.pending().wait(timeout);
+        self.ended |= n.is_some();
+        n
+    }
+
+    /// The blocks, once the load ended ([`Self::wait`] said so).
+    fn into_blocks(mut self) -> BlockTable {
+        debug_assert!(self.ended, "blocks taken from a load still running");
+        self.blocks.split_off(0)
+    }
+}
+
+impl Drop for LoadBlocks {
+    fn drop(&mut self) {
+        let Some(load) = self.load.take() else {
+            return;
+        };
+        if !self.ended && load.try_finish().is_none() {
+            let blocks = self.blocks.split_off(0);
+            blocks.park_until(move || load.try_finish().is_some());
+        }
+    }
+}
+
+/// A load streaming into a running sequence: its first `n` blocks sit
+/// (shared) in the sequence's table from index `from`, unregistered, still
+/// written by the connector.
 pub(super) struct Streaming {
-    pub(super) load: PendingLoad,
-    blocks: Vec<BlockId>,
+    load: LoadBlocks,
     keys: Vec<BlockKey>,
     from: usize,
     n: usize,
 }
 
-/// The load of a sequence that went away; its blocks are freed when it ends.
-pub(super) struct Orphan {
-    load: PendingLoad,
-    blocks: Vec<BlockId>,
+impl Streaming {
+    /// The load, for the forward pass's per-layer gate.
+    pub(super) fn load(&self) -> &PendingLoad {
+        self.load.pending()
+    }
 }
 
 impl Scheduler {
@@ -118,28 +201,24 @@ impl Scheduler {
     /// The lookup found `found` of `keys`: allocate pool blocks and start
     /// loading them, or run the sequence as it is.
     fn after_lookup(&mut self, seq: Seq, keys: Vec<BlockKey>, found: usize, c: &dyn KvConnector) {
-        let mut blocks = Vec::with_capacity(found);
-        while blocks.len() < found.min(keys.len()) {
-            // Only free or cached blocks: a load never preempts running work.
-            match self.blocks.allocate() {
-                Some(b) => blocks.push(b),
-                None => break,
-            }
-        }
+        // Only free or cached blocks: a load never preempts running work.
+        let blocks = self.blocks.allocate(found.min(keys.len()));
         if blocks.is_empty() || seq.events.is_closed() {
-            for b in blocks {
-                self.blocks.release(b);
-            }
+            drop(blocks);
             self.begin(seq);
             return;
         }
         let keys: Vec<BlockKey> = keys[..blocks.len()].to_vec();
-        let load = c.start_load(keys.iter().copied().zip(blocks.iter().copied()).collect());
+        let load = c.start_load(
+            keys.iter()
+                .copied()
+                .zip(blocks.ids().iter().copied())
+                .collect(),
+        );
         self.loading.push(Loading {
             seq,
             stage: FabricWait::Load {
-                load,
-                blocks,
+                load: LoadBlocks::new(load, blocks),
                 keys,
                 streamable: true,
             },
@@ -165,18 +244,15 @@ impl Scheduler {
                 ..
             } = &self.loading[i].stage
             {
-                if let Some(n) = load.streaming().filter(|&n| n > 0) {
+                if let Some(n) = load.pending().streaming().filter(|&n| n > 0) {
                     let l = self.loading.swap_remove(i);
-                    if let FabricWait::Load {
-                        load, blocks, keys, ..
-                    } = l.stage
-                    {
-                        self.start_streamed(l.seq, load, blocks, keys, n);
+                    if let FabricWait::Load { load, keys, .. } = l.stage {
+                        self.start_streamed(l.seq, load, keys, n);
                     }
                     continue;
                 }
             }
-            let outcome = match &self.loading[i].stage {
+            let outcome = match &mut self.loading[i].stage {
                 FabricWait::Lookup { pending, .. } => pending.wait(budget),
                 FabricWait::Load { load, .. } => load.wait(budget),
             };
@@ -187,22 +263,16 @@ impl Scheduler {
             let l = self.loading.swap_remove(i);
             match l.stage {
                 FabricWait::Lookup { keys, .. } => self.after_lookup(l.seq, keys, n, c.as_ref()),
-                FabricWait::Load { blocks, keys, .. } => self.finish_load(l.seq, blocks, keys, n),
-            }
-        }
-        let mut i = 0;
-        while i < self.orphans.len() {
-            if self.orphans[i].load.try_finish().is_some() {
-                for b in self.orphans.swap_remove(i).blocks {
-                    self.blocks.release(b);
+                FabricWait::Load { load, keys, .. } => {
+                    self.finish_load(l.seq, load.into_blocks(), keys, n)
                 }
-            } else {
-                i += 1;
             }
         }
+        // Loads whose sequence went away: their blocks come back once they end.
+        self.blocks.reap();
         let saves_wait = if waited { Duration::ZERO } else { wait };
         for d in c.finished_saves(saves_wait) {
-            self.blocks.release(d.block);
+            self.saves.done(d.tag, d.block);
             let id = d.tag >> TAG_BLOCK_BITS;
             let r = (d.tag & ((1 << TAG_BLOCK_BITS) - 1)) as usize;
             let seq = self
@@ -234,20 +304,12 @@ impl Scheduler {
     }
 
     /// Run `seq` with the `n` blocks its load streams in its table.
-    fn start_streamed(
-        &mut self,
-        mut seq: Seq,
-        load: PendingLoad,
-        blocks: Vec<BlockId>,
-        keys: Vec<BlockKey>,
-        n: usize,
-    ) {
+    fn start_streamed(&mut self, mut seq: Seq, load: LoadBlocks, keys: Vec<BlockKey>, n: usize) {
         let from = seq.table.len();
-        seq.table.extend_from_slice(&blocks[..n]);
+        seq.table.append(load.blocks.share(0..n));
         seq.computed = seq.table.len() * self.kv.layout().block_tokens as usize;
         seq.stream = Some(Streaming {
             load,
-            blocks,
             keys,
             from,
             n,
@@ -259,25 +321,25 @@ impl Scheduler {
     /// blocks join the prefix cache. False if the load did not end with all
     /// of them (the caller unloads the sequence).
     pub(super) fn finish_stream(&mut self, i: usize) -> bool {
-        let Some(st) = self.running[i].stream.take() else {
+        let Some(mut st) = self.running[i].stream.take() else {
             return true;
         };
         // The last layer is published just before the load reports its end.
-        let loaded = st.load.wait(st.load.layer_wait()).unwrap_or(0);
+        let budget = st.load.pending().layer_wait();
+        let loaded = st.load.wait(budget).unwrap_or(0);
         if loaded < st.n {
             self.running[i].stream = Some(st);
             return false;
         }
         let s = &mut self.running[i];
-        for (&b, &k) in st.blocks[..st.n].iter().zip(&st.keys) {
-            self.blocks.register(b, k);
+        for (j, &k) in st.keys[..st.n].iter().enumerate() {
+            s.table.register(st.from + j, k);
             s.fabric.push(FabricState::In);
             s.parent = Some(k);
             s.registered += 1;
         }
-        for &b in &st.blocks[st.n..] {
-            self.blocks.release(b);
-        }
+        // The load's own references (and its blocks past `n`) go back.
+        drop(st);
         // Called before advance(): `computed` is the prefix in place.
         let cached = s.computed.min(s.prompt_len);
         s.cached_tokens = Some(cached);
@@ -294,60 +356,43 @@ impl Scheduler {
             self.begin(s);
             return;
         };
-        // Blocks this step allocated after the streamed ones.
-        for b in s.table.drain(st.from + st.n..) {
-            self.blocks.release(b);
-        }
+        // The streamed blocks (the load keeps its own references) and the
+        // blocks this step allocated after them.
         s.table.truncate(st.from);
         s.computed = st.from * self.kv.layout().block_tokens as usize;
         self.loading.push(Loading {
             seq: s,
             stage: FabricWait::Load {
                 load: st.load,
-                blocks: st.blocks,
                 keys: st.keys,
                 streamable: false,
             },
         });
     }
 
-    /// `seq` goes away: a load still streaming into it keeps its blocks
-    /// until it ends.
-    pub(super) fn orphan_stream(&mut self, seq: &mut Seq) {
-        if let Some(st) = seq.stream.take() {
-            let end = (st.from + st.n).min(seq.table.len());
-            seq.table.drain(st.from.min(end)..end);
-            self.orphans.push(Orphan {
-                load: st.load,
-                blocks: st.blocks,
-            });
-        }
-    }
-
+    /// The load ended with its first `loaded` blocks verified: they join
+    /// `seq`'s table, the rest go back to the pool.
     fn finish_load(
         &mut self,
         mut seq: Seq,
-        blocks: Vec<BlockId>,
+        mut blocks: BlockTable,
         keys: Vec<BlockKey>,
         loaded: usize,
     ) {
-        for (i, (b, k)) in blocks.into_iter().zip(keys).enumerate() {
-            if i < loaded {
-                self.blocks.register(b, k);
-                seq.table.push(b);
-                seq.fabric.push(FabricState::In);
-                seq.parent = Some(k);
-                seq.registered += 1;
-            } else {
-                self.blocks.release(b);
-            }
+        drop(blocks.split_off(loaded));
+        let from = seq.table.len();
+        seq.table.append(blocks);
+        for (j, k) in keys.into_iter().enumerate().take(seq.table.len() - from) {
+            seq.table.register(from + j, k);
+            seq.fabric.push(FabricState::In);
+            seq.parent = Some(k);
+            seq.registered += 1;
         }
         seq.computed = seq.table.len() * self.kv.layout().block_tokens as usize;
-        if seq.events.is_closed() {
-            self.release(&mut seq);
-            return;
+        // A sequence that went away meanwhile drops its blocks with it.
+        if !seq.events.is_closed() {
+            self.begin(seq);
         }
-        self.begin(seq);
     }
 
     /// A prefill sequence finished generating: save the prompt blocks it
@@ -362,7 +407,7 @@ impl Scheduler {
             let keys = s.chain.keys(&s.tokens[..full * bt]);
             for (r, key) in keys.into_iter().enumerate() {
                 if s.fabric[r] == FabricState::Unknown {
-                    save_block(c.as_ref(), &mut self.blocks, &mut s, r, key, bt);
+                    save_block(c.as_ref(), &mut self.saves, &mut s, r, key, bt);
                 }
             }
         }
@@ -389,6 +434,5 @@ impl Scheduler {
                 .events
                 .blocking_send(GenerationEvent::Finished { reason, usage });
         }
-        self.release(&mut s);
     }
 }

@@ -12,6 +12,10 @@
 //! (its blocks released to the cache, recomputed later, mostly from cache hits).
 //! A closed event channel cancels a request and frees its blocks.
 //!
+//! Blocks are held through owned handles (`kv::blocks`): a sequence's table,
+//! a load's blocks and a save's pin each give their blocks back when
+//! dropped, so every path that drops a sequence frees what it held.
+//!
 //! With a fabric connector (see `fabric.rs`), admission also asks the fabric
 //! for the blocks after the local prefix and loads them into the pool. A
 //! load that streams layer by layer lets the sequence run at once: the
@@ -22,6 +26,8 @@
 //! queued for saving.
 
 mod fabric;
+#[cfg(test)]
+mod tests;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,12 +36,12 @@ use kvfabric_connector::{KvConnector, PendingLoad, PendingLookup};
 use kvfabric_store::keys::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
-use fabric::{FabricState, Orphan, Streaming};
+use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
 
 use crate::config::Role;
-use crate::http::EngineMetrics;
 use crate::kernels::Compute;
-use crate::kv::{BlockId, BlockManager, KvPool};
+use crate::kv::{BlockPool, BlockTable, KvPool};
+use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, SeqChunk};
 use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
@@ -66,7 +72,7 @@ struct Seq {
     prompt_len: usize,
     /// Tokens whose KV is in `table`.
     computed: usize,
-    table: Vec<BlockId>,
+    table: BlockTable,
     /// Leading blocks registered in the prefix cache; `parent` is the last one's key.
     registered: usize,
     parent: Option<BlockKey>,
@@ -85,6 +91,20 @@ struct Seq {
     stream: Option<Streaming>,
 }
 
+impl Seq {
+    /// Give back every block (the cache keeps what was registered) and
+    /// start over from no KV; a load still streaming in keeps its blocks
+    /// until it ends.
+    fn drop_kv(&mut self) {
+        self.stream = None;
+        self.table.clear();
+        self.computed = 0;
+        self.registered = 0;
+        self.parent = None;
+        self.fabric.clear();
+    }
+}
+
 /// A sequence waiting on the fabric, first for its lookup, then for the
 /// blocks being loaded into its pool blocks.
 struct Loading {
@@ -100,8 +120,7 @@ enum FabricWait {
         keys: Vec<BlockKey>,
     },
     Load {
-        load: PendingLoad,
-        blocks: Vec<BlockId>,
+        load: LoadBlocks,
         keys: Vec<BlockKey>,
         /// May still run layer by layer (false once a stream let it down).
         streamable: bool,
@@ -113,7 +132,7 @@ pub struct Scheduler {
     model: Arc<LlamaModel>,
     cx: Compute,
     kv: KvPool,
-    blocks: BlockManager,
+    blocks: BlockPool,
     cfg: SchedulerConfig,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
@@ -121,8 +140,8 @@ pub struct Scheduler {
     loading: Vec<Loading>,
     /// Prefill role: finished sequences waiting for their saves.
     flushing: Vec<Seq>,
-    /// Loads whose sequence went away: their blocks are freed when they end.
-    orphans: Vec<Orphan>,
+    /// Blocks queued for saving, pinned until the connector is done.
+    saves: SavePins,
     next_id: u64,
 }
 
@@ -136,7 +155,7 @@ impl Scheduler {
         cfg: SchedulerConfig,
         connector: Option<Arc<dyn KvConnector>>,
     ) -> Scheduler {
-        let blocks = BlockManager::new(kv.blocks());
+        let blocks = BlockPool::new(kv.blocks());
         Scheduler {
             model,
             cx,
@@ -148,7 +167,7 @@ impl Scheduler {
             connector,
             loading: Vec::new(),
             flushing: Vec::new(),
-            orphans: Vec::new(),
+            saves: SavePins::default(),
             next_id: 0,
         }
     }
@@ -159,7 +178,7 @@ impl Scheduler {
             && self.waiting.is_empty()
             && self.loading.is_empty()
             && self.flushing.is_empty()
-            && self.orphans.is_empty()
+            && self.blocks.parked() == 0
     }
 
     /// Start the scheduler thread; it exits when every handle is dropped and the work is done.
@@ -257,7 +276,7 @@ impl Scheduler {
             prompt_len: r.prompt.len(),
             tokens: r.prompt,
             computed: 0,
-            table: Vec::new(),
+            table: self.blocks.table(),
             registered: 0,
             parent: None,
             chain,
@@ -273,17 +292,6 @@ impl Scheduler {
         });
     }
 
-    fn release(&mut self, seq: &mut Seq) {
-        self.orphan_stream(seq);
-        for b in seq.table.drain(..) {
-            self.blocks.release(b);
-        }
-        seq.computed = 0;
-        seq.registered = 0;
-        seq.parent = None;
-        seq.fabric.clear();
-    }
-
     /// Take the longest cached prefix (full blocks, at least one token left
     /// to compute), then start loading what the fabric has beyond it.
     fn admit(&mut self, mut seq: Seq) {
@@ -293,7 +301,7 @@ impl Scheduler {
         let hits = if self.cfg.prefix_cache {
             self.blocks.lookup(&keys)
         } else {
-            Vec::new()
+            self.blocks.table()
         };
         seq.computed = hits.len() * bt;
         seq.registered = hits.len();
@@ -323,8 +331,7 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].events.is_closed() {
-                let mut s = self.running.remove(i);
-                self.release(&mut s);
+                self.running.remove(i);
             } else {
                 i += 1;
             }
@@ -354,7 +361,7 @@ impl Scheduler {
                 SeqChunk {
                     tokens: &s.tokens[s.computed..s.computed + n],
                     start: s.computed,
-                    blocks: &s.table,
+                    blocks: s.table.ids(),
                     logits: s.computed + n == s.tokens.len(),
                 }
             })
@@ -364,7 +371,7 @@ impl Scheduler {
         // attention reads it, up to the load's budget for this step.
         let gated: Vec<&PendingLoad> = plan
             .iter()
-            .filter_map(|&(i, _)| self.running[i].stream.as_ref().map(|st| &st.load))
+            .filter_map(|&(i, _)| self.running[i].stream.as_ref().map(Streaming::load))
             .collect();
         let started = std::time::Instant::now();
         let mut late = vec![false; gated.len()];
@@ -432,9 +439,6 @@ impl Scheduler {
             let s = self.running.remove(i);
             if s.finished.is_some() {
                 self.start_flush(s);
-            } else {
-                let mut s = s;
-                self.release(&mut s);
             }
         }
     }
@@ -469,35 +473,25 @@ impl Scheduler {
             let need = (s.computed + n).div_ceil(bt);
             let mut ok = true;
             while self.running[i].table.len() < need {
-                match self.blocks.allocate() {
-                    Some(b) => self.running[i].table.push(b),
+                if self.running[i].table.grow() {
+                    continue;
+                }
+                // Preempt the latest sequence not planned yet (not this one).
+                // Not one whose blocks are still arriving.
+                let victim = (0..self.running.len()).rev().find(|&v| {
+                    v != i
+                        && !preempted.contains(&v)
+                        && !plan.iter().any(|p| p.0 == v)
+                        && self.running[v].stream.is_none()
+                });
+                match victim {
+                    Some(v) => {
+                        self.running[v].drop_kv();
+                        preempted.push(v);
+                    }
                     None => {
-                        // Preempt the latest sequence not planned yet (not this one).
-                        // Not one whose blocks are still arriving.
-                        let victim = (0..self.running.len()).rev().find(|&v| {
-                            v != i
-                                && !preempted.contains(&v)
-                                && !plan.iter().any(|p| p.0 == v)
-                                && self.running[v].stream.is_none()
-                        });
-                        match victim {
-                            Some(v) => {
-                                let mut s = std::mem::take(&mut self.running[v].table);
-                                for b in s.drain(..) {
-                                    self.blocks.release(b);
-                                }
-                                let vs = &mut self.running[v];
-                                vs.computed = 0;
-                                vs.registered = 0;
-                                vs.parent = None;
-                                vs.fabric.clear();
-                                preempted.push(v);
-                            }
-                            None => {
-                                ok = false;
-                                break;
-                            }
-                        }
+                        ok = false;
+                        break;
                     }
                 }
             }
@@ -519,7 +513,7 @@ impl Scheduler {
         preempted.sort_unstable();
         for v in preempted.into_iter().rev() {
             let mut s = self.running.remove(v);
-            self.release(&mut s);
+            s.drop_kv();
             for p in plan.iter_mut() {
                 if p.0 > v {
                     p.0 -= 1;
@@ -544,11 +538,11 @@ impl Scheduler {
             let key = s
                 .chain
                 .next(s.parent.as_ref(), &s.tokens[r * bt..(r + 1) * bt]);
-            self.blocks.register(s.table[r], key);
+            s.table.register(r, key);
             s.parent = Some(key);
             s.registered += 1;
             if let Some(c) = &self.connector {
-                fabric::save_block(c.as_ref(), &mut self.blocks, s, r, key, bt);
+                fabric::save_block(c.as_ref(), &mut self.saves, s, r, key, bt);
             }
         }
         let Some(logits) = logits else { return false };

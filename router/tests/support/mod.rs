@@ -132,12 +132,10 @@ impl TestEngine {
 /// Start an engine of `role` on the reference model.
 pub async fn start_engine(role: Role) -> TestEngine {
     let metrics = EngineMetrics::new();
-    let running = kvfabric_engine::start_with_metrics(
-        loaded().model.clone(),
-        &engine_config(role),
-        metrics.clone(),
-    )
-    .expect("start engine");
+    let running = kvfabric_engine::EngineBuilder::new(engine_config(role))
+        .metrics(metrics.clone())
+        .start(loaded().model.clone())
+        .expect("start engine");
     serve_running(running, metrics, Registry::default()).await
 }
 

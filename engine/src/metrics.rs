@@ -1,5 +1,10 @@
 //! The engine's Prometheus metrics, shared by the HTTP layer and the scheduler.
 //!
+//! They live at the crate root, not under `http`, because the scheduler
+//! reports into them too and must not depend on the HTTP layer (imports
+//! point one way: `http` and `scheduler` both use this module, it uses
+//! neither).
+//!
 //! [`EngineMetrics`] is a bundle of prometheus-client handles: cheap to clone,
 //! every clone updates the same series. It is registered into a registry the
 //! caller owns (no global registry); `/metrics` encodes that registry.
