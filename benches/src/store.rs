@@ -67,6 +67,28 @@ pub struct StoreArgs {
     /// Timed ops per policy and resident-block count in the metadata-scale report.
     #[arg(long, default_value_t = 200_000)]
     pub metadata_ops: usize,
+    /// Sections of the metadata-scale report to run: `policy` (the eviction
+    /// orders), `sync` (the cluster directory's sync; the slow one).
+    #[arg(long, value_delimiter = ',', default_values_t = [MetadataPart::Policy, MetadataPart::Sync])]
+    pub metadata_parts: Vec<MetadataPart>,
+}
+
+/// A section of the metadata-scale report.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataPart {
+    /// "policy": insert + evict ops/s of a RAM tier per eviction order.
+    Policy,
+    /// "directory_sync": the cluster directory's sync.
+    Sync,
+}
+
+impl std::fmt::Display for MetadataPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MetadataPart::Policy => "policy",
+            MetadataPart::Sync => "sync",
+        })
+    }
 }
 
 impl Default for StoreArgs {
@@ -80,6 +102,7 @@ impl Default for StoreArgs {
             metadata_scale: false,
             metadata_blocks: vec![10_000, 1_000_000],
             metadata_ops: 200_000,
+            metadata_parts: vec![MetadataPart::Policy, MetadataPart::Sync],
         }
     }
 }
@@ -193,13 +216,17 @@ fn keep_best_rounds(
 /// The metadata-scale report: one section per part of the store's bookkeeping.
 pub fn measure_metadata(args: &StoreArgs) -> anyhow::Result<Value> {
     let mut report = serde_json::Map::new();
-    let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops)?;
-    report.insert("policy".into(), policy);
-    let sync = reconcile::measure(&SyncBenchArgs {
-        scales: args.metadata_blocks.clone(),
-        ..SyncBenchArgs::default()
-    })?;
-    report.insert("directory_sync".into(), serde_json::to_value(sync)?);
+    if args.metadata_parts.contains(&MetadataPart::Policy) {
+        let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops)?;
+        report.insert("policy".into(), policy);
+    }
+    if args.metadata_parts.contains(&MetadataPart::Sync) {
+        let sync = reconcile::measure(&SyncBenchArgs {
+            scales: args.metadata_blocks.clone(),
+            ..SyncBenchArgs::default()
+        })?;
+        report.insert("directory_sync".into(), serde_json::to_value(sync)?);
+    }
     Ok(Value::Object(report))
 }
 

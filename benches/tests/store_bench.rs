@@ -61,6 +61,22 @@ fn metadata_scale_reports_the_policy_section() {
     assert!(p["min_ratio"].as_f64().unwrap() > 0.0);
 }
 
+/// `--metadata-parts policy` runs the policy section alone (the directory
+/// sync section is the slow one).
+#[test]
+fn metadata_parts_select_the_sections() {
+    let args = kvfabric_benches::store::StoreArgs {
+        metadata_scale: true,
+        metadata_blocks: vec![64, 128],
+        metadata_ops: 500,
+        metadata_parts: vec![kvfabric_benches::store::MetadataPart::Policy],
+        ..Default::default()
+    };
+    let v = kvfabric_benches::store::measure_metadata(&args).unwrap();
+    assert!(v.get("policy").is_some(), "{v}");
+    assert!(v.get("directory_sync").is_none(), "{v}");
+}
+
 /// The full-size bench, as `kvfabric bench store --json` runs it:
 /// `cargo test -p kvfabric-benches --test store_bench -- --ignored --nocapture`.
 #[test]

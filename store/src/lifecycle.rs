@@ -203,21 +203,23 @@ impl Shared {
             drop(g);
             return self.already_present(&r.key, r.durable);
         }
-        let block = Block {
+        let mut block = Block {
             layout: r.layout,
             len: r.len,
             checksum: sum,
             tokens: r.tokens,
             ram: Some(r.extent),
             disk: None,
+            ram_slot: 0,
+            disk_slot: 0,
             hard_pin: false,
             soft_pin_until: None,
             accesses: 1,
             flushing: false,
         };
         let to_disk = r.durable || self.write_through(&g, &r.key, &block);
+        block.ram_slot = g.ram_order.insert(r.key);
         g.blocks.insert(r.key, block);
-        g.ram_order.insert(r.key);
         g.note(&r.key, crate::changes::BlockChange::Stored);
         if !to_disk {
             return Ok(PutOutcome {

@@ -195,10 +195,13 @@ impl Shared {
             return Err(e);
         }
         self.metrics.observe(OpName::DiskWrite, started);
-        match g.blocks.get_mut(key) {
+        let Inner {
+            blocks, disk_order, ..
+        } = &mut *g;
+        match blocks.get_mut(key) {
             Some(b) if b.ram == Some(ram) && b.disk.is_none() => {
                 b.disk = Some(dext);
-                g.disk_order.insert(*key);
+                b.disk_slot = disk_order.insert(*key);
                 Ok(true)
             }
             _ => {
@@ -277,10 +280,13 @@ impl Shared {
             return Ok(None);
         }
         StoreMetrics::tier(&self.metrics.hits, TierName::Disk).inc();
-        match g.blocks.get_mut(key) {
+        let Inner {
+            blocks, ram_order, ..
+        } = &mut *g;
+        match blocks.get_mut(key) {
             Some(b) if b.ram.is_none() && b.disk == Some(dext) => {
                 b.ram = Some(ram);
-                g.ram_order.insert(*key);
+                b.ram_slot = ram_order.insert(*key);
                 g.note(key, crate::changes::BlockChange::Tier);
                 StoreMetrics::tier(&self.metrics.promotions, TierName::Ram).inc();
                 Ok(Some(ram))

@@ -7,6 +7,9 @@
 //! Both orders keep their queues as linked lists through one slab
 //! (`list::Queues`), so insert, touch and remove are O(1) and a victim costs
 //! the candidates it looks at, whatever the number of blocks in the tier.
+//! `insert` hands back the key's [`Slot`]; the caller keeps it (the store in
+//! the block's record) and names the key by it to `touch` and `remove`, so
+//! the order needs no key index of its own.
 //! The decisions are those of the earlier `BTreeMap` LRU and `VecDeque`
 //! S3-FIFO; `tests` replays random operations against both and compares.
 
@@ -19,6 +22,7 @@ use crate::config::EvictionPolicy;
 use crate::keys::BlockKey;
 
 use list::Queues;
+pub use list::Slot;
 pub use s3fifo::S3Fifo;
 
 /// Ranking of the blocks of one tier.
@@ -37,27 +41,28 @@ impl EvictionOrder {
         }
     }
 
-    /// A block entered the tier.
-    pub fn insert(&mut self, key: BlockKey) {
+    /// A block entered the tier (it is not in the order); its slot, valid
+    /// until `remove`.
+    pub fn insert(&mut self, key: BlockKey) -> Slot {
         match self {
-            EvictionOrder::Lru(l) => l.touch(key),
+            EvictionOrder::Lru(l) => l.queue.push_back(0, key),
             EvictionOrder::S3Fifo(s) => s.insert(key),
         }
     }
 
-    /// A block of the tier was read.
-    pub fn touch(&mut self, key: BlockKey) {
+    /// The block of the tier at `slot` (`key`) was read.
+    pub fn touch(&mut self, slot: Slot, key: &BlockKey) {
         match self {
-            EvictionOrder::Lru(l) => l.touch(key),
-            EvictionOrder::S3Fifo(s) => s.touch(key),
+            EvictionOrder::Lru(l) => l.touch(slot, key),
+            EvictionOrder::S3Fifo(s) => s.touch(slot, key),
         }
     }
 
-    /// A block left the tier (removed, or evicted by the caller).
-    pub fn remove(&mut self, key: &BlockKey) {
+    /// The block at `slot` (`key`) left the tier (removed, or evicted by the caller).
+    pub fn remove(&mut self, slot: Slot, key: &BlockKey) {
         match self {
-            EvictionOrder::Lru(l) => l.remove(key),
-            EvictionOrder::S3Fifo(s) => s.remove(key),
+            EvictionOrder::Lru(l) => l.remove(slot, key),
+            EvictionOrder::S3Fifo(s) => s.remove(slot, key),
         }
     }
 
@@ -77,17 +82,14 @@ pub struct Lru {
 }
 
 impl Lru {
-    fn touch(&mut self, key: BlockKey) {
-        match self.queue.find(&key) {
-            Some(s) => self.queue.move_to_back(s, 0),
-            None => {
-                self.queue.push_back(0, key);
-            }
-        }
+    fn touch(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queue.holds(s, key), "stale slot {s} for {key:?}");
+        self.queue.move_to_back(s, 0);
     }
 
-    fn remove(&mut self, key: &BlockKey) {
-        self.queue.remove(key);
+    fn remove(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queue.holds(s, key), "stale slot {s} for {key:?}");
+        self.queue.remove(s);
     }
 
     fn victim(&mut self, mut eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {

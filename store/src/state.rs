@@ -16,7 +16,7 @@ use crate::changes::{BlockChange, ChangeFeed};
 use crate::config::NodeConfig;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
-use crate::policy::EvictionOrder;
+use crate::policy::{EvictionOrder, Slot};
 
 /// One stored block and where its copies are.
 #[derive(Debug)]
@@ -28,6 +28,11 @@ pub(crate) struct Block {
     pub tokens: u32,
     pub ram: Option<Extent>,
     pub disk: Option<Extent>,
+    /// The block's slot in `Inner::ram_order`, valid while `ram` is Some
+    /// (kept here so the order needs no key index: see `policy`).
+    pub ram_slot: Slot,
+    /// The block's slot in `Inner::disk_order`, valid while `disk` is Some.
+    pub disk_slot: Slot,
     pub hard_pin: bool,
     pub soft_pin_until: Option<Instant>,
     /// Puts and reads seen (disk admission "seen-twice").
@@ -177,7 +182,7 @@ impl Inner {
         };
         let Some(ext) = b.ram.take() else { return };
         let gone = b.disk.is_none();
-        self.ram_order.remove(key);
+        self.ram_order.remove(b.ram_slot, key);
         self.release_ram(ext);
         if gone {
             self.blocks.remove(key);
@@ -194,7 +199,7 @@ impl Inner {
         };
         let Some(ext) = b.disk.take() else { return };
         let gone = b.ram.is_none();
-        self.disk_order.remove(key);
+        self.disk_order.remove(b.disk_slot, key);
         self.release_disk(ext);
         if gone {
             self.blocks.remove(key);
@@ -214,11 +219,11 @@ impl Inner {
         let b = self.blocks.remove(key)?;
         self.note(key, BlockChange::Removed);
         if let Some(e) = b.ram {
-            self.ram_order.remove(key);
+            self.ram_order.remove(b.ram_slot, key);
             self.release_ram(e);
         }
         if let Some(e) = b.disk {
-            self.disk_order.remove(key);
+            self.disk_order.remove(b.disk_slot, key);
             self.release_disk(e);
         }
         Some(b)

@@ -89,6 +89,7 @@ impl Store {
         let mut recovered = 0usize;
         for (key, rec) in records {
             if inner.disk.claim(rec.extent) {
+                let disk_slot = inner.disk_order.insert(key);
                 inner.blocks.insert(
                     key,
                     Block {
@@ -98,13 +99,14 @@ impl Store {
                         tokens: rec.tokens,
                         ram: None,
                         disk: Some(rec.extent),
+                        ram_slot: 0,
+                        disk_slot,
                         hard_pin: false,
                         soft_pin_until: None,
                         accesses: 0,
                         flushing: false,
                     },
                 );
-                inner.disk_order.insert(key);
                 recovered += 1;
             } else if let Some(d) = &disk {
                 tracing::warn!("disk index entry {key:?} overlaps another; dropped");
@@ -262,8 +264,9 @@ impl Store {
                 tier: Tier::Ram,
             };
             if let Some(ram) = b.ram {
+                let slot = b.ram_slot;
                 g.lease_ram(ram);
-                g.ram_order.touch(*key);
+                g.ram_order.touch(slot, key);
                 StoreMetrics::tier(&m.hits, TierName::Ram).inc();
                 let lease = ReadLease {
                     shared: self.shared.clone(),
@@ -274,7 +277,8 @@ impl Store {
             }
             let Some(dext) = b.disk else { return Ok(None) };
             StoreMetrics::tier(&m.misses, TierName::Ram).inc();
-            g.disk_order.touch(*key);
+            let slot = b.disk_slot;
+            g.disk_order.touch(slot, key);
             g.lease_disk(dext);
             drop(g);
             let filling = copy.take();

@@ -1,7 +1,12 @@
 //! `Queues<Q>`: `Q` FIFO queues of block keys as doubly linked lists through
-//! one slab, with a key -> slot index, so every operation an eviction order
-//! needs (append, find, unlink from the middle, move to the back of a queue)
-//! is O(1).
+//! one slab, so every operation an eviction order needs (append, unlink from
+//! the middle, move to the back of a queue) is O(1).
+//!
+//! There is no key -> slot index here: the slot a key got is kept by the
+//! caller (the store keeps it in the block's record, which it looks up
+//! anyway), so an operation on a queued key costs its node and neighbours,
+//! not also a probe of a second hash map (at 1M blocks each probe is a cache
+//! miss or two).
 //!
 //! The orders used `VecDeque::retain` (S3-FIFO) and a `BTreeMap` of ticks
 //! (LRU) before: a removal scanned a whole queue under the store lock, which
@@ -9,12 +14,13 @@
 //! eviction. Freed slots are reused, so the slab holds at most as many nodes
 //! as the tier ever held blocks at once.
 
-use std::collections::HashMap;
-
 use crate::keys::BlockKey;
 
 /// No node (end of a list, or an empty queue).
 const NIL: u32 = u32::MAX;
+
+/// `Node::queue` of a free slot.
+const FREE: u8 = u8::MAX;
 
 /// One queued key: its links, its queue and a small per-policy counter.
 #[derive(Debug)]
@@ -41,14 +47,15 @@ const EMPTY: Ends = Ends {
 };
 
 /// A slot in the slab (stable while its key stays queued).
-pub(super) type Slot = u32;
+pub type Slot = u32;
 
 /// `Q` queues over one slab; every key is in at most one of them.
 #[derive(Debug)]
 pub(super) struct Queues<const Q: usize> {
     nodes: Vec<Node>,
     free: Vec<Slot>,
-    index: HashMap<BlockKey, Slot>,
+    /// Keys queued, all queues together.
+    count: usize,
     ends: [Ends; Q],
 }
 
@@ -57,21 +64,16 @@ impl<const Q: usize> Default for Queues<Q> {
         Queues {
             nodes: Vec::new(),
             free: Vec::new(),
-            index: HashMap::new(),
+            count: 0,
             ends: [EMPTY; Q],
         }
     }
 }
 
 impl<const Q: usize> Queues<Q> {
-    /// The slot of `key`, when queued.
-    pub fn find(&self, key: &BlockKey) -> Option<Slot> {
-        self.index.get(key).copied()
-    }
-
     /// Keys queued, all queues together.
     pub fn total(&self) -> usize {
-        self.index.len()
+        self.count
     }
 
     /// Keys in queue `q`.
@@ -128,18 +130,27 @@ impl<const Q: usize> Queues<Q> {
                 (self.nodes.len() - 1) as Slot
             }
         };
-        self.index.insert(key, s);
+        self.count += 1;
         self.link_back(q, s);
         s
     }
 
-    /// Take `key` out of its queue; its queue and counter, when it was queued.
-    pub fn remove(&mut self, key: &BlockKey) -> Option<(usize, u8)> {
-        let s = self.index.remove(key)?;
+    /// Take the key queued at `s` (which must be queued) out of its queue;
+    /// its queue and counter. The slot is free for reuse afterwards.
+    pub fn remove(&mut self, s: Slot) -> (usize, u8) {
         self.unlink(s);
         self.free.push(s);
-        let n = &self.nodes[s as usize];
-        Some((n.queue as usize, n.freq))
+        self.count -= 1;
+        let n = &mut self.nodes[s as usize];
+        let q = std::mem::replace(&mut n.queue, FREE);
+        (q as usize, n.freq)
+    }
+
+    /// Whether `s` holds `key` (a caller's slot is still its key's).
+    pub fn holds(&self, s: Slot, key: &BlockKey) -> bool {
+        self.nodes
+            .get(s as usize)
+            .is_some_and(|n| n.queue != FREE && n.key == *key)
     }
 
     /// Move `s` to the back of queue `q` (its own queue or another).

@@ -13,7 +13,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use super::list::Queues;
+use super::list::{Queues, Slot};
 use crate::keys::BlockKey;
 
 const SMALL: usize = 0;
@@ -29,30 +29,24 @@ pub struct S3Fifo {
 }
 
 impl S3Fifo {
-    pub(super) fn insert(&mut self, key: BlockKey) {
-        if self.queues.find(&key).is_some() {
-            self.touch(key);
-            return;
-        }
+    pub(super) fn insert(&mut self, key: BlockKey) -> Slot {
         let q = if self.ghost_set.remove(&key) {
             MAIN
         } else {
             SMALL
         };
-        self.queues.push_back(q, key);
+        self.queues.push_back(q, key)
     }
 
-    pub(super) fn touch(&mut self, key: BlockKey) {
-        if let Some(s) = self.queues.find(&key) {
-            let f = self.queues.freq(s);
-            self.queues.set_freq(s, (f + 1).min(3));
-        }
+    pub(super) fn touch(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
+        let f = self.queues.freq(s);
+        self.queues.set_freq(s, (f + 1).min(3));
     }
 
-    pub(super) fn remove(&mut self, key: &BlockKey) {
-        let Some((queue, _)) = self.queues.remove(key) else {
-            return;
-        };
+    pub(super) fn remove(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
+        let (queue, _) = self.queues.remove(s);
         if queue == SMALL {
             self.ghost.push_back(*key);
             self.ghost_set.insert(*key);
@@ -103,11 +97,9 @@ impl S3Fifo {
         None
     }
 
-    /// Whether `key` is in the main queue.
+    /// Whether the key at `s` is in the main queue.
     #[cfg(test)]
-    pub(super) fn in_main(&self, key: &BlockKey) -> bool {
-        self.queues
-            .find(key)
-            .is_some_and(|s| self.queues.queue(s) == MAIN)
+    pub(super) fn in_main(&self, s: Slot) -> bool {
+        self.queues.queue(s) == MAIN
     }
 }
