@@ -19,7 +19,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use crate::gguf::GgufFile;
 use crate::EngineError;
 use bpe::MergeTable;
-use cache::PieceCache;
+use cache::{Lease, PieceCache};
 pub use pretokenize::{PreTokenizer, PreTokenizerKind};
 pub use stream::StreamDecoder;
 
@@ -65,7 +65,7 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     unknown_id: u32,
     add_bos: bool,
-    /// BPE ids of recent pieces; never makes concurrent encodes wait.
+    /// BPE ids of recent pieces, leased to one encode at a time; never waited for.
     cache: PieceCache,
 }
 
@@ -192,17 +192,18 @@ impl Tokenizer {
     /// Never adds BOS (see [`Tokenizer::encode_prompt`]).
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut cache = self.cache.lease();
         match (&self.special_matcher, parse_special) {
             (Some((ac, ids)), true) => {
                 let mut last = 0;
                 for m in ac.find_iter(text) {
-                    self.encode_plain(&text[last..m.start()], &mut out);
+                    self.encode_plain(&text[last..m.start()], &mut cache, &mut out);
                     out.push(ids[m.pattern().as_usize()]);
                     last = m.end();
                 }
-                self.encode_plain(&text[last..], &mut out);
+                self.encode_plain(&text[last..], &mut cache, &mut out);
             }
-            _ => self.encode_plain(text, &mut out),
+            _ => self.encode_plain(text, &mut cache, &mut out),
         }
         out
     }
@@ -219,9 +220,9 @@ impl Tokenizer {
         ids
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
+    fn encode_plain(&self, text: &str, cache: &mut Lease<'_>, out: &mut Vec<u32>) {
         self.pre.split(text, &mut |piece| {
-            self.cache.encode(piece, out, |out| {
+            cache.encode(piece, out, |out| {
                 self.merges
                     .encode_word(piece.as_bytes(), self.unknown_id, out)
             });
