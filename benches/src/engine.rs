@@ -10,11 +10,14 @@
 //! built once under `~/.cache/kvfabric/`, and candle-transformers on
 //! f32-dequantized weights (`candle_*`, cargo feature `candle-peer`). A peer
 //! that cannot run is null with its reason in `<peer>_status`; kvfabric's own
-//! figures never depend on the peers. `--no-peers` skips them.
+//! figures never depend on the peers. `--no-peers` skips them. The
+//! tokenizer's throughput on one and two concurrent 32k-token prompts comes
+//! first ([`tokenize`]); `--only-tokenize` reports just that.
 
 #[cfg(feature = "candle-peer")]
 mod candle_peer;
 mod peers;
+pub mod tokenize;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,6 +53,9 @@ pub struct EngineArgs {
     /// Skip the peers (llama.cpp, candle): kvfabric's figures only.
     #[arg(long)]
     pub no_peers: bool,
+    /// Measure only tokenization (seconds: no weights, forward passes or peers).
+    #[arg(long)]
+    pub only_tokenize: bool,
     /// The llama.cpp venv, built here once when absent
     /// (default: ~/.cache/kvfabric/llamacpp-venv).
     #[arg(long)]
@@ -239,6 +245,14 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     // `kvfabric bench engine` fills this with the fetched reference model.
     let path = crate::model_file(&args.model)?;
     let load_before = load_average();
+    let tokenization = tokenize::measure(&path)?;
+    if args.only_tokenize {
+        let mut report = tokenization;
+        report.insert("model".into(), json!(path.display().to_string()));
+        report.insert("load_avg_1m_before".into(), json!(load_before));
+        report.insert("load_avg_1m_after".into(), json!(load_average()));
+        return Ok(Value::Object(report));
+    }
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let c = &model.config;
     let cx = Compute::new(args.threads);
@@ -285,6 +299,9 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     put("rss_budget_bytes", json!(budget));
     put("weights_bytes", json!(weights_bytes));
     put("kv_pool_bytes", json!(kv_pool_bytes));
+    for (k, v) in tokenization {
+        put(&k, v);
+    }
     put("load_avg_1m_before", json!(load_before));
     put("load_avg_1m_after", json!(load_average()));
     let all_measured = outcomes
@@ -339,6 +356,9 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
 /// Run the benchmark and print the report.
 pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
     let report = measure(args)?;
+    if args.only_tokenize {
+        return crate::print_report(args.json, &report, tokenize::print);
+    }
     crate::print_report(args.json, &report, |report| {
         println!(
             "engine bench ({}, {} threads)",
@@ -371,6 +391,7 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
         for k in ["decode8_over_decode1", "rss_bytes", "rss_budget_bytes"] {
             println!("  {k:<24} {}", report[k]);
         }
+        tokenize::print(report);
         for peer in ["llamacpp", "llamacpp_f32", "candle"] {
             let status = &report[format!("{peer}_status")];
             if status != "measured" {
@@ -392,6 +413,7 @@ mod tests {
             decode_steps: 2,
             repeats: 1,
             no_peers: false,
+            only_tokenize: false,
             llamacpp_venv: None,
             peer_build_timeout_s: 120,
             peer_timeout_s: 60,

@@ -19,7 +19,16 @@
 //! cache lines (the two half tiles of a weight tile share every line, the KV
 //! heads of a token are one span): one shared counter dealt them out to the
 //! threads alternately, so every core fetched every line.
+//!
+//! A worker copies the job out under the state lock and runs it outside,
+//! so every thread computes at once. A panic in a task does not strand the
+//! pool: each thread catches its own, the caller still waits until no worker
+//! is inside the job (they may be running the closure it borrowed), then
+//! re-raises the first panic (its own first, else a worker's). The workers
+//! live on, so the pool stays usable.
 
+use std::any::Any;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -38,7 +47,7 @@ struct Job {
 }
 
 // SAFETY: the pointee is `Sync` and outlives the job (run() waits for every
-// worker to finish with it before returning).
+// worker to finish with it before returning or unwinding).
 unsafe impl Send for Job {}
 
 struct State {
@@ -47,6 +56,8 @@ struct State {
     sleeping: usize,
     /// The caller is blocked (or about to block) on `done`.
     caller_waiting: bool,
+    /// The first panic of a worker's share in the current job.
+    panic: Option<Box<dyn Any + Send>>,
 }
 
 struct Shared {
@@ -144,6 +155,7 @@ impl ThreadPool {
                 job: None,
                 sleeping: 0,
                 caller_waiting: false,
+                panic: None,
             }),
             wake: Condvar::new(),
             done: Condvar::new(),
@@ -175,6 +187,8 @@ impl ThreadPool {
     }
 
     /// Run `f(0..tasks)` in parallel; returns when every call has returned.
+    /// A panic in `f` reaches the caller once no thread runs `f` any more
+    /// (tasks not yet started when it happened may not run).
     pub fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if tasks == 0 {
             return;
@@ -206,20 +220,36 @@ impl ThreadPool {
         if wake {
             s.wake.notify_all();
         }
-        drain(&s.lanes, 0, f);
-        // Close the job: a worker that has not joined yet (parked, or preempted by
-        // another process) never will, and is not waited for.
-        let active = s.ctl.fetch_or(CLOSED, Ordering::SeqCst) & ACTIVE;
-        let finished = || s.ctl.load(Ordering::SeqCst) & ACTIVE == 0;
-        if active > 0 && !spin_until(finished) {
+        let own = catch_unwind(AssertUnwindSafe(|| drain(&s.lanes, 0, f)));
+        // Even when unwinding: the workers may still be running `f`.
+        close_and_wait(s);
+        let worker_panic = {
             let mut st = lock(&s.state);
-            st.caller_waiting = true;
-            while !finished() {
-                st = s.done.wait(st).unwrap_or_else(|p| p.into_inner());
-            }
-            st.caller_waiting = false;
+            st.job = None;
+            st.panic.take()
+        };
+        if let Err(payload) = own {
+            resume_unwind(payload);
         }
-        lock(&s.state).job = None;
+        if let Some(payload) = worker_panic {
+            resume_unwind(payload);
+        }
+    }
+}
+
+/// Close the current job and wait until no worker is inside it: a worker that
+/// has not joined yet (parked, or preempted by another process) never will,
+/// and is not waited for.
+fn close_and_wait(s: &Shared) {
+    let active = s.ctl.fetch_or(CLOSED, Ordering::SeqCst) & ACTIVE;
+    let finished = || s.ctl.load(Ordering::SeqCst) & ACTIVE == 0;
+    if active > 0 && !spin_until(finished) {
+        let mut st = lock(&s.state);
+        st.caller_waiting = true;
+        while !finished() {
+            st = s.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        st.caller_waiting = false;
     }
 }
 
@@ -270,11 +300,16 @@ fn worker(s: Arc<Shared>, lane: usize) {
         if !joined {
             continue;
         }
-        // The job stays in place until every joined worker has left it.
-        if let Some(job) = lock(&s.state).job {
+        // The job stays in place until every joined worker has left it, so a
+        // copy taken under the lock stays valid; the lock is released before
+        // computing (holding it would let one worker at a time into the job).
+        let job = lock(&s.state).job;
+        if let Some(job) = job {
             // SAFETY: run() keeps the closure alive until no worker is active.
             let f = unsafe { &*job.f };
-            drain(&s.lanes, lane, f);
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drain(&s.lanes, lane, f))) {
+                lock(&s.state).panic.get_or_insert(payload);
+            }
         }
         if s.ctl.fetch_sub(1, Ordering::SeqCst) & ACTIVE == 1 {
             // Taking the lock orders this with a caller about to wait on `done`.
@@ -371,5 +406,172 @@ mod tests {
             slow.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(slow.load(Ordering::SeqCst), 3);
+    }
+
+    /// Runs `body` on a thread of its own and returns its result, failing the
+    /// test when it does not finish within `limit` (a hung pool then fails
+    /// instead of hanging the run; the stuck thread is left behind).
+    fn within<T: Send + 'static>(
+        what: &str,
+        limit: Duration,
+        body: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(body());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(v) => v,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{what}: no result within {limit:?} (a thread hangs)")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: panicked"),
+        }
+    }
+
+    /// A barrier for `n` threads that gives up at a deadline instead of hanging.
+    struct Rendezvous {
+        arrived: AtomicUsize,
+        n: usize,
+        deadline: Instant,
+    }
+
+    impl Rendezvous {
+        fn new(n: usize) -> Rendezvous {
+            Rendezvous {
+                arrived: AtomicUsize::new(0),
+                n,
+                deadline: Instant::now() + Duration::from_secs(5),
+            }
+        }
+
+        /// Wait for all `n`; false when the deadline passed first (for a
+        /// late arrival too: it did not meet the others inside the job).
+        fn arrive(&self) -> bool {
+            self.arrived.fetch_add(1, Ordering::SeqCst);
+            if Instant::now() > self.deadline {
+                return false;
+            }
+            while self.arrived.load(Ordering::SeqCst) < self.n {
+                if Instant::now() > self.deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            }
+            true
+        }
+    }
+
+    /// How many of `pool.threads()` tasks passed a barrier that needs every
+    /// thread of the pool inside the job at once (all of them, or fewer when
+    /// some thread could not get in).
+    fn all_meet(pool: &ThreadPool) -> usize {
+        let n = pool.threads();
+        let meet = Rendezvous::new(n);
+        let met = AtomicUsize::new(0);
+        pool.run(n, &|_| {
+            if meet.arrive() {
+                met.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        met.load(Ordering::SeqCst)
+    }
+
+    /// Whether a 100-task job runs every task exactly once.
+    fn runs_each_once(pool: &ThreadPool) -> bool {
+        let hits: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        pool.run(100, &|i| {
+            hits[i].fetch_add(1, Ordering::SeqCst);
+        });
+        hits.iter().all(|h| h.load(Ordering::SeqCst) == 1)
+    }
+
+    fn message(payload: &(dyn Any + Send)) -> String {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_thread_computes_inside_the_same_job_at_once() {
+        // More threads than this machine's cores: they still all get in.
+        for threads in [4, 8] {
+            let met = within("barrier job", Duration::from_secs(30), move || {
+                all_meet(&ThreadPool::new(threads))
+            });
+            assert_eq!(met, threads, "{threads} threads: {met} met inside one job");
+        }
+    }
+
+    #[test]
+    fn a_panic_in_a_workers_share_reaches_the_caller_and_the_pool_goes_on() {
+        let (met, msg, met_after, runs_after) =
+            within("worker panic", Duration::from_secs(30), || {
+                let pool = ThreadPool::new(4);
+                let meet = Rendezvous::new(4);
+                let met = AtomicUsize::new(0);
+                let caller = std::thread::current().id();
+                let job = |_| {
+                    if meet.arrive() {
+                        met.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if std::thread::current().id() != caller {
+                        panic!("a worker's share");
+                    }
+                };
+                let outcome = catch_unwind(AssertUnwindSafe(|| pool.run(4, &job)));
+                let msg = outcome.err().map(|p| message(&*p));
+                let met = met.load(Ordering::SeqCst);
+                (met, msg, all_meet(&pool), runs_each_once(&pool))
+            });
+        assert_eq!(met, 4, "every thread ran a task");
+        assert_eq!(msg.as_deref(), Some("a worker's share"));
+        assert_eq!(met_after, 4, "every worker survived the panic");
+        assert!(runs_after);
+    }
+
+    #[test]
+    fn a_panic_in_the_callers_share_waits_for_the_workers_then_reaches_the_caller() {
+        let (msg, inside, met_after, runs_after) =
+            within("caller panic", Duration::from_secs(30), || {
+                let pool = ThreadPool::new(4);
+                let meet = Rendezvous::new(4);
+                let inside = AtomicUsize::new(0);
+                let caller = std::thread::current().id();
+                let job = |_| {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    meet.arrive();
+                    if std::thread::current().id() == caller {
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        panic!("the caller's share");
+                    }
+                    // The workers are still running the caller's closure as it unwinds.
+                    std::thread::sleep(Duration::from_millis(50));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                };
+                let outcome = catch_unwind(AssertUnwindSafe(|| pool.run(4, &job)));
+                let msg = outcome.err().map(|p| message(&*p));
+                let inside_at_unwind = inside.load(Ordering::SeqCst);
+                // Keep `job` alive until no worker runs it (a broken pool left them in).
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while inside.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                (
+                    msg,
+                    inside_at_unwind,
+                    all_meet(&pool),
+                    runs_each_once(&pool),
+                )
+            });
+        assert_eq!(msg.as_deref(), Some("the caller's share"));
+        assert_eq!(
+            inside, 0,
+            "workers were still inside the job when run() unwound"
+        );
+        assert_eq!(met_after, 4, "every thread takes part in the next job");
+        assert!(runs_after);
     }
 }

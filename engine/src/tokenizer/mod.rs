@@ -8,17 +8,18 @@
 //! Streaming detokenization for SSE lives in [`stream`].
 
 mod bpe;
+mod cache;
 pub mod pretokenize;
 pub mod stream;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
 use crate::gguf::GgufFile;
 use crate::EngineError;
 use bpe::MergeTable;
+use cache::{Lease, PieceCache};
 pub use pretokenize::{PreTokenizer, PreTokenizerKind};
 pub use stream::StreamDecoder;
 
@@ -28,11 +29,6 @@ pub const TOKEN_TYPE_NORMAL: i32 = 1;
 pub const TOKEN_TYPE_CONTROL: i32 = 3;
 /// GGUF `token_type` of a user-defined token (matched verbatim like a control token).
 pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
-
-/// Pieces longer than this skip the cache (rare, and would bloat it).
-const CACHE_MAX_PIECE_BYTES: usize = 64;
-/// The piece cache is cleared when it reaches this many entries.
-const CACHE_MAX_ENTRIES: usize = 64 * 1024;
 
 /// Everything needed to build a [`Tokenizer`], independent of the file format.
 #[derive(Debug, Clone, Default)]
@@ -69,7 +65,8 @@ pub struct Tokenizer {
     eos_id: Option<u32>,
     unknown_id: u32,
     add_bos: bool,
-    cache: Mutex<HashMap<String, Vec<u32>>>,
+    /// BPE ids of recent pieces, leased to one encode at a time; never waited for.
+    cache: PieceCache,
 }
 
 impl Tokenizer {
@@ -186,7 +183,7 @@ impl Tokenizer {
             eos_id: spec.eos_id,
             unknown_id: spec.unknown_id.unwrap_or(0),
             add_bos: spec.add_bos,
-            cache: Mutex::new(HashMap::new()),
+            cache: PieceCache::new(),
         })
     }
 
@@ -195,17 +192,18 @@ impl Tokenizer {
     /// Never adds BOS (see [`Tokenizer::encode_prompt`]).
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut cache = self.cache.lease();
         match (&self.special_matcher, parse_special) {
             (Some((ac, ids)), true) => {
                 let mut last = 0;
                 for m in ac.find_iter(text) {
-                    self.encode_plain(&text[last..m.start()], &mut out);
+                    self.encode_plain(&text[last..m.start()], &mut cache, &mut out);
                     out.push(ids[m.pattern().as_usize()]);
                     last = m.end();
                 }
-                self.encode_plain(&text[last..], &mut out);
+                self.encode_plain(&text[last..], &mut cache, &mut out);
             }
-            _ => self.encode_plain(text, &mut out),
+            _ => self.encode_plain(text, &mut cache, &mut out),
         }
         out
     }
@@ -222,26 +220,12 @@ impl Tokenizer {
         ids
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) {
-        // A poisoned cache only means another thread panicked mid-insert; the map is still valid.
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+    fn encode_plain(&self, text: &str, cache: &mut Lease<'_>, out: &mut Vec<u32>) {
         self.pre.split(text, &mut |piece| {
-            if piece.len() > CACHE_MAX_PIECE_BYTES {
+            cache.encode(piece, out, |out| {
                 self.merges
-                    .encode_word(piece.as_bytes(), self.unknown_id, out);
-                return;
-            }
-            if let Some(ids) = cache.get(piece) {
-                out.extend_from_slice(ids);
-                return;
-            }
-            let start = out.len();
-            self.merges
-                .encode_word(piece.as_bytes(), self.unknown_id, out);
-            if cache.len() >= CACHE_MAX_ENTRIES {
-                cache.clear();
-            }
-            cache.insert(piece.to_owned(), out[start..].to_vec());
+                    .encode_word(piece.as_bytes(), self.unknown_id, out)
+            });
         });
     }
 
@@ -395,5 +379,72 @@ mod tests {
             ..TokenizerSpec::default()
         };
         assert!(Tokenizer::from_spec(spec).is_err());
+    }
+
+    /// Distinct texts with shared and unshared pieces (words, numbers, code).
+    fn varied_texts(n: usize) -> Vec<String> {
+        let words = [
+            "hello", "world", "fn", "let", "x_1", "wo", "héllo", "東京", "\n\t", "  ",
+        ];
+        (0..n)
+            .map(|i| {
+                (0..200)
+                    .map(|j| {
+                        let k = (i * 7919 + j * 104_729) % 1000;
+                        match k % 4 {
+                            0 => format!("{} ", words[k % words.len()]),
+                            1 => format!("id{k}{i} "),
+                            2 => format!("({k}.{j}); "),
+                            _ => format!("{}{} ", words[j % words.len()], k % 37),
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn concurrent_encodes_give_the_sequential_ids() {
+        let texts = varied_texts(16);
+        let sequential: Vec<Vec<u32>> = {
+            let t = tiny();
+            texts.iter().map(|s| t.encode(s, true)).collect()
+        };
+        let t = tiny();
+        std::thread::scope(|scope| {
+            for thread in 0..4 {
+                let (t, texts, sequential) = (&t, &texts, &sequential);
+                scope.spawn(move || {
+                    // Each thread in its own order, so they race on the same pieces.
+                    for round in 0..texts.len() * 2 {
+                        let i = (round + thread * 5) % texts.len();
+                        assert_eq!(t.encode(&texts[i], true), sequential[i], "text {i}");
+                    }
+                });
+            }
+        });
+        assert!(t.cache.len() > 0, "the pieces were cached");
+    }
+
+    #[test]
+    fn an_encode_never_waits_for_the_cache() {
+        // While another thread holds every cache lock, an encode still completes
+        // (computing what it cannot look up): no encode waits for another.
+        let text = varied_texts(1).remove(0);
+        let expected = tiny().encode(&text, true);
+        let t = std::sync::Arc::new(tiny());
+        let held = t.cache.hold_all();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let encoder = t.clone();
+        let sent = text.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(encoder.encode(&sent, true));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(10));
+        drop(held);
+        let got = got.expect("the encode waited for the cache: no result within 10 s");
+        assert_eq!(got, expected);
+        assert_eq!(t.encode(&text, true), expected);
+        assert_eq!(t.encode(&text, true), expected, "from the cache");
     }
 }
