@@ -3,10 +3,15 @@
 /// What can go wrong between the engine and the fabric.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectorError {
-    /// The store or cluster refused or failed an operation.
+    /// A malformed layout, or KV memory that cannot be used.
+    #[error("kv memory: {0}")]
+    Types(#[from] kvfabric_types::TypesError),
+    /// The store or cluster refused or failed an operation (feature `fabric`).
+    #[cfg(feature = "fabric")]
     #[error("store: {0}")]
     Store(#[from] kvfabric_store::StoreError),
-    /// The engine's KV memory could not be registered or used.
+    /// The engine's KV memory could not be registered or used (feature `fabric`).
+    #[cfg(feature = "fabric")]
     #[error("transfer: {0}")]
     Transfer(#[from] kvfabric_transfer::TransferError),
     /// Settings the connector cannot run with.

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_store::cluster::{ClusterNode, HolderEntry};
-use kvfabric_store::keys::BlockKey;
 use kvfabric_store::{PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
+use kvfabric_types::BlockKey;
 
 use crate::connector::{Backend, Connector, LoadBlock, LoadOptions};
 use crate::{

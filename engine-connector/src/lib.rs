@@ -21,37 +21,48 @@
 //! scheduler keeps it out of every forward pass (loading) or unchanged
 //! (saving, the block is pinned by an extra reference).
 //!
-//! One implementation, [`Connector`], over a [`Backend`]: [`FabricConnector`]
-//! reaches a [`ClusterNode`] embedded in the engine process ([`EmbeddedNode`],
-//! the default), [`RemoteConnector`] a `kvfabric node` in another process
-//! through its gRPC CacheService.
-//!
-//! [`ClusterNode`]: kvfabric_store::cluster::ClusterNode
+//! One implementation (feature `fabric`, on by default), `Connector`, over a
+//! `Backend`: `FabricConnector` reaches a `ClusterNode` embedded in the
+//! engine process (`EmbeddedNode`, the default), `RemoteConnector` a
+//! `kvfabric node` in another process through its gRPC CacheService. Those
+//! sit on the store and the transfer engine; the engine itself takes this
+//! crate without the feature, so it links only the interface above and the
+//! shared vocabulary (`kvfabric-types`), and whoever builds the engine (the
+//! binary, benches, tests) hands it a [`ConnectFn`] that makes one.
 
 mod config;
+#[cfg(feature = "fabric")]
 mod connector;
+#[cfg(feature = "fabric")]
 mod embedded;
 mod error;
+#[cfg(feature = "fabric")]
 mod fabric;
 mod metrics;
 mod progress;
+#[cfg(feature = "fabric")]
 mod remote;
+#[cfg(feature = "fabric")]
 mod stream;
+#[cfg(feature = "fabric")]
 pub mod trailer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvfabric_store::keys::{BlockKey, KvLayout};
-use kvfabric_transfer::SharedRegion;
+use kvfabric_types::{BlockKey, KvLayout, SharedRegion};
 
 pub use config::ConnectorConfig;
+#[cfg(feature = "fabric")]
 pub use connector::{Backend, Connector, LoadBlock, LoadOptions};
+#[cfg(feature = "fabric")]
 pub use embedded::EmbeddedNode;
 pub use error::ConnectorError;
+#[cfg(feature = "fabric")]
 pub use fabric::{EmbeddedBackend, FabricConnector};
 pub use metrics::ConnectorStats;
 pub use progress::LoadProgress;
+#[cfg(feature = "fabric")]
 pub use remote::{RemoteBackend, RemoteConnector};
 
 /// Index of a block in the engine's KV pool.

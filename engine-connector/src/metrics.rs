@@ -1,9 +1,10 @@
 //! Connector counters: Prometheus series in the engine's registry, and the
-//! same numbers as a plain struct for tests and benches.
+//! same numbers as a plain struct for tests and benches. The series are the
+//! implementation's (feature `fabric`); the snapshot is part of the interface.
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
+#[cfg(feature = "fabric")]
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge, histogram::Histogram};
+#[cfg(feature = "fabric")]
 use prometheus_client::registry::Registry;
 
 /// A snapshot of the connector's counters.
@@ -59,6 +60,7 @@ impl std::iter::Sum for ConnectorStats {
 }
 
 /// The connector's Prometheus series.
+#[cfg(feature = "fabric")]
 #[derive(Clone, Debug)]
 pub(crate) struct ConnectorMetrics {
     pub lookups: Counter,
@@ -75,6 +77,7 @@ pub(crate) struct ConnectorMetrics {
     pub load_seconds: Histogram,
 }
 
+#[cfg(feature = "fabric")]
 impl ConnectorMetrics {
     pub fn new() -> ConnectorMetrics {
         ConnectorMetrics {

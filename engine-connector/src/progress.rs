@@ -63,6 +63,7 @@ impl LoadProgress {
     }
 
     /// Whether the load started streaming (even if the stream failed later).
+    #[cfg(feature = "fabric")]
     pub(crate) fn started_streaming(&self) -> bool {
         self.lock().streaming.is_some()
     }

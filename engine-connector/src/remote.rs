@@ -20,7 +20,7 @@ use futures::FutureExt;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_store::cluster::client::{connect_lazy, get_block, put_block, CacheClient};
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
-use kvfabric_store::keys::{BlockKey, KvLayout};
+use kvfabric_types::{BlockKey, KvLayout};
 
 use crate::connector::{
     checksum_ok, load_each, payload_fits, Backend, Connector, LoadBlock, LoadOptions,

@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kvfabric_store::cluster::{ClusterNode, LeasedBlock, RangeRead, ReadTarget};
-use kvfabric_store::keys::BlockKey;
 use kvfabric_transfer::{SegmentId, SharedRegion};
+use kvfabric_types::BlockKey;
 
 use crate::connector::{checksum_ok, payload_fits, LoadBlock, LoadOptions};
 use crate::trailer::{layer_ok, parse, trailer_len};

@@ -12,8 +12,8 @@
 //! Blocks stored without a trailer (other clients of the gRPC API) are
 //! still loaded, whole, against the store's checksum.
 
-use kvfabric_store::keys::{BlockKey, KvLayout};
 use kvfabric_transfer::checksum::checksum as xxh3_64;
+use kvfabric_types::{BlockKey, KvLayout};
 
 /// Bytes of the trailer for `layout`.
 pub fn trailer_len(layout: &KvLayout) -> usize {
@@ -75,7 +75,7 @@ pub fn layer_ok(sums: &[u64], l: usize, layer: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvfabric_store::keys::{BlockOrder, DType};
+    use kvfabric_types::{BlockOrder, DType};
 
     fn layout() -> KvLayout {
         KvLayout {

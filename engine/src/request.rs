@@ -77,7 +77,7 @@ pub struct TransferParams {
     /// Node of the fabric that saved them (the embedded node of this engine).
     pub holder: String,
     /// Keys of the prompt's leading full blocks, in order, all saved.
-    pub block_keys: Vec<kvfabric_store::keys::BlockKey>,
+    pub block_keys: Vec<kvfabric_types::BlockKey>,
     /// Tokens per block.
     pub block_tokens: usize,
 }

@@ -25,7 +25,7 @@ use kvfabric_engine::{
     EngineBuilder, EngineConfig, GenerationEvent, GenerationRequest, Role, RunningEngine,
     SamplingParams,
 };
-use kvfabric_store::keys::BlockKey;
+use kvfabric_types::BlockKey;
 use tokio::sync::mpsc;
 
 const BT: usize = 16;

@@ -1,7 +1,8 @@
 //! kvfabric-store: a node's cache.
 //!
-//! Owns block keys and layouts, the RAM and disk tiers, placement and
-//! eviction, the gRPC cache service and the node's HTTP metrics/health.
+//! Owns the RAM and disk tiers, placement and eviction, the gRPC cache
+//! service and the node's HTTP metrics/health. Block keys and layouts are
+//! `kvfabric-types`', re-exported as [`keys`].
 //! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
 //!
 //! Entry points: [`Store`] (the in-process data path: put/lease/get_into,

@@ -49,3 +49,24 @@ impl From<std::io::Error> for TransferError {
         TransferError::Io(e.to_string())
     }
 }
+
+/// Regions (`kvfabric-types`) report the variants this crate reported when
+/// it owned them.
+impl From<kvfabric_types::TypesError> for TransferError {
+    fn from(e: kvfabric_types::TypesError) -> Self {
+        use kvfabric_types::TypesError as T;
+        match e {
+            T::InvalidArgument(msg) => TransferError::InvalidArgument(msg),
+            T::OutOfBounds {
+                offset,
+                len,
+                segment_len,
+            } => TransferError::OutOfBounds {
+                offset,
+                len,
+                segment_len,
+            },
+            T::Io(msg) => TransferError::Io(msg),
+        }
+    }
+}

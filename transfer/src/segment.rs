@@ -121,7 +121,7 @@ pub fn check_range(region: &SharedRegion, offset: u64, len: u64) -> Result<(), T
     };
     let offset_usize = usize::try_from(offset).map_err(|_| out())?;
     let len_usize = usize::try_from(len).map_err(|_| out())?;
-    region.check(offset_usize, len_usize)
+    Ok(region.check(offset_usize, len_usize)?)
 }
 
 #[cfg(test)]

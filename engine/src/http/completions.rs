@@ -385,7 +385,7 @@ mod tests {
     use super::*;
     use crate::request::{EngineHandle, FinishReason, GenerationEvent, TransferParams, Usage};
     use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerSpec};
-    use kvfabric_store::keys::BlockKey;
+    use kvfabric_types::BlockKey;
     use tokio::sync::mpsc;
 
     fn meta(api: Api) -> ResponseMeta {

@@ -132,7 +132,7 @@ fn usage_json(usage: &Usage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvfabric_store::keys::BlockKey;
+    use kvfabric_types::BlockKey;
 
     #[test]
     fn kv_transfer_params_json_shape() {

@@ -24,7 +24,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use kvfabric_store::keys::BlockKey;
+use kvfabric_types::BlockKey;
 
 use super::pool::BlockId;
 use super::prefix_cache::BlockManager;

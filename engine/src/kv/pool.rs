@@ -1,7 +1,7 @@
 //! The paged KV pool: fixed-size blocks in one allocation, in the fabric's layout.
 //!
 //! A block holds `block_tokens` tokens of one sequence, all layers, K and V,
-//! laid out exactly as `kvfabric_store::KvLayout` with
+//! laid out exactly as `kvfabric_types::KvLayout` with
 //! `BlockOrder::LayerKvTokenHead`: per layer K then V, each
 //! `[block_tokens][kv_heads][head_dim]` f32. So one block (or one layer of a
 //! block) is one contiguous byte range the connector can copy to or from the
@@ -22,8 +22,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvfabric_store::keys::{BlockOrder, DType, KvLayout};
-use kvfabric_transfer::SharedRegion;
+use kvfabric_types::SharedRegion;
+use kvfabric_types::{BlockOrder, DType, KvLayout};
 
 use crate::EngineError;
 

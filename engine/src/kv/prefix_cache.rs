@@ -5,7 +5,7 @@
 //! but registered under its `BlockKey`, reusable by a later request with the
 //! same prefix). Allocation takes plain free blocks first, then evicts the
 //! least recently released cached block. Keys come from
-//! `kvfabric_store::KeyChain`, so the same prefix has the same name here, in
+//! `kvfabric_types::KeyChain`, so the same prefix has the same name here, in
 //! the fabric and on other nodes.
 //!
 //! The counts are private to the `kv` module: the engine holds references
@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kvfabric_store::keys::BlockKey;
+use kvfabric_types::BlockKey;
 
 use super::pool::BlockId;
 

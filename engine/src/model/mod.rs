@@ -10,7 +10,7 @@ pub mod llama;
 
 use std::path::{Path, PathBuf};
 
-use kvfabric_store::keys::ModelFingerprint;
+use kvfabric_types::ModelFingerprint;
 
 use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::{f16_to_f32, PackedMatrix};

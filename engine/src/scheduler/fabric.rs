@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use kvfabric_connector::{KvConnector, PendingLoad, SaveBlock};
-use kvfabric_store::keys::BlockKey;
+use kvfabric_types::BlockKey;
 
 use super::{FabricWait, Loading, Scheduler, Seq};
 use crate::kv::{Block, BlockId, BlockTable};

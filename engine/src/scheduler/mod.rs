@@ -6,7 +6,7 @@
 //! that does not fit is cut at a block boundary (chunked prefill), so every
 //! block is computed whole or continued later from its start. Before its
 //! first step a request takes the longest cached prefix of full blocks from
-//! the local prefix cache (keys from `kvfabric_store::KeyChain`) and reports it
+//! the local prefix cache (keys from `kvfabric_types::KeyChain`) and reports it
 //! as `cached_tokens`; every block it completes is registered under its key.
 //! When the pool runs out, the most recently admitted sequence is preempted
 //! (its blocks released to the cache, recomputed later, mostly from cache hits).
@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use kvfabric_connector::{KvConnector, PendingLoad, PendingLookup};
-use kvfabric_store::keys::{BlockKey, KeyChain};
+use kvfabric_types::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
 use fabric::{FabricState, LoadBlocks, SavePins, Streaming};

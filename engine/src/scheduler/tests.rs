@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvfabric_connector::{
     BlockId, ConnectorStats, KvConnector, Pending, PendingLoad, PendingLookup, SaveBlock, SaveDone,
 };
-use kvfabric_store::keys::BlockKey;
+use kvfabric_types::BlockKey;
 use tokio::sync::mpsc;
 
 use super::fabric::LoadBlocks;
