@@ -9,34 +9,38 @@
 //! `kvfabric node` runs: gRPC CacheService + directory + transfer server +
 //! `/metrics` + `/health`) and [`serve_store`] (a standalone single node).
 
+mod cache_service;
 mod changes;
 pub mod cluster;
-mod config;
 mod disk;
+mod disk_staging;
 mod error;
 mod extent;
 pub mod keys;
 mod lifecycle;
 mod metrics;
-mod placement;
+mod node_config;
 mod policy;
 pub mod ports;
 mod server;
-mod service;
-mod staging;
 mod state;
 mod store;
 #[cfg(test)]
 mod store_tests;
+mod tiering;
 mod uring;
 
+/// `crate::config` paths of policy.rs and state.rs (owned by another change;
+/// drop this alias when they import `node_config`).
+use node_config as config;
+
+pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed};
-pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
+pub use node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use server::serve_store;
-pub use service::CacheServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 
 /// The Prometheus registry type `Store::open` registers into.

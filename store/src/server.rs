@@ -16,8 +16,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::cache_service::CacheServer;
 use crate::metrics::encode_text;
-use crate::service::CacheServer;
 use crate::store::Store;
 use crate::StoreError;
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use kvfabric_proto::v1::Tier;
 
-use crate::config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
+use crate::node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 use crate::store::{PutOptions, ReserveOutcome, Store};
 use crate::{Registry, StoreError};
 

@@ -9,8 +9,8 @@ use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cache_service::chunks;
 use crate::keys::{BlockKey, KvLayout};
-use crate::service::chunks;
 use crate::StoreError;
 
 /// A CacheService client on one channel.

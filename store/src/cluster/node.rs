@@ -30,13 +30,13 @@ use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::changes::ChangeFeed;
-use crate::cluster::config::ClusterConfig;
+use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
+use crate::cluster::read_staging::Staging;
 use crate::cluster::refresh::SyncState;
-use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
 use crate::store::Store;

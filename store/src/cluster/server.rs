@@ -19,13 +19,13 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::cluster::config::ClusterConfig;
+use crate::cache_service::CacheServer;
+use crate::cluster::cluster_cache_service::ClusterCacheService;
+use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::node::ClusterNode;
 use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
-use crate::cluster::service::ClusterCacheService;
-use crate::config::NodeConfig;
 use crate::metrics::encode_text;
-use crate::service::CacheServer;
+use crate::node_config::NodeConfig;
 use crate::store::Store;
 use crate::StoreError;
 
