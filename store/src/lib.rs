@@ -5,9 +5,9 @@
 //! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
 //!
 //! Entry points: [`Store`] (the in-process data path: put/lease/get_into,
-//! lookup, exists, pin, remove, stats), [`cluster::serve_node`] (what
-//! `kvfabric node` runs: gRPC CacheService + directory + transfer server +
-//! `/metrics` + `/health`) and [`serve_store`] (a standalone single node).
+//! lookup, exists, pin, remove, stats) and [`NodeServer`] (the one way a node
+//! is served: gRPC CacheService, directory and holder services when in a
+//! cluster, `/metrics` + `/health`; `kvfabric node` runs [`NodeServer::open`]).
 
 mod cache_service;
 mod changes;
@@ -20,9 +20,9 @@ pub mod keys;
 mod lifecycle;
 mod metrics;
 mod node_config;
+mod node_server;
 mod policy;
 pub mod ports;
-mod server;
 mod state;
 mod store;
 #[cfg(test)]
@@ -40,7 +40,7 @@ pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
-pub use server::serve_store;
+pub use node_server::NodeServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 
 /// The Prometheus registry type `Store::open` registers into.

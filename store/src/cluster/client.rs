@@ -41,7 +41,7 @@ fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
         .connect_timeout(timeout)
         .timeout(timeout);
-    Ok(crate::server::grpc_endpoint(e))
+    Ok(crate::node_server::grpc_endpoint(e))
 }
 
 fn client(ch: Channel) -> CacheClient {

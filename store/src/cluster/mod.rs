@@ -8,8 +8,8 @@
 //! - [`node`]: a node's cluster side (announce, locate, remote reads);
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
 //!   [`ClusterNode::read_leased`] of [`RangeRead`]s (or [`ClusterNode::get_many_into`]).
-//! - [`cluster_cache_service`], [`rpc`], [`server`]: the cluster-wide CacheService, the
-//!   internal Directory/Holder services, and the node process that serves them.
+//! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
+//!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
 
 mod announce;
 pub mod client;
@@ -26,7 +26,6 @@ pub mod read_staging;
 mod refresh;
 pub mod rendezvous;
 pub mod rpc;
-pub mod server;
 
 pub use announce::RefreshStatus;
 pub use cluster_cache_service::{ClusterCacheService, LOCAL_ONLY_HEADER};
@@ -35,4 +34,3 @@ pub use directory::{DirectoryShard, HolderEntry, HolderTier};
 pub use lease::LeasedBlock;
 pub use membership::{Membership, MembershipSource, MembershipView, NodeInfo};
 pub use node::{ClusterNode, FetchedBlock, RangeRead, ReadTarget};
-pub use server::{serve_cluster, serve_cluster_node, serve_node};
