@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::LocateRequest;
 use kvfabric_proto::v1::{Holder, Tier};
-use kvfabric_transfer::{SegmentId, SharedRegion, TransferConfig, TransferEngine};
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -140,14 +140,7 @@ impl ClusterNode {
     ) -> Result<Arc<Self>, StoreError> {
         cfg.validate()?;
         let node_id = store.config().node_id.clone();
-        let tcfg = TransferConfig {
-            listen: cfg.transfer_listen.clone(),
-            transport: cfg.transport()?,
-            node_name: Some(node_id.clone()),
-            op_timeout_ms: cfg.remote_read_timeout_ms,
-            ..TransferConfig::default()
-        };
-        let transfer = TransferEngine::start(tcfg, registry).await?;
+        let transfer = TransferEngine::start(cfg.transfer_config(&node_id)?, registry).await?;
         let ram_segment = transfer.register(store.region().clone());
         let staging_region = Arc::new(SharedRegion::create(
             "kvfabric-staging",
