@@ -399,9 +399,11 @@ impl ClusterNode {
         };
         let call = async {
             let mut c = self.directory_client(&owner.grpc_addr)?;
-            c.locate(req)
-                .await
-                .map_err(|s| StoreError::Server(format!("locate at {}: {s}", owner.node_id)))
+            c.locate(req).await.map_err(|s| StoreError::PeerRpc {
+                op: "locate",
+                peer: owner.node_id.clone(),
+                status: Box::new(s),
+            })
         };
         match tokio::time::timeout(self.cfg.rpc_timeout(), call).await {
             Ok(Ok(resp)) => {
