@@ -294,7 +294,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
                 offset: ((slot * batch + i % batch) * block_bytes) as u64,
                 capacity: block_bytes as u64,
             };
-            let r = c.get_into(&k, &target).await;
+            let r = c.get_into(&k, None, &target).await;
             slots.lock().await.push(slot);
             match r {
                 Ok(Some((b, len))) if b.node_id == "a" => Ok(len),
