@@ -81,7 +81,10 @@ pub async fn run(
     cluster: kvfabric_store::cluster::ClusterConfig,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %cfg.node_id, grpc = %cfg.grpc_listen, http = %cfg.http_listen, "starting node");
-    kvfabric_store::cluster::serve_node(cfg, cluster, shutdown_signal()).await?;
+    kvfabric_store::NodeServer::open(cfg, cluster)
+        .await?
+        .serve(shutdown_signal())
+        .await?;
     Ok(())
 }
 

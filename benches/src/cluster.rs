@@ -26,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use futures::StreamExt;
-use kvfabric_store::cluster::{client, serve_cluster_node, ClusterConfig, ClusterNode, ReadTarget};
+use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode, ReadTarget};
 use kvfabric_store::{
-    BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, PutOptions, Registry,
-    Store,
+    BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, NodeServer, PutOptions,
+    Registry, Store,
 };
 use kvfabric_transfer::{SharedRegion, TransferOp};
 use serde_json::{json, Value};
@@ -119,13 +119,10 @@ async fn start_cluster(ram: u64) -> anyhow::Result<Started> {
         let grpc = tokio::net::TcpListener::bind(("127.0.0.1", *g)).await?;
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let node = ClusterNode::start(store, cluster, grpc.local_addr()?, &mut registry).await?;
-        tokio::spawn(serve_cluster_node(
-            node.clone(),
-            registry,
-            grpc,
-            http,
-            futures::future::pending(),
-        ));
+        tokio::spawn(
+            NodeServer::cluster(node.clone(), registry, grpc, http)
+                .serve(futures::future::pending()),
+        );
         nodes.push(node);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -297,7 +294,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
                 offset: ((slot * batch + i % batch) * block_bytes) as u64,
                 capacity: block_bytes as u64,
             };
-            let r = c.get_into(&k, &target).await;
+            let r = c.get_into(&k, None, &target).await;
             slots.lock().await.push(slot);
             match r {
                 Ok(Some((b, len))) if b.node_id == "a" => Ok(len),

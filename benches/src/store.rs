@@ -362,9 +362,11 @@ fn grpc(
         let h = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", g.local_addr()?);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(kvfabric_store::serve_store(store, registry, g, h, async {
-            let _ = stopped.await;
-        }));
+        let server = tokio::spawn(
+            kvfabric_store::NodeServer::standalone(store, registry, g, h).serve(async {
+                let _ = stopped.await;
+            }),
+        );
         let mut cs = Vec::new();
         for _ in 0..clients {
             // The store's own client: the same windows and frame size as the server.

@@ -9,8 +9,8 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kvfabric_store::cluster::{serve_cluster_node, ClusterConfig, ClusterNode};
-use kvfabric_store::{NodeConfig, Registry, Store};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
+use kvfabric_store::{NodeConfig, NodeServer, Registry, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -54,15 +54,11 @@ impl EmbeddedNode {
         .map_err(|e| ConnectorError::Config(format!("store open task: {e}")))??;
         let cluster_node = ClusterNode::start(store, cluster, grpc_addr, &mut registry).await?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let serving = tokio::spawn(serve_cluster_node(
-            cluster_node.clone(),
-            registry,
-            grpc,
-            http,
-            async move {
+        let serving = tokio::spawn(
+            NodeServer::cluster(cluster_node.clone(), registry, grpc, http).serve(async move {
                 let _ = stopped.await;
-            },
-        ));
+            }),
+        );
         Ok(EmbeddedNode {
             node: cluster_node,
             grpc_addr,

@@ -18,9 +18,9 @@ use std::path::Path;
 
 use rocksdb::{IteratorMode, Options, WriteOptions, DB};
 
+use crate::disk_staging::StagingPool;
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout, KEY_LEN};
-use crate::staging::StagingPool;
 use crate::uring::IoRing;
 use crate::StoreError;
 

@@ -1,5 +1,7 @@
 //! The store crate's one error type, and its mapping to gRPC status codes.
 
+use crate::keys::BlockKey;
+
 /// Everything that can go wrong in a node's store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -9,12 +11,28 @@ pub enum StoreError {
     /// No room: everything that could make room is pinned or being read (RESOURCE_EXHAUSTED).
     #[error("resource exhausted: {0}")]
     ResourceExhausted(String),
-    /// A reservation that was reclaimed (timed out) or revoked before commit.
-    #[error("reservation expired: {0}")]
-    ReservationExpired(String),
-    /// The key is not stored (NOT_FOUND).
-    #[error("not found: {0}")]
-    NotFound(String),
+    /// The reservation for `key` was reclaimed (timed out) or revoked before commit.
+    #[error("reservation expired: {key:?} was reclaimed or revoked before commit")]
+    ReservationExpired {
+        /// The key the reservation was for.
+        key: BlockKey,
+    },
+    /// `key` is not stored (NOT_FOUND).
+    #[error("not found: block {key:?}")]
+    NotFound {
+        /// The key asked for.
+        key: BlockKey,
+    },
+    /// A node-to-node RPC (`op`: locate, lease, ...) to `peer` failed.
+    #[error("{op} at {peer}: {status}")]
+    PeerRpc {
+        /// The RPC that failed.
+        op: &'static str,
+        /// The node it was sent to (node id).
+        peer: String,
+        /// What the peer (or the channel) answered.
+        status: Box<tonic::Status>,
+    },
     /// A configuration that cannot work.
     #[error("bad configuration: {0}")]
     Config(String),
@@ -38,12 +56,13 @@ impl From<StoreError> for tonic::Status {
         match e {
             StoreError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
             StoreError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
-            StoreError::ReservationExpired(_) => tonic::Status::aborted(msg),
-            StoreError::NotFound(_) => tonic::Status::not_found(msg),
+            StoreError::ReservationExpired { .. } => tonic::Status::aborted(msg),
+            StoreError::NotFound { .. } => tonic::Status::not_found(msg),
             StoreError::Config(_) => tonic::Status::failed_precondition(msg),
             StoreError::Io(_)
             | StoreError::Index(_)
             | StoreError::Region(_)
+            | StoreError::PeerRpc { .. }
             | StoreError::Server(_) => tonic::Status::internal(msg),
         }
     }

@@ -6,38 +6,42 @@
 //! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
 //!
 //! Entry points: [`Store`] (the in-process data path: put/lease/get_into,
-//! lookup, exists, pin, remove, stats), [`cluster::serve_node`] (what
-//! `kvfabric node` runs: gRPC CacheService + directory + transfer server +
-//! `/metrics` + `/health`) and [`serve_store`] (a standalone single node).
+//! lookup, exists, pin, remove, stats) and [`NodeServer`] (the one way a node
+//! is served: gRPC CacheService, directory and holder services when in a
+//! cluster, `/metrics` + `/health`; `kvfabric node` runs [`NodeServer::open`]).
 
+mod cache_service;
 mod changes;
 pub mod cluster;
-mod config;
 mod disk;
+mod disk_staging;
 mod error;
 mod extent;
 pub mod keys;
 mod lifecycle;
 mod metrics;
-mod placement;
+mod node_config;
+mod node_server;
 mod policy;
 pub mod ports;
-mod server;
-mod service;
-mod staging;
 mod state;
 mod store;
 #[cfg(test)]
 mod store_tests;
+mod tiering;
 mod uring;
 
+/// `crate::config` paths of policy.rs and state.rs (owned by another change;
+/// drop this alias when they import `node_config`).
+use node_config as config;
+
+pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed};
-pub use config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
-pub use server::serve_store;
-pub use service::CacheServer;
+pub use node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
+pub use node_server::NodeServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 
 /// The Prometheus registry type `Store::open` registers into.

@@ -121,7 +121,7 @@ impl Reservation {
             .compare_exchange(RES_IDLE, RES_WRITING, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return Err(StoreError::ReservationExpired(format!("{:?}", self.key)));
+            return Err(StoreError::ReservationExpired { key: self.key });
         }
         // SAFETY: the extent belongs to this reservation and the WRITING state keeps the
         // reaper from reclaiming it until we are done.
@@ -143,10 +143,7 @@ impl Reservation {
             .compare_exchange(RES_IDLE, RES_CLOSED, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return Err(StoreError::ReservationExpired(format!(
-                "{:?} was reclaimed before commit",
-                self.key
-            )));
+            return Err(StoreError::ReservationExpired { key: self.key });
         }
         // From here on this value alone owns the extent; Drop sees CLOSED and does nothing.
         let shared = self.shared.clone();

@@ -18,11 +18,11 @@ use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 
 use crate::changes::ChangeFeed;
-use crate::config::NodeConfig;
 use crate::disk::{DiskTier, DISK_ALIGN};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
 use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
+use crate::node_config::NodeConfig;
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
 use crate::StoreError;
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use kvfabric_proto::v1::Tier;
 
-use crate::config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
+use crate::node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
 use crate::store::{PutOptions, ReserveOutcome, Store};
 use crate::{Registry, StoreError};
 
@@ -283,11 +283,11 @@ fn zombie_reservations_are_reclaimed_and_cannot_commit() {
     assert_eq!(tier(&s, Tier::Ram).used_bytes, 0, "room reclaimed");
     assert!(matches!(
         zombie.write(0, &data(9)),
-        Err(StoreError::ReservationExpired(_))
+        Err(StoreError::ReservationExpired { .. })
     ));
     assert!(matches!(
         zombie.commit(None),
-        Err(StoreError::ReservationExpired(_))
+        Err(StoreError::ReservationExpired { .. })
     ));
     assert_eq!(s.exists(&[key(9)]), vec![false]);
     // The room is usable again.

@@ -1,7 +1,7 @@
 //! Batched cluster reads on an in-process cluster (loopback, tcp transport):
 //! `lease_many` across holders, `read_leased` of sub-ranges, bounds checks,
 //! holders that die or stall mid-read, `get_many_into` and the single-block
-//! `get` / `get_into` / `get_into_hinted` built on them.
+//! `get` / `get_into` (optionally hinted) built on them.
 
 mod cluster_support;
 
@@ -488,7 +488,11 @@ async fn single_block_gets_still_work_on_the_batched_path() {
             offset: len as u64,
             capacity: len as u64,
         };
-        let (facts, n) = n0.get_into(&remote, &t).await.unwrap().expect("get_into");
+        let (facts, n) = n0
+            .get_into(&remote, None, &t)
+            .await
+            .unwrap()
+            .expect("get_into");
         assert_eq!((facts.node_id.as_str(), n), ("n1", len as u64));
         assert_eq!(
             bytes_at(&region, len as u64, len as u64),
@@ -503,10 +507,10 @@ async fn single_block_gets_still_work_on_the_batched_path() {
             checksum: 0,
         };
         let (facts, _) = n0
-            .get_into_hinted(&remote, &wrong, &t)
+            .get_into(&remote, Some(&wrong), &t)
             .await
             .unwrap()
-            .expect("get_into_hinted");
+            .expect("get_into hinted");
         assert_eq!(facts.node_id, "n1");
         assert_eq!(
             bytes_at(&region, len as u64, len as u64),
@@ -518,7 +522,7 @@ async fn single_block_gets_still_work_on_the_batched_path() {
             ..t
         };
         assert!(matches!(
-            n0.get_into(&remote, &small).await,
+            n0.get_into(&remote, None, &small).await,
             Err(StoreError::InvalidArgument(_))
         ));
     })

@@ -7,7 +7,7 @@ use kvfabric_proto::v1::{
     ExistsRequest, GetRequest, KvLayout, LookupRequest, PinRequest, PutHeader, PutRequest,
     RemoveRequest, StatsRequest, UnpinRequest,
 };
-use kvfabric_store::{serve_store, NodeConfig, Registry, Store};
+use kvfabric_store::{NodeConfig, NodeServer, Registry, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
 
@@ -72,9 +72,11 @@ async fn start(ram_blocks: usize) -> (String, String, tokio::sync::oneshot::Send
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (g, h) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_store(store, registry, grpc, http, async {
-        let _ = rx.await;
-    }));
+    tokio::spawn(
+        NodeServer::standalone(store, registry, grpc, http).serve(async {
+            let _ = rx.await;
+        }),
+    );
     (format!("http://{g}"), h.to_string(), tx)
 }
 

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{serve_cluster_node, ClusterConfig, ClusterNode};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
 use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
+    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, NodeServer, PutOptions, Registry, Store,
 };
 use serde::Serialize;
 use tokio::sync::oneshot;
@@ -204,15 +204,11 @@ async fn start(
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let node = ClusterNode::start(store, cluster, grpc.local_addr()?, &mut registry).await?;
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(serve_cluster_node(
-            node.clone(),
-            registry,
-            grpc,
-            http,
-            async {
+        tokio::spawn(
+            NodeServer::cluster(node.clone(), registry, grpc, http).serve(async {
                 let _ = stopped.await;
-            },
-        ));
+            }),
+        );
         nodes.push(node);
         stops.push(stop);
     }

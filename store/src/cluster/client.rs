@@ -9,8 +9,8 @@ use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cache_service::chunks;
 use crate::keys::{BlockKey, KvLayout};
-use crate::service::chunks;
 use crate::StoreError;
 
 /// A CacheService client on one channel.
@@ -41,7 +41,7 @@ fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
         .connect_timeout(timeout)
         .timeout(timeout);
-    Ok(crate::server::grpc_endpoint(e))
+    Ok(crate::node_server::grpc_endpoint(e))
 }
 
 fn client(ch: Channel) -> CacheClient {

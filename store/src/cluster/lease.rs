@@ -264,9 +264,11 @@ impl ClusterNode {
         };
         let call = async {
             let mut c = self.holder_client(peer)?;
-            c.lease_many(req)
-                .await
-                .map_err(|s| StoreError::Server(format!("lease at {}: {s}", peer.node_id)))
+            c.lease_many(req).await.map_err(|s| StoreError::PeerRpc {
+                op: "lease",
+                peer: peer.node_id.clone(),
+                status: Box::new(s),
+            })
         };
         let leases = match tokio::time::timeout(self.cfg.remote_read_timeout(), call).await {
             Ok(Ok(r)) => r.into_inner().leases,

@@ -3,17 +3,18 @@
 //! - [`membership`]: which nodes are alive (single, static peers, or etcd).
 //! - [`rendezvous`]: which live node owns a key's directory entry.
 //! - [`directory`]: the entries a node owns (who holds which block, where).
-//! - [`config`]: the `[cluster]` section.
+//! - [`cluster_config`]: the `[cluster]` section.
 //! - [`client`]: a CacheService client for tools and tests.
 //! - [`node`]: a node's cluster side (announce, locate, remote reads);
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
 //!   [`ClusterNode::read_leased`] of [`RangeRead`]s (or [`ClusterNode::get_many_into`]).
-//! - [`service`], [`rpc`], [`server`]: the cluster-wide CacheService, the
-//!   internal Directory/Holder services, and the node process that serves them.
+//! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
+//!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
 
 mod announce;
 pub mod client;
-pub mod config;
+pub mod cluster_cache_service;
+pub mod cluster_config;
 pub mod directory;
 #[doc(hidden)]
 pub mod etcd_process;
@@ -21,18 +22,15 @@ mod lease;
 pub mod membership;
 pub mod node;
 mod read;
+pub mod read_staging;
 mod refresh;
 pub mod rendezvous;
 pub mod rpc;
-pub mod server;
-pub mod service;
-pub mod staging;
 
 pub use announce::RefreshStatus;
-pub use config::{parse_peer, ClusterConfig};
+pub use cluster_cache_service::{ClusterCacheService, LOCAL_ONLY_HEADER};
+pub use cluster_config::{parse_peer, ClusterConfig};
 pub use directory::{DirectoryShard, HolderEntry, HolderTier};
 pub use lease::LeasedBlock;
 pub use membership::{Membership, MembershipSource, MembershipView, NodeInfo};
 pub use node::{ClusterNode, FetchedBlock, RangeRead, ReadTarget};
-pub use server::{serve_cluster, serve_cluster_node, serve_node};
-pub use service::{ClusterCacheService, LOCAL_ONLY_HEADER};

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::LocateRequest;
 use kvfabric_proto::v1::{Holder, Tier};
-use kvfabric_transfer::{SegmentId, SharedRegion, TransferConfig, TransferEngine};
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -30,13 +30,13 @@ use tokio::sync::{watch, Notify};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::changes::ChangeFeed;
-use crate::cluster::config::ClusterConfig;
+use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::lease::Release;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
+use crate::cluster::read_staging::Staging;
 use crate::cluster::refresh::SyncState;
-use crate::cluster::staging::Staging;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
 use crate::store::Store;
@@ -140,14 +140,7 @@ impl ClusterNode {
     ) -> Result<Arc<Self>, StoreError> {
         cfg.validate()?;
         let node_id = store.config().node_id.clone();
-        let tcfg = TransferConfig {
-            listen: cfg.transfer_listen.clone(),
-            transport: cfg.transport()?,
-            node_name: Some(node_id.clone()),
-            op_timeout_ms: cfg.remote_read_timeout_ms,
-            ..TransferConfig::default()
-        };
-        let transfer = TransferEngine::start(tcfg, registry).await?;
+        let transfer = TransferEngine::start(cfg.transfer_config(&node_id)?, registry).await?;
         let ram_segment = transfer.register(store.region().clone());
         let staging_region = Arc::new(SharedRegion::create(
             "kvfabric-staging",
@@ -406,9 +399,11 @@ impl ClusterNode {
         };
         let call = async {
             let mut c = self.directory_client(&owner.grpc_addr)?;
-            c.locate(req)
-                .await
-                .map_err(|s| StoreError::Server(format!("locate at {}: {s}", owner.node_id)))
+            c.locate(req).await.map_err(|s| StoreError::PeerRpc {
+                op: "locate",
+                peer: owner.node_id.clone(),
+                status: Box::new(s),
+            })
         };
         match tokio::time::timeout(self.cfg.rpc_timeout(), call).await {
             Ok(Ok(resp)) => {

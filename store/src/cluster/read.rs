@@ -3,8 +3,8 @@
 //! caller memory — all ranges at one holder in ONE transfer batch, holders in
 //! parallel, blocks leased here copied — and the whole-block reads built on
 //! it: [`ClusterNode::get_many_into`] (a batch, xxh3-verified in place, stops
-//! at the first miss) and the single-block `get` / `get_into` /
-//! `get_into_hinted`, which try the next holder when one fails. A failed,
+//! at the first miss) and the single-block `get` / `get_into` (with an
+//! optional holder hint), which try the next holder when one fails. A failed,
 //! timed-out or corrupt remote read is a miss for that holder, reported stale
 //! to the key's owner.
 
@@ -330,26 +330,18 @@ impl ClusterNode {
 
     /// Read a whole block into `target` (a region registered with this
     /// node's [`Self::transfer`] engine): remote blocks land there directly
-    /// (no staging copy) and are checksum-verified in place. Returns the
-    /// block's facts (`data` empty) and its length; None = no holder served it.
+    /// (no staging copy) and are checksum-verified in place. A `hint` (e.g.
+    /// the holder a lookup just returned) is tried right after this node's
+    /// tiers, which saves the Locate round trip; any other holder is still
+    /// tried if the hinted one fails. Returns the block's facts (`data`
+    /// empty) and its length; None = no holder served it.
     pub async fn get_into(
         &self,
         key: &BlockKey,
+        hint: Option<&HolderEntry>,
         target: &ReadTarget<'_>,
     ) -> Result<Option<(FetchedBlock, u64)>, StoreError> {
-        self.read_one(key, None, Some(target)).await
-    }
-
-    /// [`Self::get_into`] trying `hint` (e.g. the holder a lookup just
-    /// returned) right after this node's tiers, which saves the Locate round
-    /// trip; any other holder is still tried if the hinted one fails.
-    pub async fn get_into_hinted(
-        &self,
-        key: &BlockKey,
-        hint: &HolderEntry,
-        target: &ReadTarget<'_>,
-    ) -> Result<Option<(FetchedBlock, u64)>, StoreError> {
-        self.read_one(key, Some(hint), Some(target)).await
+        self.read_one(key, hint, Some(target)).await
     }
 
     /// One block, trying holders until one serves it; `target` None = a

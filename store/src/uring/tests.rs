@@ -329,7 +329,7 @@ fn permanent_failure_polls_the_cq_when_waits_fail_too() {
 #[test]
 #[ignore]
 fn perf_ring_vs_fio() {
-    use crate::staging::AlignedBuf;
+    use crate::disk_staging::AlignedBuf;
     use std::os::unix::fs::OpenOptionsExt;
     use std::time::Instant;
     const BLOCK: usize = 3 << 19;

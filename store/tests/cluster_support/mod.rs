@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{serve_cluster_node, ClusterConfig, ClusterNode};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
+use kvfabric_store::NodeServer;
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
 };
@@ -204,15 +205,11 @@ async fn start_node(
         .await
         .expect("node starts");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_cluster_node(
-        node.clone(),
-        registry,
-        grpc,
-        http,
-        async {
+    tokio::spawn(
+        NodeServer::cluster(node.clone(), registry, grpc, http).serve(async {
             let _ = rx.await;
-        },
-    ));
+        }),
+    );
     (node, tx)
 }
 

@@ -22,9 +22,9 @@ use kvfabric_proto::v1::{
 };
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::cache_service::{chunks, CacheServer};
 use crate::cluster::node::{holder_pb, ClusterNode};
 use crate::keys::BlockKey;
-use crate::service::{chunks, CacheServer};
 
 /// Metadata header marking a fanned-out call: act on the local store only.
 pub const LOCAL_ONLY_HEADER: &str = "x-kvfabric-local";
@@ -159,7 +159,7 @@ impl CacheService for ClusterCacheService {
             )));
         };
         let total = block.data.len() as u64;
-        let range = crate::service::get_range(req.offset, req.length, total)?;
+        let range = crate::cache_service::get_range(req.offset, req.length, total)?;
         let mut out = vec![GetResponse {
             header: Some(GetHeader {
                 size: total,

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use kvfabric_transfer::TransferConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::membership::{MembershipSource, NodeInfo};
@@ -33,6 +34,14 @@ pub struct ClusterConfig {
     pub transfer_listen: String,
     /// Transfer transport: auto, tcp, shm or rdma. Default: auto.
     pub transfer_transport: String,
+    /// Transfer connections opened per peer (slices of a batch are sprayed
+    /// over them). Default: 4.
+    pub transfer_connections_per_peer: usize,
+    /// Transfer ops larger than this are cut into slices of this size, each
+    /// carried and checked independently (shm ignores it). Default: 1MiB.
+    pub transfer_slice_bytes: ByteSize,
+    /// Transfer slices in flight per connection. Default: 4.
+    pub transfer_pipeline_depth: usize,
     /// gRPC address peers use for this node. Default: the bound gRPC address.
     pub advertise_grpc: Option<String>,
     /// Transfer address peers use for this node. Default: the bound transfer address.
@@ -64,6 +73,9 @@ impl Default for ClusterConfig {
             failure_timeout_ms: 2000,
             transfer_listen: "127.0.0.1:0".into(),
             transfer_transport: "auto".into(),
+            transfer_connections_per_peer: 4,
+            transfer_slice_bytes: ByteSize::mib(1),
+            transfer_pipeline_depth: 4,
             advertise_grpc: None,
             advertise_transfer: None,
             rpc_timeout_ms: 1000,
@@ -95,6 +107,15 @@ impl ClusterConfig {
             ("reconcile_interval_ms", self.reconcile_interval_ms),
             ("refresh_chunk_blocks", self.refresh_chunk_blocks as u64),
             (
+                "transfer_connections_per_peer",
+                self.transfer_connections_per_peer as u64,
+            ),
+            ("transfer_slice_bytes", self.transfer_slice_bytes.as_u64()),
+            (
+                "transfer_pipeline_depth",
+                self.transfer_pipeline_depth as u64,
+            ),
+            (
                 "refresh_chunks_per_period",
                 self.refresh_chunks_per_period as u64,
             ),
@@ -122,6 +143,21 @@ impl ClusterConfig {
                 "transfer_transport {other:?} is not auto, tcp, shm or rdma"
             ))),
         }
+    }
+
+    /// The transfer engine settings of node `node_id`: listen address,
+    /// transport, per-peer connections, slice size and pipeline depth from
+    /// this section; the op timeout is the remote read timeout.
+    pub fn transfer_config(&self, node_id: &str) -> Result<TransferConfig, StoreError> {
+        Ok(TransferConfig {
+            listen: self.transfer_listen.clone(),
+            transport: self.transport()?,
+            node_name: Some(node_id.to_string()),
+            op_timeout_ms: self.remote_read_timeout_ms,
+            connections_per_peer: self.transfer_connections_per_peer,
+            slice_bytes: self.transfer_slice_bytes.as_u64() as usize,
+            pipeline_depth: self.transfer_pipeline_depth,
+        })
     }
 
     /// The membership source these settings describe.
@@ -216,5 +252,32 @@ mod tests {
         };
         assert!(tr.validate().is_err());
         assert!(serde_json::from_str::<ClusterConfig>(r#"{"etcdd":[]}"#).is_err());
+    }
+
+    #[test]
+    fn transfer_settings_default_to_the_engine_defaults_and_are_settable() {
+        let engine = TransferConfig::default();
+        let t = ClusterConfig::default().transfer_config("n1").unwrap();
+        assert_eq!(t.connections_per_peer, engine.connections_per_peer);
+        assert_eq!(t.slice_bytes, engine.slice_bytes);
+        assert_eq!(t.pipeline_depth, engine.pipeline_depth);
+        assert_eq!(t.node_name.as_deref(), Some("n1"));
+        let c: ClusterConfig = serde_json::from_str(
+            r#"{"transfer_connections_per_peer":8,"transfer_slice_bytes":"256KiB","transfer_pipeline_depth":2}"#,
+        )
+        .unwrap();
+        let t = c.transfer_config("n1").unwrap();
+        assert_eq!(
+            (t.connections_per_peer, t.slice_bytes, t.pipeline_depth),
+            (8, 256 << 10, 2)
+        );
+        for zero in [
+            r#"{"transfer_connections_per_peer":0}"#,
+            r#"{"transfer_slice_bytes":"0B"}"#,
+            r#"{"transfer_pipeline_depth":0}"#,
+        ] {
+            let c: ClusterConfig = serde_json::from_str(zero).unwrap();
+            assert!(c.validate().is_err(), "{zero}");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `NodeConfig`: everything a single node's store is told at start.
 //!
 //! The `kvfabric` binary resolves it with figment (defaults < file `[node]` <
-//! env < flags) and hands it to [`crate::serve`] or [`crate::Store::open`].
+//! env < flags) and hands it to [`crate::NodeServer::open`] or [`crate::Store::open`].
 //! Sizes accept human strings ("8GiB"); unknown keys are refused so a typo in
 //! a config file is an error, not a silently ignored setting.
 

@@ -1,4 +1,4 @@
-//! Placement: making room in a tier (high/low watermarks, eviction order),
+//! Tiering: making room in a tier (high/low watermarks, eviction order),
 //! demotion RAM -> disk (write-back), writes to disk at put time
 //! (write-through, durable puts), promotion disk -> RAM on read, and the
 //! checksum check on every disk read.
@@ -11,12 +11,12 @@ use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
-use crate::config::{DiskAdmission, WritePolicy};
 use crate::disk::DiskRecord;
 use crate::extent::Extent;
 use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
+use crate::node_config::{DiskAdmission, WritePolicy};
 use crate::state::{Block, Inner};
 use crate::store::Shared;
 use crate::StoreError;

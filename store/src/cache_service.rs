@@ -217,7 +217,7 @@ impl CacheService for CacheServer {
         let node_id = self.store.config().node_id.clone();
         let messages = blocking(move || {
             let Some(lease) = store.lease(&key)? else {
-                return Err(StoreError::NotFound(format!("block {key:?}")));
+                return Err(StoreError::NotFound { key });
             };
             let range = get_range(req.offset, req.length, lease.bytes().len() as u64)?;
             let info = *lease.info();

@@ -1,5 +1,5 @@
 //! `StagingPool`: the few aligned buffers every disk I/O goes through (not
-//! `cluster::staging`, the registered region remote reads land in).
+//! `cluster::read_staging`, the registered region remote reads land in).
 //!
 //! The disk tier never hands a RAM-arena address to O_DIRECT. A write copies
 //! the block into a staging buffer and writes from there; a read lands in a

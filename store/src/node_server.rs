@@ -1,0 +1,258 @@
+//! `NodeServer`: the one way a node is served. It owns the gRPC services
+//! (CacheService, plus the internal DirectoryService and HolderService when
+//! the node is in a cluster, and reflection) and the HTTP port (GET /metrics,
+//! GET /health), and stops both on one shutdown future. A cluster node leaves
+//! membership first on shutdown (with etcd its lease is revoked, so peers see
+//! it go at once), then stops serving. Also the gRPC builder/endpoint twins
+//! every server and client uses (large HTTP/2 windows, TCP_NODELAY).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use kvfabric_proto::internal::v1::directory_service_server::DirectoryServiceServer;
+use kvfabric_proto::internal::v1::holder_service_server::HolderServiceServer;
+use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::cache_service::CacheServer;
+use crate::cluster::cluster_cache_service::ClusterCacheService;
+use crate::cluster::cluster_config::ClusterConfig;
+use crate::cluster::node::ClusterNode;
+use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
+use crate::metrics::encode_text;
+use crate::node_config::NodeConfig;
+use crate::store::Store;
+use crate::StoreError;
+
+/// HTTP/2 stream flow-control window of the gRPC server (clients should match it).
+const GRPC_STREAM_WINDOW: u32 = 16 << 20;
+/// Largest HTTP/2 frame either side accepts: a 1 MiB Get chunk goes out as
+/// one DATA frame instead of 64 frames of the 16 KiB default.
+const GRPC_MAX_FRAME: u32 = 1 << 20;
+/// HTTP/2 connection flow-control window of the gRPC server.
+const GRPC_CONNECTION_WINDOW: u32 = 64 << 20;
+/// Message limit of the internal DirectoryService (batched announces/locates).
+const DIRECTORY_MESSAGE_LIMIT: usize = 256 << 20;
+
+/// A node ready to serve: its store, its cluster side (if any), its metrics
+/// registry and its two bound listeners. Build it with [`NodeServer::open`]
+/// (what `kvfabric node` runs), [`NodeServer::join`], [`NodeServer::cluster`]
+/// (an already started [`ClusterNode`] the caller keeps a handle to) or
+/// [`NodeServer::standalone`] (one node, no directory, no transfer server),
+/// then run it with [`NodeServer::serve`].
+pub struct NodeServer {
+    store: Store,
+    node: Option<Arc<ClusterNode>>,
+    registry: Registry,
+    grpc: TcpListener,
+    http: TcpListener,
+}
+
+impl NodeServer {
+    /// Bind `cfg`'s listeners, open its store and join the cluster.
+    pub async fn open(cfg: NodeConfig, cluster: ClusterConfig) -> Result<Self, StoreError> {
+        cluster.validate()?;
+        let grpc = TcpListener::bind(cfg.grpc_listen).await?;
+        let http = TcpListener::bind(cfg.http_listen).await?;
+        let (store, registry) = tokio::task::spawn_blocking(move || {
+            let mut registry = Registry::default();
+            Store::open(cfg, &mut registry).map(|s| (s, registry))
+        })
+        .await
+        .map_err(|e| StoreError::Server(format!("store open task: {e}")))??;
+        Self::join(store, registry, cluster, grpc, http).await
+    }
+
+    /// Start the cluster side of an opened `store` on already bound listeners.
+    pub async fn join(
+        store: Store,
+        mut registry: Registry,
+        cluster: ClusterConfig,
+        grpc: TcpListener,
+        http: TcpListener,
+    ) -> Result<Self, StoreError> {
+        let grpc_addr = grpc.local_addr()?;
+        let node = ClusterNode::start(store, cluster, grpc_addr, &mut registry).await?;
+        Ok(Self::cluster(node, registry, grpc, http))
+    }
+
+    /// Serve an already started cluster `node` (in-process embedders and
+    /// benches keep the handle to call [`ClusterNode::get`] directly).
+    pub fn cluster(
+        node: Arc<ClusterNode>,
+        registry: Registry,
+        grpc: TcpListener,
+        http: TcpListener,
+    ) -> Self {
+        Self {
+            store: node.store().clone(),
+            node: Some(node),
+            registry,
+            grpc,
+            http,
+        }
+    }
+
+    /// Serve an opened `store` as a standalone single node (no directory, no
+    /// transfer server); tests and the store bench use it.
+    pub fn standalone(
+        store: Store,
+        registry: Registry,
+        grpc: TcpListener,
+        http: TcpListener,
+    ) -> Self {
+        Self {
+            store,
+            node: None,
+            registry,
+            grpc,
+            http,
+        }
+    }
+
+    /// The cluster side, when this node has one.
+    pub fn node(&self) -> Option<&Arc<ClusterNode>> {
+        self.node.as_ref()
+    }
+
+    /// Serve gRPC and HTTP until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        let Self {
+            store,
+            node,
+            registry,
+            grpc,
+            http,
+        } = self;
+        let grpc_addr = grpc.local_addr()?;
+        let http_addr = http.local_addr()?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        {
+            let node = node.clone();
+            tokio::spawn(async move {
+                shutdown.await;
+                if let Some(node) = node {
+                    node.leave().await;
+                }
+                let _ = stop_tx.send(true);
+            });
+        }
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+
+        let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
+        let router = grpc_builder().add_service(reflection_service()?);
+        let router = match &node {
+            None => {
+                let local = CacheServer::new(store.clone(), grpc_addr.to_string());
+                router.add_service(
+                    CacheServiceServer::new(local)
+                        .max_decoding_message_size(limit)
+                        .max_encoding_message_size(limit),
+                )
+            }
+            Some(node) => {
+                let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
+                let cache = CacheServiceServer::new(ClusterCacheService::new(local, node.clone()))
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit);
+                let directory = DirectoryServiceServer::new(DirectoryRpc(node.clone()))
+                    .max_decoding_message_size(DIRECTORY_MESSAGE_LIMIT)
+                    .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT);
+                router
+                    .add_service(cache)
+                    .add_service(directory)
+                    .add_service(HolderServiceServer::new(HolderRpc(node.clone())))
+            }
+        };
+        let grpc_server =
+            router.serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
+
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/health", get(|| async { "ok\n" }))
+            .with_state(Arc::new((store, registry)));
+        let http_server = axum::serve(http, app).with_graceful_shutdown(stopped(stop_rx));
+
+        let node_id = node
+            .as_ref()
+            .map(|n| n.info().node_id.clone())
+            .unwrap_or_default();
+        tracing::info!(node = %node_id, "node serving gRPC on {grpc_addr}, metrics/health on http://{http_addr}");
+        let (g, h) = tokio::join!(grpc_server, http_server);
+        g.map_err(|e| StoreError::Server(format!("grpc: {e}")))?;
+        h.map_err(|e| StoreError::Server(format!("http: {e}")))?;
+        Ok(())
+    }
+}
+
+async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoResponse {
+    let (store, registry) = &*state;
+    store.stats(); // refreshes the per-tier gauges
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        encode_text(registry),
+    )
+}
+
+/// The gRPC server builder every node uses. Blocks are MiBs: HTTP/2's default
+/// 64 KiB windows would stall every transfer.
+pub(crate) fn grpc_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .max_frame_size(GRPC_MAX_FRAME)
+        .tcp_nodelay(true)
+}
+
+/// A client endpoint with the server's windows and frame size (the twin of
+/// [`grpc_builder`]): HTTP/2's defaults would stall every block transfer.
+pub(crate) fn grpc_endpoint(e: tonic::transport::Endpoint) -> tonic::transport::Endpoint {
+    e.initial_stream_window_size(GRPC_STREAM_WINDOW)
+        .initial_connection_window_size(GRPC_CONNECTION_WINDOW)
+        .max_frame_size(GRPC_MAX_FRAME)
+        .tcp_nodelay(true)
+}
+
+/// Accepted connections with Nagle off: the builder's `tcp_nodelay` only
+/// applies to listeners it binds itself, and small replies would wait 40 ms.
+pub(crate) fn incoming_nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            if let Ok(c) = &conn {
+                let _ = c.set_nodelay(true);
+            }
+            conn
+        },
+    )
+}
+
+/// gRPC server reflection over every kvfabric proto, so `grpcurl` works against a node.
+pub(crate) fn reflection_service() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
+    StoreError,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| StoreError::Server(format!("reflection: {e}")))
+}
