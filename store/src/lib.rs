@@ -31,10 +31,6 @@ mod store_tests;
 mod tiering;
 mod uring;
 
-/// `crate::config` paths of policy.rs and state.rs (owned by another change;
-/// drop this alias when they import `node_config`).
-use node_config as config;
-
 pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed};
 pub use error::StoreError;

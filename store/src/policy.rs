@@ -18,7 +18,7 @@ mod s3fifo;
 #[cfg(test)]
 mod tests;
 
-use crate::config::EvictionPolicy;
+use crate::node_config::EvictionPolicy;
 use crate::keys::BlockKey;
 
 use list::Queues;

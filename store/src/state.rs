@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::changes::{BlockChange, ChangeFeed};
-use crate::config::NodeConfig;
+use crate::node_config::NodeConfig;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
 use crate::policy::{EvictionOrder, Slot};
