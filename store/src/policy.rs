@@ -18,8 +18,8 @@ mod s3fifo;
 #[cfg(test)]
 mod tests;
 
-use crate::node_config::EvictionPolicy;
 use crate::keys::BlockKey;
+use crate::node_config::EvictionPolicy;
 
 use list::Queues;
 pub use list::Slot;

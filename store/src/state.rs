@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::changes::{BlockChange, ChangeFeed};
-use crate::node_config::NodeConfig;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
+use crate::node_config::NodeConfig;
 use crate::policy::{EvictionOrder, Slot};
 
 /// One stored block and where its copies are.
