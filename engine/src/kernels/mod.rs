@@ -37,17 +37,10 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best ISA this CPU supports (override with `KVFABRIC_ISA=scalar|avx2|avx512`).
+    /// The best ISA this CPU supports. Choosing another one is the engine
+    /// config's job (`[engine] isa`, env `KVFABRIC_ISA`, flag `--isa`): the
+    /// kernels read no environment.
     pub fn detect() -> Isa {
-        let best = Self::best_supported();
-        match std::env::var("KVFABRIC_ISA").ok().as_deref() {
-            Some("scalar") => Isa::Scalar,
-            Some("avx2") if best != Isa::Scalar => Isa::Avx2,
-            _ => best,
-        }
-    }
-
-    fn best_supported() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             // Both SIMD ISAs need AVX2 (the norm and SwiGLU kernels use it on AVX-512 too).
