@@ -11,8 +11,9 @@
 //! f32-dequantized weights (`candle_*`, cargo feature `candle-peer`). A peer
 //! that cannot run is null with its reason in `<peer>_status`; kvfabric's own
 //! figures never depend on the peers. `--no-peers` skips them. The
-//! tokenizer's throughput on one and two concurrent 32k-token prompts comes
-//! first ([`tokenize`]); `--only-tokenize` reports just that.
+//! tokenizer's throughput on one and two concurrent 32k-token prompts is
+//! measured after kvfabric's RSS is taken, before the peers ([`tokenize`]);
+//! `--only-tokenize` reports just that.
 
 #[cfg(feature = "candle-peer")]
 mod candle_peer;
@@ -245,9 +246,8 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     // `kvfabric bench engine` fills this with the fetched reference model.
     let path = crate::model_file(&args.model)?;
     let load_before = load_average();
-    let tokenization = tokenize::measure(&path)?;
     if args.only_tokenize {
-        let mut report = tokenization;
+        let mut report = tokenize::measure(&path)?;
         report.insert("model".into(), json!(path.display().to_string()));
         report.insert("load_avg_1m_before".into(), json!(load_before));
         report.insert("load_avg_1m_after".into(), json!(load_average()));
@@ -283,6 +283,8 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     // Free the engine (weights, KV pool, kernel threads) before the peers run.
     drop(b);
     drop(model);
+    // After the engine's RSS: the 32k-token prompts' heap would count in it.
+    let tokenization = tokenize::measure(&path)?;
     let outcomes = measure_peers(args, &path, &work);
     let mut report = Map::new();
     let mut put = |k: &str, v: Value| {
