@@ -84,56 +84,83 @@ fn layout(block_bytes: usize) -> KvLayout {
 
 struct Started {
     nodes: Vec<Arc<ClusterNode>>,
+    /// The servers run until these drop (with the cluster).
+    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 async fn start_cluster(ram: u64) -> anyhow::Result<Started> {
-    let ids = ["a", "b", "c"];
+    let started = start_loopback(&[("a", ram), ("b", ram), ("c", ram)], None).await?;
+    let (nodes, _stops) = started.into_iter().map(|n| (n.node, n.stop)).unzip();
+    Ok(Started { nodes, _stops })
+}
+
+/// One node of [`start_loopback`]: dropping `stop` ends its server.
+pub(crate) struct LoopbackNode {
+    pub node: Arc<ClusterNode>,
+    pub stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Start in-process cluster nodes on loopback (static peers, tcp transfer),
+/// one `(id, ram bytes)` each, and wait until every node sees all of them.
+/// `reconcile_interval_ms` overrides the default period when set.
+pub(crate) async fn start_loopback(
+    specs: &[(&str, u64)],
+    reconcile_interval_ms: Option<u64>,
+) -> anyhow::Result<Vec<LoopbackNode>> {
     let mut ports = Vec::new();
-    for _ in &ids {
+    for _ in specs {
         ports.push((
             kvfabric_store::ports::free_loopback_port()?,
             kvfabric_store::ports::free_loopback_port()?,
         ));
     }
-    let peers: Vec<String> = ids
+    let peers: Vec<String> = specs
         .iter()
         .zip(&ports)
-        .map(|(id, (g, t))| format!("{id}=127.0.0.1:{g}=127.0.0.1:{t}"))
+        .map(|((id, _), (g, t))| format!("{id}=127.0.0.1:{g}=127.0.0.1:{t}"))
         .collect();
     let mut nodes = Vec::new();
-    for (id, (g, t)) in ids.iter().zip(&ports) {
+    for ((id, ram), (g, t)) in specs.iter().zip(&ports) {
         let cfg = NodeConfig {
             node_id: (*id).into(),
-            ram_capacity: bytesize::ByteSize::b(ram),
+            ram_capacity: bytesize::ByteSize::b(*ram),
             ..NodeConfig::default()
         };
         let mut registry = Registry::default();
         let store = Store::open(cfg, &mut registry)?;
+        let defaults = ClusterConfig::default();
         let cluster = ClusterConfig {
             peers: peers.clone(),
             transfer_listen: format!("127.0.0.1:{t}"),
             transfer_transport: "tcp".into(),
             probe_interval_ms: 200,
-            ..ClusterConfig::default()
+            reconcile_interval_ms: reconcile_interval_ms.unwrap_or(defaults.reconcile_interval_ms),
+            ..defaults
         };
         let grpc = tokio::net::TcpListener::bind(("127.0.0.1", *g)).await?;
         let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let node = ClusterNode::start(store, cluster, grpc.local_addr()?, &mut registry).await?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(
-            NodeServer::cluster(node.clone(), registry, grpc, http)
-                .serve(futures::future::pending()),
+            NodeServer::cluster(node.clone(), registry, grpc, http).serve(async {
+                let _ = stopped.await;
+            }),
         );
-        nodes.push(node);
+        nodes.push(LoopbackNode { node, stop });
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while nodes.iter().any(|n| n.view().nodes.len() < 3) {
+    while nodes
+        .iter()
+        .any(|n| n.node.view().nodes.len() < specs.len())
+    {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "the 3 nodes did not see each other within 10 s"
+            "the {} nodes did not see each other within 10 s",
+            specs.len()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Ok(Started { nodes })
+    Ok(nodes)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -19,10 +19,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
-use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, NodeServer, PutOptions, Registry, Store,
-};
+use kvfabric_store::cluster::ClusterNode;
+use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout, PutOptions};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
@@ -168,58 +166,10 @@ async fn start(
         3_600_000
     };
     let extra = (args.put_rate * args.load_secs + 4096) as usize;
-    let ids = ["a", "b"];
     let rams = [((blocks + extra) as u64 * 4096) * 5 / 4, 64 << 20];
-    let mut ports = Vec::new();
-    for _ in ids {
-        ports.push((
-            kvfabric_store::ports::free_loopback_port()?,
-            kvfabric_store::ports::free_loopback_port()?,
-        ));
-    }
-    let peers: Vec<String> = ids
-        .iter()
-        .zip(&ports)
-        .map(|(id, (g, t))| format!("{id}=127.0.0.1:{g}=127.0.0.1:{t}"))
-        .collect();
-    let mut nodes = Vec::new();
-    let mut stops = Vec::new();
-    for ((id, (g, t)), ram) in ids.iter().zip(&ports).zip(rams) {
-        let cfg = NodeConfig {
-            node_id: (*id).into(),
-            ram_capacity: bytesize::ByteSize::b(ram),
-            ..NodeConfig::default()
-        };
-        let mut registry = Registry::default();
-        let store = Store::open(cfg, &mut registry)?;
-        let cluster = ClusterConfig {
-            peers: peers.clone(),
-            transfer_listen: format!("127.0.0.1:{t}"),
-            transfer_transport: "tcp".into(),
-            probe_interval_ms: 200,
-            reconcile_interval_ms: period,
-            ..ClusterConfig::default()
-        };
-        let grpc = tokio::net::TcpListener::bind(("127.0.0.1", *g)).await?;
-        let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let node = ClusterNode::start(store, cluster, grpc.local_addr()?, &mut registry).await?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(
-            NodeServer::cluster(node.clone(), registry, grpc, http).serve(async {
-                let _ = stopped.await;
-            }),
-        );
-        nodes.push(node);
-        stops.push(stop);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while nodes.iter().any(|n| n.view().nodes.len() < 2) {
-        anyhow::ensure!(
-            Instant::now() < deadline,
-            "the nodes did not see each other"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let started =
+        crate::cluster::start_loopback(&[("a", rams[0]), ("b", rams[1])], Some(period)).await?;
+    let (nodes, stops) = started.into_iter().map(|n| (n.node, n.stop)).unzip();
     Ok((nodes, stops))
 }
 
