@@ -30,6 +30,13 @@ pub(crate) struct PreparedOp {
     pub local: Arc<SharedRegion>,
 }
 
+/// How many connections (or links) a batch can keep busy: one per slice of
+/// `slice_bytes`, at least one, at most `max`.
+pub(crate) fn connections_for(ops: &[PreparedOp], slice_bytes: u64, max: usize) -> usize {
+    let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice_bytes)).sum();
+    (slices as usize).clamp(1, max)
+}
+
 /// State shared by the engine handle, its servers and its batches.
 pub(crate) struct Inner {
     pub config: TransferConfig,

@@ -26,7 +26,7 @@ use super::link::{RdmaLink, RdmaPeer};
 use super::nic::Nic;
 use super::verbs::{RdmaMemory, RdmaOp};
 use crate::checksum::checksum;
-use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::segment::RdmaKey;
 use crate::transport::contract::BatchTransport;
@@ -49,8 +49,7 @@ impl BatchTransport for RdmaPeer {
     ) -> Vec<Option<OpResult>> {
         let n = ops.len();
         let slice = inner.config.slice_bytes.max(4096) as u64;
-        let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
-        let want = (slices as usize).clamp(1, inner.config.connections_per_peer);
+        let want = connections_for(&ops, slice, inner.config.connections_per_peer);
         let links = match self.checkout(inner, peer, want).await {
             Ok(l) => l,
             Err(e) => {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 
 use super::client;
-use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
 use crate::TransferError;
@@ -74,9 +74,11 @@ impl TcpPeer {
         ops: Vec<PreparedOp>,
     ) -> Vec<OpResult> {
         let n = ops.len();
-        let slice = inner.config.slice_bytes as u64;
-        let slices: u64 = ops.iter().map(|p| p.op.len.div_ceil(slice)).sum();
-        let want = (slices as usize).clamp(1, inner.config.connections_per_peer);
+        let want = connections_for(
+            &ops,
+            inner.config.slice_bytes as u64,
+            inner.config.connections_per_peer,
+        );
         let conns = match self.checkout(inner, peer, want).await {
             Ok(c) => c,
             Err(e) => return vec![Err(e); n],
