@@ -4,6 +4,7 @@
 //! error at startup rather than a silently ignored setting.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
@@ -67,6 +68,12 @@ pub struct EngineConfig {
     /// `KVFABRIC_ISA`, flag `--isa`); one the CPU lacks is refused at start.
     /// Default: auto.
     pub isa: IsaChoice,
+    /// Tenants file (API keys, namespaces, limits; docs/SECURITY.md). None:
+    /// single-tenant mode, no keys checked (logged at start). Default: none.
+    pub tenants_file: Option<PathBuf>,
+    /// How often the tenants file is re-read (a revoked key is refused from
+    /// the next read on). Default: 1000 ms.
+    pub tenants_reload_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +89,8 @@ impl Default for EngineConfig {
             model_name: "smollm2".into(),
             prefix_cache: true,
             isa: IsaChoice::Auto,
+            tenants_file: None,
+            tenants_reload_ms: 1000,
         }
     }
 }

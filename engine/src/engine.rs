@@ -24,8 +24,10 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvfabric_connector::{ConnectFn, KvConnector, KvMemory};
+use kvfabric_tenants::{TenantGate, TenantMetrics};
 use prometheus_client::registry::Registry;
 
 use crate::chat::ChatTemplate;
@@ -129,9 +131,16 @@ impl EngineBuilder {
             self.config.model_name.clone(),
             self.metrics.clone(),
         );
+        let tenants = TenantGate::from_config(
+            self.config.tenants_file.as_deref(),
+            TenantMetrics::default(),
+            "openai-api",
+        )?;
+        tenants.spawn_reloader(Duration::from_millis(self.config.tenants_reload_ms));
         let mut engine = self.launch(model)?;
         let mut registry = std::mem::take(&mut engine.registry);
         metrics.register(&mut registry);
+        tenants.metrics().register(&mut registry);
         let state = HttpState::new(
             engine.handle.clone(),
             tokenizer,
@@ -140,7 +149,8 @@ impl EngineBuilder {
             context_length,
             metrics,
             Arc::new(registry),
-        );
+        )
+        .with_tenants(tenants);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let served = http::serve(listener, state, shutdown).await;
         let RunningEngine { handle, thread, .. } = engine;

@@ -15,6 +15,9 @@ pub enum EngineError {
     /// The fabric connector could not be attached (or failed).
     #[error("fabric connector: {0}")]
     Connector(#[from] kvfabric_connector::ConnectorError),
+    /// The tenants file could not be loaded.
+    #[error("tenants: {0}")]
+    Tenants(#[from] kvfabric_tenants::TenantsError),
     /// An OS call failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

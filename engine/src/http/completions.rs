@@ -17,13 +17,15 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::generate::{Generation, GenerationPlan, Step};
+use kvfabric_tenants::Identity;
+
+use super::generate::{Generation, GenerationPlan, Step, TenantUsage};
 use super::openai::{convert_messages, parse_body, ApiError, CompletionBody, PromptIn};
 use super::response::{attach_transfer, Api, ResponseMeta};
 use super::{unix_now, HttpState};
@@ -32,25 +34,30 @@ use crate::EngineError;
 
 /// At most this many stop strings per request.
 const MAX_STOP_STRINGS: usize = 16;
+/// Longest `cache_salt` accepted, in bytes.
+const MAX_CACHE_SALT: usize = 1024;
 
 pub(super) async fn chat_completions(
     State(state): State<Arc<HttpState>>,
+    Extension(who): Extension<Identity>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(state, headers, body, Api::Chat).await
+    handle(state, who, headers, body, Api::Chat).await
 }
 
 pub(super) async fn completions(
     State(state): State<Arc<HttpState>>,
+    Extension(who): Extension<Identity>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(state, headers, body, Api::Completion).await
+    handle(state, who, headers, body, Api::Completion).await
 }
 
 async fn handle(
     state: Arc<HttpState>,
+    who: Identity,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     api: Api,
@@ -70,7 +77,7 @@ async fn handle(
             "session affinity hint received"
         );
     }
-    match run(&state, body, meta, arrived).await {
+    match run(&state, who, body, meta, arrived).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(status = %e.status, message = %e.message, "request rejected");
@@ -81,6 +88,7 @@ async fn handle(
 
 async fn run(
     state: &HttpState,
+    who: Identity,
     body: Result<Bytes, BytesRejection>,
     meta: ResponseMeta,
     arrived: Instant,
@@ -89,7 +97,7 @@ async fn run(
         ApiError::invalid(format!("could not read the request body: {e}"), None)
             .with_status(e.status())
     })?;
-    let req: CompletionBody = parse_body(&body)?;
+    let mut req: CompletionBody = parse_body(&body)?;
     if let Some(params) = &req.kv_transfer_params {
         // A hint from the router: the decode side finds saved blocks by itself.
         let params = Value::Object(params.clone());
@@ -97,7 +105,13 @@ async fn run(
     }
     let stream = req.stream;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let plan = plan(state, req, meta.api, arrived)?;
+    let salt = cache_salt(req.cache_salt.take())?;
+    let mut plan = plan(state, req, meta.api, arrived)?;
+    plan.namespace = who.namespace(salt.as_deref());
+    plan.tenant = Some(TenantUsage {
+        gate: state.tenants.clone(),
+        who,
+    });
     let generation = Generation::start(
         &state.engine,
         state.tokenizer.clone(),
@@ -188,7 +202,20 @@ fn plan(
         stop_strings,
         stop_token_ids: state.stop_token_ids.clone(),
         arrived,
+        namespace: Vec::new(),
+        tenant: None,
     })
+}
+
+/// `cache_salt`: absent, or a non-empty string of at most [`MAX_CACHE_SALT`] bytes.
+fn cache_salt(salt: Option<String>) -> Result<Option<String>, ApiError> {
+    match salt {
+        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT => Err(ApiError::invalid(
+            format!("cache_salt must be a non-empty string of at most {MAX_CACHE_SALT} bytes"),
+            Some("cache_salt"),
+        )),
+        s => Ok(s),
+    }
 }
 
 fn sampling_params(req: &CompletionBody) -> Result<SamplingParams, ApiError> {
@@ -479,6 +506,8 @@ mod tests {
             stop_strings: Vec::new(),
             stop_token_ids: Vec::new(),
             arrived: Instant::now(),
+            namespace: Vec::new(),
+            tenant: None,
         };
         Generation::start(
             &EngineHandle::new(submit),

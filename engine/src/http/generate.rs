@@ -14,6 +14,8 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use tokio::sync::mpsc;
 
+use kvfabric_tenants::{Identity, TenantGate};
+
 use super::openai::ApiError;
 use super::stop::StopMatcher;
 use crate::metrics::EngineMetrics;
@@ -36,6 +38,17 @@ pub(crate) struct GenerationPlan {
     pub stop_token_ids: Vec<u32>,
     /// When the HTTP request arrived (TTFT starts here).
     pub arrived: Instant,
+    /// The namespace the prompt's blocks are keyed under (tenant, cache_salt).
+    pub namespace: Vec<u8>,
+    /// Where the finished request's usage is counted per tenant.
+    pub tenant: Option<TenantUsage>,
+}
+
+/// A tenant's gate and identity, to count its usage at the end.
+#[derive(Clone, Debug)]
+pub(crate) struct TenantUsage {
+    pub gate: TenantGate,
+    pub who: Identity,
 }
 
 /// One unit of output.
@@ -69,6 +82,7 @@ pub(crate) struct Generation {
     transfer: Option<TransferParams>,
     /// Prompt tokens reused, known once the scheduler admitted the request.
     cached_tokens: usize,
+    tenant: Option<TenantUsage>,
 }
 
 impl Generation {
@@ -90,7 +104,7 @@ impl Generation {
                 max_tokens: plan.max_tokens,
                 sampling: plan.sampling,
                 stop_token_ids: plan.stop_token_ids,
-                namespace: Vec::new(),
+                namespace: plan.namespace,
                 return_logits: false,
                 events: events_tx,
             })
@@ -110,6 +124,7 @@ impl Generation {
             outcome_recorded: false,
             transfer: None,
             cached_tokens: 0,
+            tenant: plan.tenant,
         })
     }
 
@@ -209,6 +224,13 @@ impl Generation {
         self.metrics
             .prefix_cache_hit_tokens
             .inc_by(usage.cached_tokens as u64);
+        if let Some(t) = &self.tenant {
+            t.gate.record_usage(
+                &t.who,
+                usage.prompt_tokens as u64,
+                usage.cached_tokens as u64,
+            );
+        }
         self.record(finish_reason);
         self.queue.push_back(Step::Done {
             finish_reason,

@@ -3,13 +3,16 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (see
 //! [`completions`]), `GET /v1/models`, `GET /health`, `GET /metrics`
 //! (Prometheus text of the registry handed in). Every error is an OpenAI
-//! JSON error body, unknown routes included.
+//! JSON error body, unknown routes included. `/v1/*` passes the tenant gate
+//! first ([`tenancy`]: API key, per-tenant limits); `/health` and
+//! `/metrics` do not.
 
 mod completions;
 pub mod generate;
 pub mod openai;
 mod response;
 pub mod stop;
+mod tenancy;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use prometheus_client::registry::Registry;
@@ -30,6 +34,7 @@ pub use crate::metrics::{EngineMetrics, RequestOutcomeLabels};
 use crate::request::EngineHandle;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
+use kvfabric_tenants::TenantGate;
 pub use openai::ApiError;
 
 /// Everything the HTTP layer needs; cheap to clone.
@@ -49,6 +54,9 @@ pub struct HttpState {
     pub metrics: EngineMetrics,
     /// Encoded by `GET /metrics`; `metrics` must be registered in it.
     pub registry: Arc<Registry>,
+    /// API keys, limits and namespaces (single-tenant mode unless
+    /// [`with_tenants`](Self::with_tenants) is given a tenants file's gate).
+    pub tenants: TenantGate,
     next_request_id: Arc<AtomicU64>,
 }
 
@@ -79,8 +87,16 @@ impl HttpState {
             stop_token_ids,
             metrics,
             registry,
+            tenants: TenantGate::single_tenant(Default::default()),
             next_request_id: Arc::new(AtomicU64::new(first_id)),
         }
+    }
+
+    /// Check API keys and limits with `gate` (its metrics must be
+    /// registered in the registry handed to [`new`](Self::new)).
+    pub fn with_tenants(mut self, gate: TenantGate) -> HttpState {
+        self.tenants = gate;
+        self
     }
 
     /// A fresh response id such as `chatcmpl-0123456789abcdef`.
@@ -100,14 +116,21 @@ pub(crate) fn unix_now() -> u64 {
 
 /// The router with every route; `serve` runs it, tests may embed it.
 pub fn router(state: HttpState) -> Router {
-    Router::new()
+    let state = Arc::new(state);
+    let v1 = Router::new()
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(list_models))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            tenancy::gate,
+        ));
+    Router::new()
+        .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
-        .with_state(Arc::new(state))
+        .with_state(state)
 }
 
 /// Serve the API on `listener` until `shutdown` resolves (in-flight requests finish).

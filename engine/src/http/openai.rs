@@ -132,6 +132,9 @@ pub struct CompletionBody {
     /// decode engine finds the saved blocks itself, from the prompt's block
     /// keys, so the hint changes nothing in what is computed.
     pub kv_transfer_params: Option<serde_json::Map<String, serde_json::Value>>,
+    /// vLLM's field: a secret that splits the prefix cache finer than the
+    /// tenant (requests with different salts never share blocks).
+    pub cache_salt: Option<String>,
 }
 
 /// A chat message as sent: `content` is a string, a list of parts, or null.

@@ -37,6 +37,8 @@ pub struct Seen {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop_token_ids: Vec<u32>,
+    /// The namespace the request's blocks would be keyed under.
+    pub namespace: Vec<u8>,
     /// Tokens sent before the receiver was found dropped (None: ran to the end).
     pub cancelled_after: Option<usize>,
 }
@@ -94,6 +96,7 @@ pub async fn stand_in(
                 max_tokens: req.max_tokens,
                 sampling: req.sampling.clone(),
                 stop_token_ids: req.stop_token_ids.clone(),
+                namespace: req.namespace.clone(),
                 cancelled_after: None,
             };
             if prompt_text.contains("FAIL") {
@@ -161,6 +164,12 @@ pub async fn start() -> Server {
 }
 
 pub async fn start_with(engine_running: bool) -> Server {
+    start_gated(engine_running, None).await
+}
+
+/// A server whose `/v1/*` checks the tenants file at `tenants` (reloaded
+/// every 50 ms), or single-tenant mode with `None`.
+pub async fn start_gated(engine_running: bool, tenants: Option<&std::path::Path>) -> Server {
     let tokenizer = Arc::new(tokenizer());
     let template = Arc::new(
         ChatTemplate::new(SMOLLM2_TEMPLATE, "<|im_start|>", "<|im_end|>").expect("template"),
@@ -168,6 +177,10 @@ pub async fn start_with(engine_running: bool) -> Server {
     let metrics = EngineMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    let gate = kvfabric_tenants::TenantGate::from_config(tenants, Default::default(), "test")
+        .expect("tenants file");
+    gate.metrics().register(&mut registry);
+    gate.spawn_reloader(Duration::from_millis(50));
     let (submit, intake) = mpsc::channel(16);
     let (seen_tx, seen) = mpsc::unbounded_channel();
     if engine_running {
@@ -188,7 +201,8 @@ pub async fn start_with(engine_running: bool) -> Server {
         CONTEXT,
         metrics,
         Arc::new(registry),
-    );
+    )
+    .with_tenants(gate);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
