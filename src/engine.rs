@@ -56,6 +56,11 @@ pub struct EngineFlags {
     #[arg(long, value_name = "ISA")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub isa: Option<String>,
+    /// Tenants file: API keys, namespaces, limits (docs/SECURITY.md); unset = single-tenant
+    /// [env: KVFABRIC_TENANTS_FILE].
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants_file: Option<String>,
 }
 
 /// Flags of `[connector]`; unset flags leave the file/env values alone.

@@ -9,6 +9,7 @@ mod engine;
 mod model;
 mod node;
 mod router;
+mod tenants;
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ enum Command {
     Router(router::RouterFlags),
     /// Run a benchmark; each reports ratios against a peer measured in the same run.
     Bench(BenchCmd),
+    /// API keys for the tenants file: `new-key` makes one, `hash-key` hashes one.
+    Tenants(tenants::TenantsCmd),
 }
 
 #[derive(Args, Debug)]
@@ -148,6 +151,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;
         }
         Command::Ctl(cmd) => ctl::run(cmd)?,
+        Command::Tenants(cmd) => tenants::run(cmd)?,
         Command::Engine(cmd) => {
             let cfg: kvfabric_engine::EngineConfig =
                 config::load("engine", cli.config.as_deref(), &cmd.flags)?;

@@ -7,6 +7,7 @@
 //! turns the lists into a [`Mode`] or a config error, once, at startup.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use hyper::Uri;
 use serde::{Deserialize, Serialize};
@@ -35,6 +36,12 @@ pub struct RouterConfig {
     pub request_timeout_ms: u64,
     /// Limit on opening a TCP connection to an engine, in milliseconds. Default: 2000.
     pub connect_timeout_ms: u64,
+    /// Tenants file (API keys, limits; docs/SECURITY.md); the client's
+    /// `Authorization` is forwarded to the engines, which check it too and
+    /// pick the namespace. None: single-tenant mode. Default: none.
+    pub tenants_file: Option<PathBuf>,
+    /// How often the tenants file is re-read. Default: 1000 ms.
+    pub tenants_reload_ms: u64,
 }
 
 impl Default for RouterConfig {
@@ -47,6 +54,8 @@ impl Default for RouterConfig {
             policy: "least-loaded".into(),
             request_timeout_ms: 600_000,
             connect_timeout_ms: 2_000,
+            tenants_file: None,
+            tenants_reload_ms: 1000,
         }
     }
 }

@@ -73,7 +73,13 @@ pub(crate) async fn two_hop(
     let body = req.decode_body(transfer.as_ref());
     match state
         .upstream
-        .send(Method::POST, &endpoint, req.api.path(), body)
+        .send(
+            Method::POST,
+            &endpoint,
+            req.api.path(),
+            body,
+            req.authorization.as_ref(),
+        )
         .await
     {
         Ok(answer) => relay.answer(answer).await,
@@ -109,7 +115,13 @@ async fn prefill_exchange(
 ) -> Result<Prefilled, RouterError> {
     let answer = state
         .upstream
-        .send(Method::POST, endpoint, req.api.path(), req.prefill_body())
+        .send(
+            Method::POST,
+            endpoint,
+            req.api.path(),
+            req.prefill_body(),
+            req.authorization.as_ref(),
+        )
         .await?;
     let collected = answer.collect().await?;
     if collected.status.is_server_error() {

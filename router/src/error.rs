@@ -35,6 +35,9 @@ pub enum RouterError {
     /// The answer could not be read or is not what an engine sends.
     #[error("engine {endpoint} sent an unusable answer: {message}")]
     BadAnswer { endpoint: String, message: String },
+    /// The tenants file could not be loaded at start.
+    #[error("tenants: {0}")]
+    Tenants(#[from] kvfabric_tenants::TenantsError),
 }
 
 impl RouterError {
@@ -46,7 +49,7 @@ impl RouterError {
             RouterError::Timeout { .. } => "timeout",
             RouterError::Status { .. } => "status",
             RouterError::BadAnswer { .. } => "bad_answer",
-            RouterError::Config(_) | RouterError::Io(_) => "other",
+            RouterError::Config(_) | RouterError::Io(_) | RouterError::Tenants(_) => "other",
         }
     }
 }
@@ -59,6 +62,8 @@ pub struct ApiError {
     /// `invalid_request_error` or `server_error`.
     pub kind: &'static str,
     pub param: Option<String>,
+    /// Machine-readable code (`invalid_api_key`, `rate_limit_exceeded`, ...).
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -69,6 +74,7 @@ impl ApiError {
             message: message.into(),
             kind: "invalid_request_error",
             param: param.map(str::to_owned),
+            code: None,
         }
     }
 
@@ -79,6 +85,7 @@ impl ApiError {
             message: message.into(),
             kind: "server_error",
             param: None,
+            code: None,
         }
     }
 
@@ -89,7 +96,7 @@ impl ApiError {
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
-                "code": null,
+                "code": self.code,
             }
         })
     }

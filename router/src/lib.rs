@@ -28,6 +28,7 @@ mod proxy;
 mod request;
 mod rewrite;
 mod server;
+mod tenancy;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -59,20 +59,27 @@ impl Upstream {
         Upstream { client, timeout }
     }
 
-    /// Send one request; returns once the response head arrived.
+    /// Send one request (with the client's `Authorization`, if any); returns
+    /// once the response head arrived.
     pub async fn send(
         &self,
         method: Method,
         endpoint: &str,
         path: &str,
         body: Vec<u8>,
+        authorization: Option<&HeaderValue>,
     ) -> Result<Answer, RouterError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let uri = format!("{endpoint}{path}");
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(method)
             .uri(&uri)
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, "application/json");
+        if let Some(auth) = authorization {
+            // The engine checks the same key and keys the blocks under its tenant.
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| RouterError::BadAnswer {
                 endpoint: endpoint.to_owned(),

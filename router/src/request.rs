@@ -47,6 +47,8 @@ pub(crate) struct ClientRequest {
     pub prompt_tokens: u64,
     /// `max_completion_tokens` or `max_tokens`, if set.
     pub max_tokens: Option<u64>,
+    /// The client's `Authorization`, forwarded on every hop.
+    pub authorization: Option<axum::http::HeaderValue>,
 }
 
 /// `ceil(bytes / 4)`.
@@ -98,6 +100,7 @@ impl ClientRequest {
             body,
             prompt_tokens,
             max_tokens,
+            authorization: None,
         })
     }
 

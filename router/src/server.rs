@@ -4,7 +4,8 @@
 //! to route ([`ClientRequest::parse`]) and then go either through the two-hop
 //! path (`disagg.rs`) or, in plain mode, one hop to one engine. `GET
 //! /v1/models` is forwarded to the first engine that answers; `/health` and
-//! `/metrics` are the router's own.
+//! `/metrics` are the router's own. `/v1/*` passes the tenant gate first
+//! (`tenancy.rs`); the client's `Authorization` goes on to the engines.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,8 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -26,6 +28,8 @@ use crate::error::{ApiError, RouterError};
 use crate::metrics::RouterMetrics;
 use crate::proxy::{Relay, RequestRecord, Upstream};
 use crate::request::{Api, ClientRequest};
+use crate::tenancy;
+use kvfabric_tenants::{TenantGate, TenantMetrics};
 
 /// Endpoint sets of the configured mode.
 #[derive(Debug)]
@@ -47,6 +51,8 @@ pub(crate) struct RouterState {
     pub upstream: Upstream,
     pub metrics: RouterMetrics,
     pub registry: Registry,
+    /// API keys and per-tenant limits.
+    pub tenants: TenantGate,
 }
 
 impl RouterState {
@@ -54,9 +60,13 @@ impl RouterState {
     pub fn new(
         cfg: &RouterConfig,
         metrics: RouterMetrics,
-        registry: Registry,
+        mut registry: Registry,
     ) -> Result<RouterState, RouterError> {
         let mode = cfg.validate()?;
+        let tenants =
+            TenantGate::from_config(cfg.tenants_file.as_deref(), TenantMetrics::default(), "router")?;
+        tenants.metrics().register(&mut registry);
+        tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
         let policy = cfg.policy()?;
         let mode_label = mode.label();
         let routing = match mode {
@@ -77,16 +87,20 @@ impl RouterState {
             ),
             metrics,
             registry,
+            tenants,
         })
     }
 }
 
 /// Every route over `state`.
 pub(crate) fn app(state: Arc<RouterState>) -> Router {
-    Router::new()
+    let v1 = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), tenancy::gate));
+    Router::new()
+        .merge(v1)
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -95,19 +109,26 @@ pub(crate) fn app(state: Arc<RouterState>) -> Router {
 
 async fn chat_completions(
     State(state): State<Arc<RouterState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(&state, Api::Chat, body).await
+    handle(&state, Api::Chat, &headers, body).await
 }
 
 async fn completions(
     State(state): State<Arc<RouterState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    handle(&state, Api::Completion, body).await
+    handle(&state, Api::Completion, &headers, body).await
 }
 
-async fn handle(state: &RouterState, api: Api, body: Result<Bytes, BytesRejection>) -> Response {
+async fn handle(
+    state: &RouterState,
+    api: Api,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let mut record = RequestRecord::new(state.metrics.clone(), state.mode_label, api.path());
     let parsed = body
         .map_err(|e| {
@@ -116,13 +137,14 @@ async fn handle(state: &RouterState, api: Api, body: Result<Bytes, BytesRejectio
             err
         })
         .and_then(|b| ClientRequest::parse(api, &b));
-    let req = match parsed {
+    let mut req = match parsed {
         Ok(req) => req,
         Err(e) => {
             record.set("client_error");
             return e.into_response();
         }
     };
+    req.authorization = headers.get(header::AUTHORIZATION).cloned();
     match &state.routing {
         Routing::Disaggregated { prefill, decode } => {
             disagg::two_hop(state, prefill, decode, req, record).await
@@ -150,7 +172,13 @@ async fn plain(
     };
     match state
         .upstream
-        .send(Method::POST, &endpoint, req.api.path(), req.original_body())
+        .send(
+            Method::POST,
+            &endpoint,
+            req.api.path(),
+            req.original_body(),
+            req.authorization.as_ref(),
+        )
         .await
     {
         Ok(answer) => relay.answer(answer).await,
@@ -160,7 +188,8 @@ async fn plain(
 
 /// The model list of the first engine that answers (decode engines first in
 /// disaggregated mode: they are the ones that generate).
-async fn models(State(state): State<Arc<RouterState>>) -> Response {
+async fn models(State(state): State<Arc<RouterState>>, headers: HeaderMap) -> Response {
+    let auth = headers.get(header::AUTHORIZATION);
     let urls: Vec<&str> = match &state.routing {
         Routing::Disaggregated { prefill, decode } => decode.urls().chain(prefill.urls()).collect(),
         Routing::Plain { engines } => engines.urls().collect(),
@@ -169,7 +198,7 @@ async fn models(State(state): State<Arc<RouterState>>) -> Response {
     for url in urls {
         let result = match state
             .upstream
-            .send(Method::GET, url, "/v1/models", Vec::new())
+            .send(Method::GET, url, "/v1/models", Vec::new(), auth)
             .await
         {
             Ok(answer) => answer.collect().await,

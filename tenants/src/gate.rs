@@ -85,6 +85,26 @@ impl Denied {
         }
     }
 
+    /// The HTTP status of the refusal: 401 or 429.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Denied::Unauthenticated { .. } => 401,
+            Denied::Limited { .. } => 429,
+        }
+    }
+
+    /// The OpenAI error body's `type` and `code`.
+    pub fn openai_type_and_code(&self) -> (&'static str, &'static str) {
+        match self {
+            Denied::Unauthenticated { .. } => ("invalid_request_error", "invalid_api_key"),
+            Denied::Limited {
+                over: Over::Rate { .. },
+                ..
+            } => ("requests", "rate_limit_exceeded"),
+            Denied::Limited { .. } => ("requests", "concurrency_limit_exceeded"),
+        }
+    }
+
     /// Whole seconds a client should wait (the `Retry-After` header), at least 1.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {

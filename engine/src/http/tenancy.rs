@@ -6,8 +6,9 @@
 //! until the response body has been sent (or dropped), so a streamed answer
 //! occupies its concurrency slot for as long as it streams.
 //!
-//! The rules themselves (file, keys, limits) are `kvfabric-tenants`'; this
-//! module only maps them onto HTTP and OpenAI error bodies.
+//! The rules themselves (file, keys, limits, status and error codes) are
+//! `kvfabric-tenants`'; this module only maps them onto axum (the router
+//! has the same module over its own state and error type).
 
 use std::sync::Arc;
 
@@ -58,30 +59,12 @@ pub(super) async fn gate(
     }
 }
 
-/// The OpenAI-style error of a refusal.
+/// The OpenAI-style error of a refusal (`Retry-After` on a 429,
+/// `WWW-Authenticate` on a 401).
 pub(crate) fn denied(d: &Denied) -> Response {
-    let (status, kind, code) = match d {
-        Denied::Unauthenticated { .. } => (
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "invalid_api_key",
-        ),
-        Denied::Limited {
-            over: kvfabric_tenants::limits::Over::Rate { .. },
-            ..
-        } => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "requests",
-            "rate_limit_exceeded",
-        ),
-        Denied::Limited { .. } => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "requests",
-            "concurrency_limit_exceeded",
-        ),
-    };
+    let (kind, code) = d.openai_type_and_code();
     let err = ApiError {
-        status,
+        status: StatusCode::from_u16(d.http_status()).unwrap_or(StatusCode::UNAUTHORIZED),
         message: d.message(),
         kind,
         param: None,
