@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::ReadLease;
 use crate::store::{ReserveOutcome, Store};
+use crate::tenant_scope::PutKeyScope;
 use crate::StoreError;
 
 /// Size of the data chunks of a Get or Put stream.
@@ -118,6 +119,8 @@ impl CacheService for CacheServer {
         &self,
         req: Request<Streaming<PutRequest>>,
     ) -> Result<Response<PutResponse>, Status> {
+        // A tenant's put lands under its scoped key (`tenant_scope.rs`).
+        let scope = req.extensions().get::<PutKeyScope>().cloned();
         let mut stream = req.into_inner();
         let first = stream
             .message()
@@ -126,7 +129,10 @@ impl CacheService for CacheServer {
         let header = first
             .header
             .ok_or_else(|| Status::invalid_argument("first put message carries no header"))?;
-        let key = BlockKey::from_slice(&header.key)?;
+        let mut key = BlockKey::from_slice(&header.key)?;
+        if let Some(scope) = &scope {
+            key = scope.apply(key);
+        }
         let layout_pb = header
             .layout
             .ok_or_else(|| Status::invalid_argument("put header has no layout"))?;

@@ -48,6 +48,9 @@ pub enum StoreError {
     /// A server (gRPC or HTTP) failed.
     #[error("server: {0}")]
     Server(String),
+    /// The node's tenants file could not be loaded.
+    #[error("tenants: {0}")]
+    Tenants(#[from] kvfabric_tenants::TenantsError),
 }
 
 impl From<StoreError> for tonic::Status {
@@ -58,7 +61,9 @@ impl From<StoreError> for tonic::Status {
             StoreError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
             StoreError::ReservationExpired { .. } => tonic::Status::aborted(msg),
             StoreError::NotFound { .. } => tonic::Status::not_found(msg),
-            StoreError::Config(_) => tonic::Status::failed_precondition(msg),
+            StoreError::Config(_) | StoreError::Tenants(_) => {
+                tonic::Status::failed_precondition(msg)
+            }
             StoreError::Io(_)
             | StoreError::Index(_)
             | StoreError::Region(_)

@@ -26,6 +26,7 @@ mod policy;
 pub mod ports;
 mod state;
 mod store;
+pub mod tenant_scope;
 #[cfg(test)]
 mod store_tests;
 mod tiering;

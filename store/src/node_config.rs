@@ -80,6 +80,12 @@ pub struct NodeConfig {
     pub max_block_size: ByteSize,
     /// A reservation not committed within this many milliseconds is reclaimed. Default: 30000.
     pub reservation_timeout_ms: u64,
+    /// Tenants file for the gRPC CacheService (API keys in `authorization`
+    /// metadata, keys scoped per tenant; docs/SECURITY.md). None:
+    /// single-tenant mode (logged at start). Default: none.
+    pub tenants_file: Option<PathBuf>,
+    /// How often the tenants file is re-read. Default: 1000 ms.
+    pub tenants_reload_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -99,6 +105,8 @@ impl Default for NodeConfig {
             low_watermark: 0.85,
             max_block_size: ByteSize::mib(64),
             reservation_timeout_ms: 30_000,
+            tenants_file: None,
+            tenants_reload_ms: 1000,
         }
     }
 }

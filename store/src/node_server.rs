@@ -8,6 +8,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
@@ -17,8 +18,10 @@ use axum::Router;
 use kvfabric_proto::internal::v1::directory_service_server::DirectoryServiceServer;
 use kvfabric_proto::internal::v1::holder_service_server::HolderServiceServer;
 use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
+use kvfabric_tenants::{TenantGate, TenantMetrics};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
 use tokio::sync::watch;
 
 use crate::cache_service::CacheServer;
@@ -29,6 +32,7 @@ use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
 use crate::metrics::encode_text;
 use crate::node_config::NodeConfig;
 use crate::store::Store;
+use crate::tenant_scope::{self, TenantScoped};
 use crate::StoreError;
 
 /// HTTP/2 stream flow-control window of the gRPC server (clients should match it).
@@ -130,10 +134,19 @@ impl NodeServer {
         let Self {
             store,
             node,
-            registry,
+            mut registry,
             grpc,
             http,
         } = self;
+        let cfg = store.config();
+        let tenants = TenantGate::from_config(
+            cfg.tenants_file.as_deref(),
+            TenantMetrics::default(),
+            "grpc-cache-service",
+        )?;
+        tenants.metrics().register(&mut registry);
+        tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
+        let auth = tenant_scope::authenticate(tenants);
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.local_addr()?;
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -156,17 +169,22 @@ impl NodeServer {
         let router = match &node {
             None => {
                 let local = CacheServer::new(store.clone(), grpc_addr.to_string());
-                router.add_service(
-                    CacheServiceServer::new(local)
+                router.add_service(InterceptedService::new(
+                    CacheServiceServer::new(TenantScoped::new(local))
                         .max_decoding_message_size(limit)
                         .max_encoding_message_size(limit),
-                )
+                    auth,
+                ))
             }
             Some(node) => {
                 let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
-                let cache = CacheServiceServer::new(ClusterCacheService::new(local, node.clone()))
-                    .max_decoding_message_size(limit)
-                    .max_encoding_message_size(limit);
+                let cache = CacheServiceServer::new(TenantScoped::new(ClusterCacheService::new(
+                    local,
+                    node.clone(),
+                )))
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit);
+                let cache = InterceptedService::new(cache, auth);
                 let directory = DirectoryServiceServer::new(DirectoryRpc(node.clone()))
                     .max_decoding_message_size(DIRECTORY_MESSAGE_LIMIT)
                     .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT);
