@@ -92,6 +92,10 @@ enum BenchWhich {
 
 #[derive(Args, Debug)]
 struct NodeCmd {
+    /// Tenants file for the gRPC CacheService (docs/SECURITY.md); unset = single-tenant
+    /// [env: KVFABRIC_TENANTS_FILE].
+    #[arg(long, value_name = "FILE")]
+    tenants_file: Option<PathBuf>,
     #[command(flatten)]
     flags: node::NodeFlags,
     #[command(flatten)]
@@ -142,8 +146,11 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Node(cmd) => {
-            let cfg: kvfabric_store::NodeConfig =
+            let mut cfg: kvfabric_store::NodeConfig =
                 config::load("node", cli.config.as_deref(), &cmd.flags)?;
+            if cmd.tenants_file.is_some() {
+                cfg.tenants_file = cmd.tenants_file;
+            }
             cfg.validate()?;
             let cluster: kvfabric_store::cluster::ClusterConfig =
                 config::load("cluster", cli.config.as_deref(), &cmd.cluster)?;
@@ -159,11 +166,15 @@ fn main() -> anyhow::Result<()> {
             let model_cfg: model::ModelConfig =
                 config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
             let path = model::resolve(&cmd.model, &model_cfg)?;
-            let fabric = engine::FabricSettings {
+            let mut fabric = engine::FabricSettings {
                 node: config::load("node", cli.config.as_deref(), &cmd.node)?,
                 cluster: config::load("cluster", cli.config.as_deref(), &cmd.cluster)?,
                 connector: config::load("connector", cli.config.as_deref(), &cmd.connector)?,
             };
+            // The embedded node's gRPC takes the engine's tenants unless set apart.
+            if fabric.node.tenants_file.is_none() {
+                fabric.node.tenants_file.clone_from(&cfg.tenants_file);
+            }
             fabric.node.validate()?;
             fabric.cluster.validate()?;
             fabric.connector.validate()?;

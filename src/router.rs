@@ -39,6 +39,11 @@ pub struct RouterFlags {
     #[arg(long, value_name = "MS")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connect_timeout_ms: Option<u64>,
+    /// Tenants file: API keys and limits (docs/SECURITY.md); unset = single-tenant
+    /// [env: KVFABRIC_TENANTS_FILE].
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants_file: Option<String>,
 }
 
 /// Run the router until a shutdown signal.

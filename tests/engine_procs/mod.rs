@@ -162,12 +162,26 @@ pub fn http(
     path: &str,
     body: Option<&Value>,
 ) -> Result<(u16, Value), String> {
+    http_with_key(addr, method, path, body, None)
+}
+
+/// [`http`] with `Authorization: Bearer <api_key>` when a key is given.
+pub fn http_with_key(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    api_key: Option<&str>,
+) -> Result<(u16, Value), String> {
+    let auth = api_key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(120)))
         .map_err(|e| e.to_string())?;
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}",
         payload.len()
     );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
