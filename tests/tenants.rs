@@ -84,7 +84,11 @@ fn complete_full(
 fn wait_saved(e: &EngineProc, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(&e.addr, "kvfabric_connector_saved_blocks") < n {
-        assert!(Instant::now() < deadline, "saves never finished\n{}", e.log());
+        assert!(
+            Instant::now() < deadline,
+            "saves never finished\n{}",
+            e.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -137,7 +141,11 @@ fn tenants_are_isolated_shared_namespaces_shared_and_keys_enforced() {
     );
     // A with a cache_salt: its own namespace split, nothing cached either.
     let (status, cached) = complete(&e2, Some("key-a"), &prompt, Some("conversation-7"));
-    assert_eq!((status, cached), (200, 0), "a salted request hit the unsalted prefix");
+    assert_eq!(
+        (status, cached),
+        (200, 0),
+        "a salted request hit the unsalted prefix"
+    );
     assert_eq!(metric(&e2.addr, "kvfabric_connector_loaded_blocks"), 0.0);
     // A itself on e2: A's blocks come from the fabric.
     let (status, cached) = complete(&e2, Some("key-a"), &prompt, None);
@@ -153,12 +161,20 @@ fn tenants_are_isolated_shared_namespaces_shared_and_keys_enforced() {
     wait_saved(&e1, before + (prompt_tokens / 64) as f64);
     let (status, cached) = complete(&e2, Some("key-p2"), &shared_prompt, None);
     assert_eq!(status, 200);
-    assert!(cached >= 64, "p2 reused {cached} tokens of the shared prefix");
+    assert!(
+        cached >= 64,
+        "p2 reused {cached} tokens of the shared prefix"
+    );
     // ... which is not A's namespace.
     assert_eq!(complete(&e2, Some("key-b"), &shared_prompt, None), (200, 0));
 
     // Per-tenant metrics: A's cached tokens are counted under A.
-    assert!(metric(&e2.addr, "kvfabric_tenant_cached_tokens_total{tenant=\"a\"}") >= 64.0);
+    assert!(
+        metric(
+            &e2.addr,
+            "kvfabric_tenant_cached_tokens_total{tenant=\"a\"}"
+        ) >= 64.0
+    );
 
     // Over the rate limit: 429.
     assert_eq!(complete(&e1, Some("key-lim"), "hi", None).0, 200);

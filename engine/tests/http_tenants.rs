@@ -172,7 +172,9 @@ async fn over_the_rate_limit_is_429_with_retry_after() {
     assert_eq!(post(&server, Some("key-b"), chat_body("hi")).await.0, 200);
     let metrics = call(server.addr, "GET", "/metrics", "").await.1;
     assert!(
-        metrics.contains(r#"kvfabric_tenant_rejected_requests_total{tenant="slow",reason="rate_limit"} 1"#),
+        metrics.contains(
+            r#"kvfabric_tenant_rejected_requests_total{tenant="slow",reason="rate_limit"} 1"#
+        ),
         "{metrics}"
     );
     assert!(
@@ -236,7 +238,10 @@ async fn a_revoked_key_is_refused_after_one_reload() {
             break;
         }
         // The reloader reads the file every 50 ms: one period, plus slack.
-        assert!(revoked.elapsed() < Duration::from_secs(2), "revoked key still accepted");
+        assert!(
+            revoked.elapsed() < Duration::from_secs(2),
+            "revoked key still accepted"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(post(&server, Some("key-a2"), chat_body("hi")).await.0, 200);

@@ -79,12 +79,13 @@ impl Upstream {
             // The engine checks the same key and keys the blocks under its tenant.
             request = request.header(header::AUTHORIZATION, auth.clone());
         }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| RouterError::BadAnswer {
-                endpoint: endpoint.to_owned(),
-                message: format!("building the request to {uri}: {e}"),
-            })?;
+        let request =
+            request
+                .body(Full::new(Bytes::from(body)))
+                .map_err(|e| RouterError::BadAnswer {
+                    endpoint: endpoint.to_owned(),
+                    message: format!("building the request to {uri}: {e}"),
+                })?;
         let response = tokio::time::timeout_at(deadline, self.client.request(request))
             .await
             .map_err(|_| self.timed_out(endpoint))?

@@ -63,8 +63,11 @@ impl RouterState {
         mut registry: Registry,
     ) -> Result<RouterState, RouterError> {
         let mode = cfg.validate()?;
-        let tenants =
-            TenantGate::from_config(cfg.tenants_file.as_deref(), TenantMetrics::default(), "router")?;
+        let tenants = TenantGate::from_config(
+            cfg.tenants_file.as_deref(),
+            TenantMetrics::default(),
+            "router",
+        )?;
         tenants.metrics().register(&mut registry);
         tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
         let policy = cfg.policy()?;

@@ -87,7 +87,11 @@ async fn keys_are_checked_limited_and_forwarded() {
         .await
         .expect("bind");
     let router = listener.local_addr().expect("addr");
-    tokio::spawn(kvfabric_router::serve(cfg, listener, std::future::pending()));
+    tokio::spawn(kvfabric_router::serve(
+        cfg,
+        listener,
+        std::future::pending(),
+    ));
 
     for key in [None, Some("key-b")] {
         let (status, headers, v) = post_completion(router, key).await;
@@ -99,8 +103,14 @@ async fn keys_are_checked_limited_and_forwarded() {
     }
     let (status, _, v) = post_completion(router, Some("key-a")).await;
     assert_eq!(status, StatusCode::OK, "{v}");
-    assert_eq!(v["choices"][0]["text"], "Bearer key-a", "forwarded to the engine");
-    assert_eq!(post_completion(router, Some("key-a")).await.0, StatusCode::OK);
+    assert_eq!(
+        v["choices"][0]["text"], "Bearer key-a",
+        "forwarded to the engine"
+    );
+    assert_eq!(
+        post_completion(router, Some("key-a")).await.0,
+        StatusCode::OK
+    );
     let (status, headers, v) = post_completion(router, Some("key-a")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");

@@ -26,9 +26,9 @@ mod policy;
 pub mod ports;
 mod state;
 mod store;
-pub mod tenant_scope;
 #[cfg(test)]
 mod store_tests;
+pub mod tenant_scope;
 mod tiering;
 mod uring;
 

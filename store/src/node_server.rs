@@ -21,8 +21,8 @@ use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
 use kvfabric_tenants::{TenantGate, TenantMetrics};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tonic::service::interceptor::InterceptedService;
 use tokio::sync::watch;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::cache_service::CacheServer;
 use crate::cluster::cluster_cache_service::ClusterCacheService;

@@ -25,8 +25,8 @@ use std::sync::Arc;
 use kvfabric_proto::v1::cache_service_server::CacheService;
 use kvfabric_proto::v1::{
     ClusterStatusRequest, ClusterStatusResponse, ExistsRequest, ExistsResponse, GetRequest,
-    LookupRequest, LookupResponse, PinRequest, PinResponse, PutRequest, PutResponse,
-    RemoveRequest, RemoveResponse, StatsRequest, StatsResponse, UnpinRequest, UnpinResponse,
+    LookupRequest, LookupResponse, PinRequest, PinResponse, PutRequest, PutResponse, RemoveRequest,
+    RemoveResponse, StatsRequest, StatsResponse, UnpinRequest, UnpinResponse,
 };
 use kvfabric_tenants::namespace::scope_key;
 use kvfabric_tenants::{Identity, TenantGate};

@@ -47,7 +47,12 @@ fn write_tenants(path: &Path, a_keys: &[&str]) {
     std::fs::rename(&tmp, path).expect("rename");
 }
 
-async fn start(tenants: &Path) -> (CacheServiceClient<Channel>, tokio::sync::oneshot::Sender<()>) {
+async fn start(
+    tenants: &Path,
+) -> (
+    CacheServiceClient<Channel>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let mut registry = Registry::default();
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((16 * BLOCK) as u64),
@@ -56,8 +61,12 @@ async fn start(tenants: &Path) -> (CacheServiceClient<Channel>, tokio::sync::one
         ..Default::default()
     };
     let store = Store::open(cfg, &mut registry).expect("store");
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = grpc.local_addr().expect("addr");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
@@ -74,8 +83,10 @@ async fn start(tenants: &Path) -> (CacheServiceClient<Channel>, tokio::sync::one
 fn req<T>(msg: T, key: Option<&str>) -> Request<T> {
     let mut r = Request::new(msg);
     if let Some(k) = key {
-        r.metadata_mut()
-            .insert("authorization", format!("Bearer {k}").parse().expect("ascii"));
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {k}").parse().expect("ascii"),
+        );
     }
     r
 }
@@ -143,7 +154,12 @@ async fn tenant_b_can_neither_read_nor_poison_tenant_a_blocks() {
         assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
         assert!(!e.message().is_empty());
         let e = c
-            .exists(req(ExistsRequest { keys: vec![k.clone()] }, key))
+            .exists(req(
+                ExistsRequest {
+                    keys: vec![k.clone()],
+                },
+                key,
+            ))
             .await
             .expect_err("no valid key");
         assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
@@ -151,26 +167,54 @@ async fn tenant_b_can_neither_read_nor_poison_tenant_a_blocks() {
 
     put(&mut c, Some("key-a"), &k, 0xAA).await.expect("A puts");
     assert_eq!(lookup(&mut c, "key-a", &k).await, 1);
-    assert_eq!(lookup(&mut c, "key-b", &k).await, 0, "B sees nothing of A's");
-    let e = get(&mut c, "key-b", &k).await.expect_err("B cannot read A's block");
+    assert_eq!(
+        lookup(&mut c, "key-b", &k).await,
+        0,
+        "B sees nothing of A's"
+    );
+    let e = get(&mut c, "key-b", &k)
+        .await
+        .expect_err("B cannot read A's block");
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     // B puts different bytes under the same key: its own block, A's is intact.
     put(&mut c, Some("key-b"), &k, 0xBB).await.expect("B puts");
-    assert_eq!(get(&mut c, "key-a", &k).await.expect("A reads"), vec![0xAA; BLOCK]);
-    assert_eq!(get(&mut c, "key-b", &k).await.expect("B reads"), vec![0xBB; BLOCK]);
+    assert_eq!(
+        get(&mut c, "key-a", &k).await.expect("A reads"),
+        vec![0xAA; BLOCK]
+    );
+    assert_eq!(
+        get(&mut c, "key-b", &k).await.expect("B reads"),
+        vec![0xBB; BLOCK]
+    );
     let removed = c
-        .remove(req(RemoveRequest { keys: vec![k.clone()] }, Some("key-b")))
+        .remove(req(
+            RemoveRequest {
+                keys: vec![k.clone()],
+            },
+            Some("key-b"),
+        ))
         .await
         .expect("remove")
         .into_inner()
         .removed;
     assert_eq!(removed, 1, "B removed its own block");
-    assert_eq!(get(&mut c, "key-a", &k).await.expect("A still reads"), vec![0xAA; BLOCK]);
+    assert_eq!(
+        get(&mut c, "key-a", &k).await.expect("A still reads"),
+        vec![0xAA; BLOCK]
+    );
     // A trusted tenant uses keys as sent: A's block is not at the raw key.
     assert_eq!(lookup(&mut c, "key-ops", &k).await, 0);
-    put(&mut c, Some("key-ops"), &k, 0xCC).await.expect("ops puts");
-    assert_eq!(get(&mut c, "key-ops", &k).await.expect("ops reads"), vec![0xCC; BLOCK]);
-    assert_eq!(get(&mut c, "key-a", &k).await.expect("A reads"), vec![0xAA; BLOCK]);
+    put(&mut c, Some("key-ops"), &k, 0xCC)
+        .await
+        .expect("ops puts");
+    assert_eq!(
+        get(&mut c, "key-ops", &k).await.expect("ops reads"),
+        vec![0xCC; BLOCK]
+    );
+    assert_eq!(
+        get(&mut c, "key-a", &k).await.expect("A reads"),
+        vec![0xAA; BLOCK]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -274,7 +274,10 @@ mod tests {
         assert_eq!(a.limits.max_concurrent, Some(3));
         let b = t.find(&KeyHash::of("kb2")).expect("b");
         assert_eq!(b.namespace, b"tenant:bee");
-        assert_eq!(t.find(&KeyHash::of("kc")).expect("c").namespace, a.namespace);
+        assert_eq!(
+            t.find(&KeyHash::of("kc")).expect("c").namespace,
+            a.namespace
+        );
         assert!(t.find(&KeyHash::of("nobody")).is_none());
         assert_eq!(t.tenants().len(), 3);
     }

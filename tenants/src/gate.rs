@@ -419,7 +419,10 @@ mod tests {
 
         std::fs::write(&path, "[[tenants]\n").expect("write");
         assert!(gate.reload().is_err());
-        assert!(gate.authenticate(Some("Bearer k2")).is_ok(), "old tenants stay");
+        assert!(
+            gate.authenticate(Some("Bearer k2")).is_ok(),
+            "old tenants stay"
+        );
         assert_eq!(gate.metrics().auth_failures.get(), 1);
     }
 

@@ -36,7 +36,11 @@ impl KeyHash {
 
 impl std::fmt::Display for KeyHash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{HASH_PREFIX}{}", blake3::Hash::from_bytes(self.0).to_hex())
+        write!(
+            f,
+            "{HASH_PREFIX}{}",
+            blake3::Hash::from_bytes(self.0).to_hex()
+        )
     }
 }
 
@@ -66,7 +70,13 @@ mod tests {
         let stored = h.to_string();
         assert_eq!(KeyHash::parse(&stored).expect("parses"), h);
         assert_ne!(KeyHash::of("other"), h);
-        for bad in ["", "blake3:", "sha256:00", "blake3:zz", &stored[..stored.len() - 1]] {
+        for bad in [
+            "",
+            "blake3:",
+            "sha256:00",
+            "blake3:zz",
+            &stored[..stored.len() - 1],
+        ] {
             assert!(KeyHash::parse(bad).is_err(), "{bad:?} accepted");
         }
     }

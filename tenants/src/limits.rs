@@ -126,7 +126,10 @@ mod tests {
         drop((a, b));
         match s.admit(&l, t0, g.clone()) {
             Err(Over::Rate { retry_after }) => {
-                assert!((retry_after.as_secs_f64() - 0.5).abs() < 1e-6, "{retry_after:?}")
+                assert!(
+                    (retry_after.as_secs_f64() - 0.5).abs() < 1e-6,
+                    "{retry_after:?}"
+                )
             }
             other => panic!("expected rate limit, got {other:?}"),
         }

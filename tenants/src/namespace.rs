@@ -29,9 +29,7 @@ pub fn shared_namespace(name: &str) -> Vec<u8> {
 /// `base` refined by a request's `cache_salt` (none or empty: `base` itself).
 pub fn salted(base: &[u8], cache_salt: Option<&str>) -> Vec<u8> {
     match cache_salt {
-        Some(salt) if !salt.is_empty() => {
-            [base, b"\0salt:".as_slice(), salt.as_bytes()].concat()
-        }
+        Some(salt) if !salt.is_empty() => [base, b"\0salt:".as_slice(), salt.as_bytes()].concat(),
         _ => base.to_vec(),
     }
 }

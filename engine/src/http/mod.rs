@@ -21,8 +21,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::middleware;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use prometheus_client::registry::Registry;
@@ -121,10 +121,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(list_models))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            tenancy::gate,
-        ));
+        .route_layer(middleware::from_fn_with_state(state.clone(), tenancy::gate));
     Router::new()
         .merge(v1)
         .route("/health", get(health))

@@ -77,10 +77,7 @@ pub(crate) fn denied(d: &Denied) -> Response {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         None => {
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
     }
     response
