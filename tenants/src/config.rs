@@ -286,11 +286,11 @@ mod tests {
     fn anything_that_would_share_by_accident_is_refused() {
         let k = hash("k");
         let cases = [
-            format!("[[tenants]]\nname=\"a\"\n[[tenants]]\nname=\"a\""),
-            format!("[[tenants]]\nname=\"a\"\n[[tenants]]\nname=\"b\"\nnamespace=\"a\""),
+            "[[tenants]]\nname=\"a\"\n[[tenants]]\nname=\"a\"".to_string(),
+            "[[tenants]]\nname=\"a\"\n[[tenants]]\nname=\"b\"\nnamespace=\"a\"".to_string(),
             format!("[[tenants]]\nname=\"a\"\napi_keys=[\"{k}\"]\n[[tenants]]\nname=\"b\"\napi_keys=[\"{k}\"]"),
-            format!("[[tenants]]\nname=\"a\"\n[[shared]]\nname=\"p\"\nmembers=[\"z\"]"),
-            format!("[[tenants]]\nname=\"a\"\n[[shared]]\nname=\"p\"\nmembers=[\"a\"]\n[[shared]]\nname=\"q\"\nmembers=[\"a\"]"),
+            "[[tenants]]\nname=\"a\"\n[[shared]]\nname=\"p\"\nmembers=[\"z\"]".to_string(),
+            "[[tenants]]\nname=\"a\"\n[[shared]]\nname=\"p\"\nmembers=[\"a\"]\n[[shared]]\nname=\"q\"\nmembers=[\"a\"]".to_string(),
             "[[tenants]]\nname=\"a b\"".to_string(),
             "[[tenants]]\nname=\"a\"\napi_keys=[\"plaintext-key\"]".to_string(),
             "[[tenants]]\nname=\"a\"\nrate_limit_per_s=0".to_string(),

@@ -407,10 +407,10 @@ mod tests {
         let who = gate.authenticate(Some("Bearer k1")).expect("k1 valid");
         assert_eq!(who.label(), "a");
         assert_eq!(who.namespace(None), b"tenant:a");
-        assert_eq!(gate.reload().expect("unchanged"), false);
+        assert!(!gate.reload().expect("unchanged"));
 
         std::fs::write(&path, file(&["k2"])).expect("write");
-        assert_eq!(gate.reload().expect("changed"), true);
+        assert!(gate.reload().expect("changed"));
         assert!(matches!(
             gate.authenticate(Some("Bearer k1")),
             Err(Denied::Unauthenticated { .. })
