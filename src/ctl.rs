@@ -9,7 +9,9 @@
 //! `--prompt TEXT` or `--tokens FILE`), or `--tokens FILE` with
 //! `--model-fingerprint HEX --layers --kv-heads --head-dim [--dtype]`, or
 //! `--keys HEX,...` directly. A token file holds ids separated by spaces,
-//! commas or newlines.
+//! commas or newlines. A node with a tenants file needs `--api-key` (a
+//! `trusted` tenant's key sees keys as computed; docs/SECURITY.md); a
+//! tenant's engine blocks live under `--namespace tenant:<namespace>`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +35,14 @@ pub struct CtlCmd {
     /// Timeout of each request, in milliseconds.
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     pub timeout_ms: u64,
+    /// API key sent as `authorization: Bearer <key>` (nodes with a tenants file).
+    #[arg(
+        long,
+        env = "KVFABRIC_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
+    pub api_key: Option<String>,
     #[command(subcommand)]
     pub action: CtlAction,
 }
@@ -135,8 +145,9 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
     let mut c = client::connect(&cmd.addr, timeout)
         .await
         .with_context(|| format!("cannot reach a node at {}", cmd.addr))?;
+    let key = cmd.api_key.as_deref();
     match cmd.action {
-        CtlAction::Status { json } => print_status(&status(&mut c).await?, json),
+        CtlAction::Status { json } => print_status(&status(&mut c, key).await?, json),
         CtlAction::Watch {
             interval_ms,
             count,
@@ -149,16 +160,19 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
                         println!();
                     }
                 }
-                print_status(&status(&mut c).await?, json);
+                print_status(&status(&mut c, key).await?, json);
             }
         }
         CtlAction::Lookup { blocks, json } => {
             let sel = resolve(&blocks)?;
             let r = c
-                .lookup(LookupRequest {
-                    keys: sel.keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
-                    with_holders: true,
-                })
+                .lookup(authed(
+                    LookupRequest {
+                        keys: sel.keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+                        with_holders: true,
+                    },
+                    key,
+                )?)
                 .await
                 .map_err(|s| anyhow!("lookup: {}", s.message()))?
                 .into_inner();
@@ -204,7 +218,7 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
         CtlAction::Pin { blocks, ttl_ms } => {
             let keys = key_bytes(&resolve(&blocks)?.keys);
             let n = c
-                .pin(PinRequest { keys, ttl_ms })
+                .pin(authed(PinRequest { keys, ttl_ms }, key)?)
                 .await
                 .map_err(|s| anyhow!("pin: {}", s.message()))?
                 .into_inner()
@@ -214,7 +228,7 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
         CtlAction::Unpin { blocks } => {
             let keys = key_bytes(&resolve(&blocks)?.keys);
             let n = c
-                .unpin(UnpinRequest { keys })
+                .unpin(authed(UnpinRequest { keys }, key)?)
                 .await
                 .map_err(|s| anyhow!("unpin: {}", s.message()))?
                 .into_inner()
@@ -224,7 +238,7 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
         CtlAction::Evict { blocks } => {
             let keys = key_bytes(&resolve(&blocks)?.keys);
             let n = c
-                .remove(RemoveRequest { keys })
+                .remove(authed(RemoveRequest { keys }, key)?)
                 .await
                 .map_err(|s| anyhow!("evict: {}", s.message()))?
                 .into_inner()
@@ -235,8 +249,20 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(c: &mut CacheClient) -> anyhow::Result<ClusterStatusResponse> {
-    Ok(c.cluster_status(ClusterStatusRequest {})
+/// `msg` with `authorization: Bearer <key>` when a key is given.
+fn authed<T>(msg: T, key: Option<&str>) -> anyhow::Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    if let Some(k) = key {
+        let v = format!("Bearer {k}")
+            .parse()
+            .map_err(|_| anyhow!("--api-key must be printable ASCII"))?;
+        r.metadata_mut().insert("authorization", v);
+    }
+    Ok(r)
+}
+
+async fn status(c: &mut CacheClient, key: Option<&str>) -> anyhow::Result<ClusterStatusResponse> {
+    Ok(c.cluster_status(authed(ClusterStatusRequest {}, key)?)
         .await
         .map_err(|s| anyhow!("cluster status: {}", s.message()))?
         .into_inner())

@@ -159,3 +159,34 @@ fn ctl_errors_are_reported_not_panics() {
     assert!(!success);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A node with a tenants file: ctl without a key is refused with the
+/// reason, with a trusted tenant's `--api-key` it works.
+#[test]
+fn ctl_needs_an_api_key_on_a_node_with_tenants() {
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "[[tenants]]\nname = \"ops\"\ntrusted = true\napi_keys = [\"{}\"]\n",
+            kvfabric_tenants::KeyHash::of("key-ops")
+        ),
+    )
+    .unwrap();
+    let flags = vec!["--tenants-file".to_string(), tenants.display().to_string()];
+    let n = NodeProc::start("t", dir.path(), &flags, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !ctl(&n.grpc, &["--api-key", "key-ops", "status"]).0 {
+        assert!(std::time::Instant::now() < deadline, "node never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (success, _, err) = ctl(&n.grpc, &["status"]);
+    assert!(!success, "status without a key succeeded");
+    assert!(err.contains("Missing API key"), "{err}");
+    let (success, _, err) = ctl(&n.grpc, &["--api-key", "wrong", "status"]);
+    assert!(!success);
+    assert!(err.contains("Incorrect API key"), "{err}");
+    let out = ok(&n.grpc, &["--api-key", "key-ops", "status"]);
+    assert!(out.contains('t'), "{out}");
+}
