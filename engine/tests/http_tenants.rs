@@ -185,6 +185,11 @@ async fn over_the_rate_limit_is_429_with_retry_after() {
         metrics.contains(r#"kvfabric_tenant_cached_tokens_total{tenant="b"}"#),
         "{metrics}"
     );
+    // The stand-in reports half the prompt cached: one hit request for b.
+    assert!(
+        metrics.contains(r#"kvfabric_tenant_hit_requests_total{tenant="b"} 1"#),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -298,6 +298,9 @@ impl TenantGate {
         let m = &self.inner.metrics;
         m.prompt_tokens.get_or_create(&label).inc_by(prompt_tokens);
         m.cached_tokens.get_or_create(&label).inc_by(cached_tokens);
+        if cached_tokens > 0 {
+            m.hit_requests.get_or_create(&label).inc();
+        }
     }
 
     fn tenants(&self) -> Arc<Tenants> {

@@ -5,7 +5,8 @@
 //! `concurrency`), `kvfabric_tenant_inflight_requests{tenant}`,
 //! `kvfabric_tenant_prompt_tokens_total{tenant}`,
 //! `kvfabric_tenant_cached_tokens_total{tenant}` (prompt tokens whose KV was
-//! reused), `kvfabric_tenant_auth_failures_total` (no label: a bad key names
+//! reused), `kvfabric_tenant_hit_requests_total{tenant}` (finished requests
+//! that reused at least one block), `kvfabric_tenant_auth_failures_total` (no label: a bad key names
 //! no tenant, and a label per guess would grow without bound),
 //! `kvfabric_tenant_config_reloads_total{result}` (`ok`, `error`) and
 //! `kvfabric_tenant_configured_tenants`. In single-tenant mode every request
@@ -43,6 +44,7 @@ pub struct TenantMetrics {
     pub inflight: Family<TenantLabel, Gauge>,
     pub prompt_tokens: Family<TenantLabel, Counter>,
     pub cached_tokens: Family<TenantLabel, Counter>,
+    pub hit_requests: Family<TenantLabel, Counter>,
     pub auth_failures: Counter,
     pub reloads: Family<ReloadLabel, Counter>,
     pub configured: Gauge,
@@ -76,6 +78,11 @@ impl TenantMetrics {
             "cached_tokens",
             "Prompt tokens whose KV was reused, per tenant",
             self.cached_tokens.clone(),
+        );
+        r.register(
+            "hit_requests",
+            "Finished requests that reused at least one cached block, per tenant",
+            self.hit_requests.clone(),
         );
         r.register(
             "auth_failures",
