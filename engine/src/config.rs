@@ -170,9 +170,11 @@ mod tests {
         assert_eq!(scalar.isa, IsaChoice::Scalar);
         assert!(serde_json::from_str::<EngineConfig>(r#"{"isa": "sse"}"#).is_err());
         assert_eq!(partial.kv_dtype, KvDtype::F16);
-        let f32kv: EngineConfig =
-            serde_json::from_str(r#"{"kv_dtype": "f32"}"#).expect("kv_dtype");
-        assert_eq!(kvfabric_types::DType::from(f32kv.kv_dtype), kvfabric_types::DType::F32);
+        let f32kv: EngineConfig = serde_json::from_str(r#"{"kv_dtype": "f32"}"#).expect("kv_dtype");
+        assert_eq!(
+            kvfabric_types::DType::from(f32kv.kv_dtype),
+            kvfabric_types::DType::F32
+        );
         assert!(serde_json::from_str::<EngineConfig>(r#"{"kv_dtype": "f8"}"#).is_err());
         for d in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
             let t = kvfabric_types::DType::from(d);

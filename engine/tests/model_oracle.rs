@@ -16,10 +16,12 @@ use kvfabric_engine::chat::{ChatMessage, ChatTemplate};
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::tokenizer::Tokenizer;
 
-fn oracle(prompts: &[Vec<u32>], steps: usize) -> (Vec<Vec<f64>>, Vec<Vec<u32>>) {
+use common::DType;
+
+fn oracle(prompts: &[Vec<u32>], steps: usize, dtype: DType) -> (Vec<Vec<f64>>, Vec<Vec<u32>>) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/oracle/llama_ref.py");
     let req = format!(
-        "{{\"model\": {:?}, \"prompts\": {:?}, \"steps\": {steps}}}",
+        "{{\"model\": {:?}, \"prompts\": {:?}, \"steps\": {steps}, \"kv_dtype\": \"{dtype}\"}}",
         common::model_path().display().to_string(),
         prompts
     );
@@ -84,7 +86,22 @@ fn chat_prompt(tok: &Tokenizer, tpl: &ChatTemplate, question: &str) -> Vec<u32> 
 }
 
 #[test]
-fn logits_and_greedy_tokens_match_the_numpy_oracle() {
+fn logits_and_greedy_tokens_match_the_numpy_oracle_f16() {
+    match_the_oracle(DType::F16);
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_the_numpy_oracle_f32() {
+    match_the_oracle(DType::F32);
+}
+
+#[test]
+fn logits_and_greedy_tokens_match_the_numpy_oracle_bf16() {
+    match_the_oracle(DType::BF16);
+}
+
+/// The engine with `dtype` KV against the oracle rounding K and V the same way.
+fn match_the_oracle(dtype: DType) {
     let (tok, tpl) = tokenizer_and_template();
     let prompts = vec![
         chat_prompt(&tok, &tpl, "What is the capital of France?"),
@@ -96,11 +113,11 @@ fn logits_and_greedy_tokens_match_the_numpy_oracle() {
     ];
     let steps = 32;
     // Greedy continuation for `steps` tokens on the first prompt, logits on all.
-    let (want_logits, want_greedy) = oracle(&prompts, steps);
+    let (want_logits, want_greedy) = oracle(&prompts, steps, dtype);
     assert_eq!(want_greedy[0].len(), steps);
     for (i, p) in prompts.iter().enumerate() {
         let blocks = (p.len() + steps).div_ceil(16);
-        let mut kv = common::pool(16, blocks);
+        let mut kv = common::pool(16, blocks, dtype);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let (logits, greedy) = common::greedy(&mut kv, &table, p, steps);
         let max_diff = logits
@@ -110,13 +127,13 @@ fn logits_and_greedy_tokens_match_the_numpy_oracle() {
             .fold(0.0, f64::max);
         assert!(
             max_diff < 1e-3,
-            "prompt {i}: logits max abs diff {max_diff}"
+            "{dtype} prompt {i}: logits max abs diff {max_diff}"
         );
         let n = want_greedy[i].len();
         assert_eq!(
             greedy[..n],
             want_greedy[i][..],
-            "prompt {i}: greedy tokens differ"
+            "{dtype} prompt {i}: greedy tokens differ"
         );
     }
 }
@@ -125,8 +142,10 @@ fn logits_and_greedy_tokens_match_the_numpy_oracle() {
 fn capital_of_france_mentions_paris() {
     let (tok, tpl) = tokenizer_and_template();
     let prompt = chat_prompt(&tok, &tpl, "What is the capital of France?");
-    let mut kv = common::pool(64, 2);
-    let (_, toks) = common::greedy(&mut kv, &[0, 1], &prompt, 24);
-    let text = tok.decode(&toks);
-    assert!(text.contains("Paris"), "answer: {text:?}");
+    for dtype in [DType::F16, DType::BF16, DType::F32] {
+        let mut kv = common::pool(64, 2, dtype);
+        let (_, toks) = common::greedy(&mut kv, &[0, 1], &prompt, 24);
+        let text = tok.decode(&toks);
+        assert!(text.contains("Paris"), "{dtype} answer: {text:?}");
+    }
 }

@@ -62,7 +62,11 @@ pub fn f32_to_f16(x: f32) -> u16 {
     let exp = ((b >> 23) & 0xff) as i32;
     let man = b & 0x7f_ffff;
     if exp == 0xff {
-        let nan = if man != 0 { 0x200 | (man >> 13) as u16 } else { 0 };
+        let nan = if man != 0 {
+            0x200 | (man >> 13) as u16
+        } else {
+            0
+        };
         return sign | 0x7c00 | nan;
     }
     let e = exp - 127 + 15;
@@ -109,12 +113,16 @@ pub unsafe fn round_row(isa: Isa, dtype: DType, src: &[f32], dst: *mut u8) {
         DType::F16 if isa != Isa::Scalar => round_f16_f16c(src, dst as *mut u16),
         DType::F16 => {
             for (i, x) in src.iter().enumerate() {
-                (dst as *mut u16).add(i).write_unaligned(f32_to_f16(*x).to_le());
+                (dst as *mut u16)
+                    .add(i)
+                    .write_unaligned(f32_to_f16(*x).to_le());
             }
         }
         DType::BF16 => {
             for (i, x) in src.iter().enumerate() {
-                (dst as *mut u16).add(i).write_unaligned(f32_to_bf16(*x).to_le());
+                (dst as *mut u16)
+                    .add(i)
+                    .write_unaligned(f32_to_bf16(*x).to_le());
             }
         }
     }
@@ -128,9 +136,7 @@ unsafe fn round_f16_f16c(src: &[f32], dst: *mut u16) {
     let mut chunks = src.chunks_exact(8);
     let mut d = dst;
     for c in &mut chunks {
-        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
-            _mm256_loadu_ps(c.as_ptr()),
-        );
+        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(c.as_ptr()));
         _mm_storeu_si128(d as *mut __m128i, h);
         d = d.add(8);
     }
@@ -147,8 +153,12 @@ mod tests {
     /// over all 2^32 patterns, plus ties, near-ties and the range edges.
     fn sweep() -> Vec<f32> {
         let mut v: Vec<u32> = (0..(1u64 << 32)).step_by(4093).map(|b| b as u32).collect();
-        for e in [0u32, 1, 100, 101, 102, 103, 112, 113, 126, 127, 142, 143, 254, 255] {
-            for m in [0u32, 1, 0xfff, 0x1000, 0x1001, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001] {
+        for e in [
+            0u32, 1, 100, 101, 102, 103, 112, 113, 126, 127, 142, 143, 254, 255,
+        ] {
+            for m in [
+                0u32, 1, 0xfff, 0x1000, 0x1001, 0x2000, 0x3000, 0x7fff, 0x8000, 0x8001,
+            ] {
                 for s in [0u32, 1 << 31] {
                     v.push(s | (e << 23) | m);
                     v.push(s | (e << 23) | (0x7f_ffff - m));
@@ -169,7 +179,11 @@ mod tests {
             return sign | 0x7c00;
         }
         // Halves are k * 2^(e-10) with e >= -14.
-        let e = if a < 2f64.powi(-14) { -14 } else { a.log2().floor() as i32 };
+        let e = if a < 2f64.powi(-14) {
+            -14
+        } else {
+            a.log2().floor() as i32
+        };
         let unit = 2f64.powi(e - 10);
         let q = a / unit;
         let r = q.round_ties_even();
@@ -187,10 +201,23 @@ mod tests {
     #[test]
     fn f32_to_f16_rounds_to_nearest_even() {
         for x in sweep() {
-            assert_eq!(f32_to_f16(x), reference_f16(x), "{x:e} ({:#010x})", x.to_bits());
+            assert_eq!(
+                f32_to_f16(x),
+                reference_f16(x),
+                "{x:e} ({:#010x})",
+                x.to_bits()
+            );
         }
-        assert_eq!(f32_to_f16(1.0 + 2f32.powi(-11)), 0x3c00, "tie to even, down");
-        assert_eq!(f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)), 0x3c02, "tie to even, up");
+        assert_eq!(
+            f32_to_f16(1.0 + 2f32.powi(-11)),
+            0x3c00,
+            "tie to even, down"
+        );
+        assert_eq!(
+            f32_to_f16(1.0 + 3.0 * 2f32.powi(-11)),
+            0x3c02,
+            "tie to even, up"
+        );
     }
 
     #[test]
@@ -202,7 +229,10 @@ mod tests {
             } else {
                 assert_eq!(f32_to_f16(x), h, "{h:#06x}");
             }
-            assert_eq!(f32_to_bf16(bf16_to_f32(h)), if bf16_to_f32(h).is_nan() { h | 0x40 } else { h });
+            assert_eq!(
+                f32_to_bf16(bf16_to_f32(h)),
+                if bf16_to_f32(h).is_nan() { h | 0x40 } else { h }
+            );
         }
     }
 
@@ -211,7 +241,10 @@ mod tests {
         for x in sweep() {
             let got = f32_to_bf16(x);
             if x.is_nan() || x.is_infinite() {
-                assert_eq!(bf16_to_f32(got).to_bits() | 0x40_0000, x.to_bits() & 0xffff_0000 | 0x40_0000);
+                assert_eq!(
+                    bf16_to_f32(got).to_bits() | 0x40_0000,
+                    x.to_bits() & 0xffff_0000 | 0x40_0000
+                );
                 continue;
             }
             let xd = x as f64;
@@ -228,7 +261,10 @@ mod tests {
                     continue;
                 }
                 let (dw, dn) = ((w - xd).abs(), (o - xd).abs());
-                assert!(dw < dn || (dw == dn && got & 1 == 0), "{x:e}: {got:#06x} vs {n:#06x}");
+                assert!(
+                    dw < dn || (dw == dn && got & 1 == 0),
+                    "{x:e}: {got:#06x} vs {n:#06x}"
+                );
             }
         }
     }
@@ -251,7 +287,10 @@ mod tests {
         #[target_feature(enable = "avx2,f16c")]
         unsafe fn widen8(h: &[u16; 8]) -> [f32; 8] {
             let mut out = [0f32; 8];
-            _mm256_storeu_ps(out.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i)));
+            _mm256_storeu_ps(
+                out.as_mut_ptr(),
+                _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr() as *const __m128i)),
+            );
             out
         }
         for h0 in (0..=u16::MAX).step_by(8) {

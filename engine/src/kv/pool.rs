@@ -222,7 +222,8 @@ mod tests {
                 2 * layout.block_bytes(),
                 KvPool::layout_for(3, 2, 4, 8, DType::F32).block_bytes()
             );
-            let mut pool = KvPool::with_bytes(layout, 4 * layout.block_bytes() as u64).expect("pool");
+            let mut pool =
+                KvPool::with_bytes(layout, 4 * layout.block_bytes() as u64).expect("pool");
             for isa in Isa::all_detected() {
                 pool.write_token(isa, 3, 2, 7, &k, &v);
                 let base = pool.block_range(3).start;
@@ -230,9 +231,18 @@ mod tests {
                 let bytes = &pool.block_bytes(3)[lr.start - base..lr.end - base];
                 let h = |o: usize| widen(u16::from_le_bytes([bytes[o], bytes[o + 1]]));
                 for i in 0..8 {
-                    let (gk, gv) = (h(2 * (7 * 8 + i)), h(layout.half_layer_bytes() + 2 * (7 * 8 + i)));
-                    assert!((gk - k[i]).abs() <= k[i].abs() / 256.0, "{dtype:?} {isa:?} k {i}");
-                    assert!((gv - v[i]).abs() <= v[i].abs() / 256.0, "{dtype:?} {isa:?} v {i}");
+                    let (gk, gv) = (
+                        h(2 * (7 * 8 + i)),
+                        h(layout.half_layer_bytes() + 2 * (7 * 8 + i)),
+                    );
+                    assert!(
+                        (gk - k[i]).abs() <= k[i].abs() / 256.0,
+                        "{dtype:?} {isa:?} k {i}"
+                    );
+                    assert!(
+                        (gv - v[i]).abs() <= v[i].abs() / 256.0,
+                        "{dtype:?} {isa:?} v {i}"
+                    );
                     assert_ne!(gk, 0.0);
                 }
             }

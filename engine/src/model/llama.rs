@@ -291,7 +291,14 @@ impl LlamaModel {
         let bt = kv.layout().block_tokens as usize;
         for (row, &(ci, pos)) in qkv.chunks_exact(qn + 2 * kvn).zip(rows) {
             let block = chunks[ci].blocks[pos / bt];
-            kv.write_token(cx.isa, block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
+            kv.write_token(
+                cx.isa,
+                block,
+                l,
+                pos % bt,
+                &row[qn..qn + kvn],
+                &row[qn + kvn..],
+            );
         }
     }
 

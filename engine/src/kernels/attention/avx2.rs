@@ -220,7 +220,11 @@ pub(super) unsafe fn attend_group_avx2<E: KvElem>(
     let maxc = ctxs.iter().copied().max().unwrap_or(0);
     let stride = maxc.div_ceil(TILE) * TILE;
     // Scores, then (for stored halves) a staging area of one value chunk.
-    let stage_len = if E::DTYPE == kvfabric_types::DType::F32 { 0 } else { KCHUNK * HD };
+    let stage_len = if E::DTYPE == kvfabric_types::DType::F32 {
+        0
+    } else {
+        KCHUNK * HD
+    };
     if scratch.len() < n * stride + stage_len {
         scratch.resize(n * stride + stage_len, 0.0);
     }
@@ -363,7 +367,10 @@ unsafe fn value_chunk_avx2<V: KvElem>(
     while i + 1 < n {
         let (ea, eb) = (ctxs[i].min(c1), ctxs[i + 1].min(c1));
         let mid = ea.min(eb).max(c0);
-        let (pa, pb) = (sc.add(i * stride) as *const f32, sc.add((i + 1) * stride) as *const f32);
+        let (pa, pb) = (
+            sc.add(i * stride) as *const f32,
+            sc.add((i + 1) * stride) as *const f32,
+        );
         for col in [0, 32] {
             let oa = outs[i].as_mut_ptr().add(col);
             let ob = outs[i + 1].as_mut_ptr().add(col);

@@ -40,7 +40,11 @@ pub(super) unsafe fn attend_group_avx512<E: KvElem>(
     // Rows of 16-score vectors (the softmax pass reads whole vectors).
     let stride = maxc.div_ceil(16) * 16;
     // Scores, then (for stored halves) a staging area of one value chunk.
-    let stage_len = if E::DTYPE == DType::F32 { 0 } else { KCHUNK * HD };
+    let stage_len = if E::DTYPE == DType::F32 {
+        0
+    } else {
+        KCHUNK * HD
+    };
     if scratch.len() < n * stride + stage_len {
         scratch.resize(n * stride + stage_len, 0.0);
     }

@@ -82,7 +82,10 @@ fn every_isa_gives_the_same_bits_and_softmax_is_right() {
                 let r: f64 = (0..ctx)
                     .map(|j| s64[j] / tot * value(&blocks, &g, 1, j, true, d) as f64)
                     .sum();
-                assert!((r - *w as f64).abs() < 1e-5, "{dtype} ctx {ctx} d {d}: {r} vs {w}");
+                assert!(
+                    (r - *w as f64).abs() < 1e-5,
+                    "{dtype} ctx {ctx} d {d}: {r} vs {w}"
+                );
             }
             for isa in Isa::all_detected() {
                 let mut got = vec![0f32; hd];
@@ -184,7 +187,16 @@ fn group_gives_each_query_the_bits_of_the_reference() {
                     // The single-query entry point agrees too.
                     let mut one = vec![0f32; 64];
                     unsafe {
-                        attend(isa, &qs[0], &mut one, ctxs[0], &blocks, &g, kvh, &mut scratch)
+                        attend(
+                            isa,
+                            &qs[0],
+                            &mut one,
+                            ctxs[0],
+                            &blocks,
+                            &g,
+                            kvh,
+                            &mut scratch,
+                        )
                     };
                     assert_eq!(bits(&one), bits(&want[0]), "{dtype} {isa:?} single");
                 }
