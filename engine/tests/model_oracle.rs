@@ -101,7 +101,21 @@ fn logits_and_greedy_tokens_match_the_numpy_oracle_bf16() {
 }
 
 /// The engine with `dtype` KV against the oracle rounding K and V the same way.
+///
+/// f32 KV stays within 1e-3. Rounded KV cannot: the oracle rounds its f64 K
+/// and V, the engine its f32 ones, and values within f32 noise of an f16 (or
+/// bf16) rounding boundary round apart; each such flip is a whole half-ulp
+/// step, and 30 layers carry it to the logits. Measured on the oracle alone
+/// (a chat prompt): K and V perturbed by 3e-7 relative before the rounding
+/// move its logits by 3.9e-3 (f16) and 4.1e-2 (bf16); the rounding itself
+/// moves them by 9.9e-3 (f16) and 6.2e-2 (bf16). The engine measured 1.07e-2
+/// (f16) and 5.0e-2 (bf16) on prompt 0 against the rounding oracle.
 fn match_the_oracle(dtype: DType) {
+    let tolerance = match dtype {
+        DType::F32 => 1e-3,
+        DType::F16 => 2e-2,
+        DType::BF16 => 1e-1,
+    };
     let (tok, tpl) = tokenizer_and_template();
     let prompts = vec![
         chat_prompt(&tok, &tpl, "What is the capital of France?"),
@@ -125,8 +139,9 @@ fn match_the_oracle(dtype: DType) {
             .zip(&want_logits[i])
             .map(|(a, b)| (*a as f64 - b).abs())
             .fold(0.0, f64::max);
+        eprintln!("{dtype} prompt {i}: logits max abs diff {max_diff}");
         assert!(
-            max_diff < 1e-3,
+            max_diff < tolerance,
             "{dtype} prompt {i}: logits max abs diff {max_diff}"
         );
         let n = want_greedy[i].len();
