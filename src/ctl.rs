@@ -127,9 +127,9 @@ pub struct BlockSelect {
     /// Head dimension, without --model.
     #[arg(long)]
     pub head_dim: Option<u32>,
-    /// Element type (f32, f16, bf16), without --model.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// Element type of the KV (f16, bf16, f32), as the engine's `kv_dtype`.
+    #[arg(long, default_value = "f16")]
+    pub dtype: DType,
 }
 
 /// Run one ctl command.
@@ -411,6 +411,7 @@ fn resolve(sel: &BlockSelect) -> anyhow::Result<Selection> {
                 c.kv_heads,
                 c.head_dim,
                 sel.block_tokens as usize,
+                sel.dtype,
             );
             (tokens, layout, model.fingerprint())
         }
@@ -427,17 +428,11 @@ fn resolve(sel: &BlockSelect) -> anyhow::Result<Selection> {
             let need = |v: Option<u32>, name: &str| {
                 v.ok_or_else(|| anyhow!("--tokens without --model needs --{name}"))
             };
-            let dtype = match sel.dtype.as_str() {
-                "f32" => DType::F32,
-                "f16" => DType::F16,
-                "bf16" => DType::BF16,
-                other => bail!("--dtype {other:?} is not f32, f16 or bf16"),
-            };
             let layout = KvLayout {
                 layers: need(sel.layers, "layers")?,
                 kv_heads: need(sel.kv_heads, "kv-heads")?,
                 head_dim: need(sel.head_dim, "head-dim")?,
-                dtype,
+                dtype: sel.dtype,
                 block_tokens: sel.block_tokens,
                 order: BlockOrder::LayerKvTokenHead,
             };

@@ -61,6 +61,11 @@ pub struct EngineFlags {
     #[arg(long, value_name = "FILE")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenants_file: Option<String>,
+    /// Element type of K and V in the KV pool: f16 | bf16 | f32
+    /// [env: KVFABRIC_KV_DTYPE] [default: f16].
+    #[arg(long, value_name = "DTYPE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<String>,
 }
 
 /// Flags of `[connector]`; unset flags leave the file/env values alone.

@@ -1,13 +1,16 @@
 //! Cross-node prefix reuse through the connector: two engines, each with an
 //! embedded fabric node, on a real etcd. What engine A computed, engine B
 //! loads (no session routing), and B's output is bitwise what B computes
-//! with no cache at all; corrupted blocks are recomputed, not used.
+//! with no cache at all; corrupted blocks are recomputed, not used. Reuse
+//! runs with f16 KV (the default) and f32 KV; engines of different KV dtypes
+//! never read each other's blocks.
 
 mod fabric_support;
 
 use std::time::Duration;
 
 use fabric_support::*;
+use kvfabric_engine::KvDtype;
 use kvfabric_store::cluster::etcd_process::EtcdProcess;
 
 const PROMPT: usize = 2048;
@@ -18,12 +21,24 @@ const GEN: usize = 4;
 /// B reports >= 1984 cached tokens loaded from A, and its logits and greedy
 /// tokens are bitwise those of a cold run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prefix_computed_on_a_is_reused_bit_exact_on_b() {
+async fn prefix_computed_on_a_is_reused_bit_exact_on_b_f16() {
+    reuse_bit_exact(KvDtype::F16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_computed_on_a_is_reused_bit_exact_on_b_f32() {
+    reuse_bit_exact(KvDtype::F32).await;
+}
+
+async fn reuse_bit_exact(kv_dtype: KvDtype) {
     let etcd = EtcdProcess::start().expect("etcd");
     let a = node(&etcd, "/t-reuse", "a").await;
     let b = node(&etcd, "/t-reuse", "b").await;
     wait_members(&[&a, &b], 2).await;
-    let cfg = engine_config();
+    let cfg = kvfabric_engine::EngineConfig {
+        kv_dtype,
+        ..engine_config()
+    };
     let ea = engine(Some(&a), &cfg);
     let eb = engine(Some(&b), &cfg);
 
@@ -54,6 +69,15 @@ async fn prefix_computed_on_a_is_reused_bit_exact_on_b() {
         "loaded from the fabric"
     );
     assert_eq!(cb.stats().streamed_loads, 1, "loaded layer by layer");
+    // A stored its blocks under this dtype's keys, each of this dtype's size
+    // (f16: half of f32's), and those are the blocks B loaded.
+    let layout = kv_layout(kv_dtype);
+    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &layout).keys(&prompt);
+    for info in a.node().store().block_infos(&keys) {
+        let info = info.expect("A holds every block of the prompt");
+        assert_eq!(info.layout, layout);
+        assert_eq!(info.len, layout.block_bytes() as u64);
+    }
     assert_eq!(warm.tokens, cold.tokens);
     for (w, c) in warm.logits.iter().zip(&cold.logits) {
         assert!(same_bits(w, c), "logits differ from the cold run");
@@ -90,11 +114,8 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
     // Flip one byte in layer 20 of block 4 of the prompt where A's store
     // keeps it: B's layer-wise load has already streamed layers 0..20 of
     // every block into a forward pass when the check fails.
-    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &{
-        let c = &model().config;
-        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64)
-    })
-    .keys(&prompt[..640]);
+    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &kv_layout(cfg.kv_dtype))
+        .keys(&prompt[..640]);
     let store = a.node().store();
     let lease = store
         .lease(&keys[4])
@@ -170,11 +191,8 @@ async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
         stats.prefetched_blocks, 5,
         "pulled into B's node while queued"
     );
-    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &{
-        let c = &model().config;
-        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64)
-    })
-    .keys(&prompt);
+    let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &kv_layout(cfg.kv_dtype))
+        .keys(&prompt);
     let held = b.node().store().block_infos(&keys);
     assert!(
         held.iter().all(Option::is_some),
@@ -182,6 +200,70 @@ async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
     );
     drop(ea);
     drop(eb);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The reference model's block layout with 64-token blocks of `dtype`.
+fn kv_layout(dtype: KvDtype) -> kvfabric_store::KvLayout {
+    let c = &model().config;
+    kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64, dtype.into())
+}
+
+/// An f32-KV engine and an f16-KV engine on one cluster: the blocks each
+/// saves are keyed by its dtype, so neither loads the other's (they would
+/// be read as the wrong element type), and both still save their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_of_different_kv_dtypes_never_share_blocks() {
+    let etcd = EtcdProcess::start().expect("etcd");
+    let a = node(&etcd, "/t-dtype", "a").await;
+    let b = node(&etcd, "/t-dtype", "b").await;
+    wait_members(&[&a, &b], 2).await;
+    let f32_cfg = kvfabric_engine::EngineConfig {
+        kv_dtype: KvDtype::F32,
+        ..engine_config()
+    };
+    let e32 = engine(Some(&a), &f32_cfg);
+    let e16 = engine(Some(&b), &engine_config());
+    let prompt = tokens(41, 256);
+    let mut longer = prompt.clone();
+    longer.extend(tokens(42, 10));
+
+    generate(&e32.handle, &prompt, 1, b"").await;
+    let c32 = e32.connector.as_ref().expect("connector");
+    assert!(c32.flush(Duration::from_secs(30)));
+    assert_eq!(c32.stats().saved_blocks, 4);
+    let on16 = generate(&e16.handle, &longer, 1, b"").await;
+    let c16 = e16.connector.as_ref().expect("connector");
+    assert_eq!(on16.usage.cached_tokens, 0, "f16 engine reused f32 blocks");
+    assert_eq!(c16.stats().loaded_blocks, 0);
+    assert!(c16.flush(Duration::from_secs(30)));
+    assert_eq!(c16.stats().saved_blocks, 4, "its own f16 blocks");
+
+    // And the other way: the f32 engine finds only its own blocks (namespace
+    // "" holds both dtypes' blocks of this prefix now).
+    let other = tokens(43, 256);
+    generate(&e16.handle, &other, 1, b"").await;
+    assert!(c16.flush(Duration::from_secs(30)));
+    let on32 = generate(&e32.handle, &other, 1, b"").await;
+    assert_eq!(on32.usage.cached_tokens, 0, "f32 engine reused f16 blocks");
+    let both = [kv_layout(KvDtype::F32), kv_layout(KvDtype::F16)].map(|l| {
+        let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &l).keys(&prompt);
+        a.node()
+            .store()
+            .block_infos(&keys)
+            .iter()
+            .chain(b.node().store().block_infos(&keys).iter())
+            .filter(|i| i.is_some())
+            .count()
+    });
+    assert_eq!(
+        both,
+        [4, 4],
+        "each dtype's blocks are held under its own keys"
+    );
+    drop(e32);
+    drop(e16);
     a.stop().await;
     b.stop().await;
 }

@@ -11,6 +11,9 @@
 //! f32-dequantized weights (`candle_*`, cargo feature `candle-peer`). A peer
 //! that cannot run is null with its reason in `<peer>_status`; kvfabric's own
 //! figures never depend on the peers. `--no-peers` skips them. The
+//! KV pool holds `--kv-dtype` (f16 by default, as llama.cpp's default cache);
+//! decode8 is measured again with f32 KV in the same run (`f32kv_decode8_tps`,
+//! `decode8_over_f32kv`) unless the main figures are f32 already. The
 //! tokenizer's throughput on one and two concurrent 32k-token prompts is
 //! measured after kvfabric's RSS is taken, before the peers ([`tokenize`]);
 //! `--only-tokenize` reports just that.
@@ -67,6 +70,10 @@ pub struct EngineArgs {
     /// Limit on one peer run or the F32 conversion, seconds.
     #[arg(long, default_value_t = 900)]
     pub peer_timeout_s: u64,
+    /// Element type of the KV pool: f16, bf16 or f32 (decode8 is also
+    /// measured with f32 KV when this is not f32).
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: kvfabric_store::DType,
 }
 
 const BT: usize = 64;
@@ -261,8 +268,11 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     // Enough blocks for the 2048-token prefill and for 8 decoding sequences.
     let per_seq = (DECODE_PROMPT + args.decode_steps).div_ceil(BT);
     let blocks = (2048 / BT).max(8 * per_seq);
-    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT);
-    let kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)?;
+    let pool = |dtype| {
+        let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, dtype);
+        KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)
+    };
+    let kv = pool(args.kv_dtype)?;
     let budget = ((model.weight_bytes() + kv.capacity_bytes()) as f64 * 1.15) as u64;
     let isa = format!("{:?}", cx.isa);
     let mut b = Bench {
@@ -280,6 +290,13 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     let rss = rss_bytes();
     let weights_bytes = model.weight_bytes();
     let kv_pool_bytes = b.kv.capacity_bytes();
+    // The same decode8 with f32 KV: what the KV dtype does to the step.
+    let f32kv_decode8 = if args.kv_dtype == kvfabric_store::DType::F32 {
+        None
+    } else {
+        b.kv = pool(kvfabric_store::DType::F32)?;
+        Some(b.decode(&work.decode_prompts, work.decode_steps, work.repeats)?)
+    };
     // Free the engine (weights, KV pool, kernel threads) before the peers run.
     drop(b);
     drop(model);
@@ -293,10 +310,16 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     put("model", json!(path.display().to_string()));
     put("isa", json!(isa));
     put("threads", json!(threads));
+    put("kv_dtype", json!(args.kv_dtype.name()));
     for (k, v) in Rates::keys("", Some(&ours)) {
         put(&k, v);
     }
     put("decode8_over_decode1", json!(ours.decode8 / ours.decode1));
+    put("f32kv_decode8_tps", json!(f32kv_decode8));
+    put(
+        "decode8_over_f32kv",
+        json!(f32kv_decode8.map(|f| ours.decode8 / f)),
+    );
     put("rss_bytes", json!(rss));
     put("rss_budget_bytes", json!(budget));
     put("weights_bytes", json!(weights_bytes));
@@ -363,9 +386,10 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
     }
     crate::print_report(args.json, &report, |report| {
         println!(
-            "engine bench ({}, {} threads)",
+            "engine bench ({}, {} threads, {} KV)",
             report["isa"].as_str().unwrap_or("?"),
-            report["threads"]
+            report["threads"],
+            report["kv_dtype"].as_str().unwrap_or("?")
         );
         println!(
             "  {:<16} {:>14} {:>14} {:>14} {:>14}",
@@ -390,7 +414,13 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
                 cell("candle")
             );
         }
-        for k in ["decode8_over_decode1", "rss_bytes", "rss_budget_bytes"] {
+        for k in [
+            "decode8_over_decode1",
+            "f32kv_decode8_tps",
+            "decode8_over_f32kv",
+            "rss_bytes",
+            "rss_budget_bytes",
+        ] {
             println!("  {k:<24} {}", report[k]);
         }
         tokenize::print(report);
@@ -419,6 +449,7 @@ mod tests {
             llamacpp_venv: None,
             peer_build_timeout_s: 120,
             peer_timeout_s: 60,
+            kv_dtype: kvfabric_store::DType::F16,
         }
     }
 
@@ -457,6 +488,9 @@ mod tests {
         a.no_peers = true;
         let report = measure(&a).unwrap();
         assert_kvfabric_figures(&report);
+        assert_eq!(report["kv_dtype"], json!("f16"));
+        assert!(report["f32kv_decode8_tps"].as_f64().unwrap_or(0.0) > 0.0);
+        assert!(report["decode8_over_f32kv"].as_f64().unwrap_or(0.0) > 0.0);
         assert_eq!(report["peers_measured"], json!(false));
         for peer in ["llamacpp", "llamacpp_f32", "candle"] {
             for figure in ["prefill512", "prefill2048", "decode1", "decode8"] {

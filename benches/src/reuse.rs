@@ -17,6 +17,11 @@
 //! engine's batch-invariant kernels make a loaded block equal to a
 //! recomputed one; a wrong byte anywhere would show here).
 //!
+//! The engines keep `--kv-dtype` KV (f16 by default): `block_bytes` is one
+//! block's size in that dtype and `bytes_moved` what B loaded
+//! (`b_loaded_blocks` x `block_bytes`); `f32_block_bytes` is the same
+//! block's size in f32, so `bytes_moved_over_f32` is 0.5 for f16.
+//!
 //! Diagnostics: `local_hit_ttft_ms` (the same request again on B, prefix in
 //! B's own pool: the prefill of the new tokens alone), `load_ms` = warm -
 //! that (what the fabric load costs), `no_fabric_local_hit_ttft_ms` (the same
@@ -28,7 +33,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use kvfabric_connector::ConnectorConfig;
+use kvfabric_engine::kv::KvPool;
 use kvfabric_engine::model::LlamaModel;
+use kvfabric_engine::KvDtype;
 use serde_json::{json, Value};
 
 use crate::agentic::driver::{generate, Completion};
@@ -73,6 +80,9 @@ pub struct ReuseArgs {
     /// Seed of the prompt's token ids.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Element type of every engine's KV: f16, bf16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_dtype: kvfabric_store::DType,
 }
 
 /// Run the bench and print its report.
@@ -95,6 +105,9 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
             "a_saved_blocks",
             "b_loaded_blocks",
             "b_load_failed_blocks",
+            "kv_dtype",
+            "bytes_moved",
+            "bytes_moved_over_f32",
         ] {
             println!("  {k:<22} {}", report[k]);
         }
@@ -138,7 +151,14 @@ async fn measure_on(
     let prompt: Vec<u32> = (0..total)
         .map(|_| (100 + rng.next_u64() % (vocab - 200)) as u32)
         .collect();
-    let cfg = engine_config(args.threads, args.kv_pool_mib, true);
+    let cfg = kvfabric_engine::EngineConfig {
+        kv_dtype: KvDtype::from(args.kv_dtype),
+        ..engine_config(args.threads, args.kv_pool_mib, true)
+    };
+    let c = &model.config;
+    let layout = |d| KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens, d);
+    let block_bytes = layout(args.kv_dtype).block_bytes() as u64;
+    let f32_block_bytes = layout(kvfabric_store::DType::F32).block_bytes() as u64;
 
     // A prefills the shared part and saves it into node 0.
     let a = start_engine(model, &cfg, Some(cluster.connect_fn(0, true)))?;
@@ -253,6 +273,11 @@ async fn measure_on(
         "b_connector": b_stats.last().map(stats_json),
         "cold_cached_tokens": cold.usage.cached_tokens,
         "b_loaded_blocks": b_loaded,
+        "kv_dtype": args.kv_dtype.name(),
+        "block_bytes": block_bytes,
+        "f32_block_bytes": f32_block_bytes,
+        "bytes_moved": b_loaded * block_bytes,
+        "bytes_moved_over_f32": block_bytes as f64 / f32_block_bytes as f64,
         "b_load_failed_blocks": b_failed,
         "bit_exact": exact,
         "first_logits_equal": logits_equal,
@@ -282,6 +307,7 @@ mod tests {
             node_ram_mib: 512,
             layerwise: true,
             seed: 1,
+            kv_dtype: kvfabric_store::DType::F16,
         };
         let err = measure(&args).expect_err("no model");
         assert!(err.to_string().contains("--model"), "{err}");
@@ -318,6 +344,7 @@ mod tests {
             node_ram_mib: 512,
             layerwise: true,
             seed: 1,
+            kv_dtype: kvfabric_store::DType::F16,
         };
         let report = measure(&args).expect("bench");
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

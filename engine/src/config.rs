@@ -41,6 +41,45 @@ pub enum IsaChoice {
     Avx512,
 }
 
+/// Element type of K and V in the engine's KV pool (and so in every block
+/// it shares with the fabric).
+///
+/// K and V are computed in f32 and rounded once (to nearest, ties to even)
+/// when written to the pool; attention widens them back exactly. The dtype
+/// is part of the block layout and so of every block key: engines of
+/// different dtypes never read each other's blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// IEEE binary16 (default): half the bytes of f32, as llama.cpp's default cache.
+    #[default]
+    F16,
+    /// bfloat16: f32's exponent range, 8 bits of mantissa.
+    Bf16,
+    /// f32: the values as computed.
+    F32,
+}
+
+impl From<kvfabric_types::DType> for KvDtype {
+    fn from(d: kvfabric_types::DType) -> Self {
+        match d {
+            kvfabric_types::DType::F16 => KvDtype::F16,
+            kvfabric_types::DType::BF16 => KvDtype::Bf16,
+            kvfabric_types::DType::F32 => KvDtype::F32,
+        }
+    }
+}
+
+impl From<KvDtype> for kvfabric_types::DType {
+    fn from(d: KvDtype) -> Self {
+        match d {
+            KvDtype::F16 => kvfabric_types::DType::F16,
+            KvDtype::Bf16 => kvfabric_types::DType::BF16,
+            KvDtype::F32 => kvfabric_types::DType::F32,
+        }
+    }
+}
+
 /// Settings of the bundled engine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -74,6 +113,9 @@ pub struct EngineConfig {
     /// How often the tenants file is re-read (a revoked key is refused from
     /// the next read on). Default: 1000 ms.
     pub tenants_reload_ms: u64,
+    /// Element type of the KV pool's K and V: f16 | bf16 | f32 (env
+    /// `KVFABRIC_KV_DTYPE`, flag `--kv-dtype`). Default: f16.
+    pub kv_dtype: KvDtype,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +133,7 @@ impl Default for EngineConfig {
             isa: IsaChoice::Auto,
             tenants_file: None,
             tenants_reload_ms: 1000,
+            kv_dtype: KvDtype::F16,
         }
     }
 }
@@ -135,6 +178,19 @@ mod tests {
         let scalar: EngineConfig = serde_json::from_str(r#"{"isa": "scalar"}"#).expect("isa");
         assert_eq!(scalar.isa, IsaChoice::Scalar);
         assert!(serde_json::from_str::<EngineConfig>(r#"{"isa": "sse"}"#).is_err());
+        assert_eq!(partial.kv_dtype, KvDtype::F16);
+        let f32kv: EngineConfig = serde_json::from_str(r#"{"kv_dtype": "f32"}"#).expect("kv_dtype");
+        assert_eq!(
+            kvfabric_types::DType::from(f32kv.kv_dtype),
+            kvfabric_types::DType::F32
+        );
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"kv_dtype": "f8"}"#).is_err());
+        for d in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+            let t = kvfabric_types::DType::from(d);
+            assert_eq!(KvDtype::from(t), d);
+            // The config's names are the layout's names.
+            assert_eq!(serde_json::to_value(d).expect("ser"), t.name());
+        }
         assert!(serde_json::from_str::<EngineConfig>(r#"{"treads": 2}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"role": "both2"}"#).is_err());
         let bad = EngineConfig {

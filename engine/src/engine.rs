@@ -165,7 +165,13 @@ impl EngineBuilder {
         let cfg = &self.config;
         let isa = pick_isa(cfg.isa, Isa::detect())?;
         let c = &model.config;
-        let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens);
+        let layout = KvPool::layout_for(
+            c.layers,
+            c.kv_heads,
+            c.head_dim,
+            cfg.block_tokens,
+            cfg.kv_dtype.into(),
+        );
         let kv = KvPool::with_bytes(layout, cfg.kv_pool.as_u64())?;
         let kv_pool_bytes = kv.capacity_bytes();
         let mut registry = Registry::default();

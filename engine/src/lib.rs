@@ -19,7 +19,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod tokenizer;
 
-pub use config::{EngineConfig, IsaChoice, Role};
+pub use config::{EngineConfig, IsaChoice, KvDtype, Role};
 pub use engine::{EngineBuilder, RunningEngine};
 pub use error::EngineError;
 pub use metrics::EngineMetrics;

@@ -1,11 +1,14 @@
 //! Batch invariance, asserted bitwise on the reference model: the logits and
 //! KV of a sequence are the same alone or in a batch, in one pass or split at
-//! block boundaries, and decode steps are the same for batch sizes 1..16.
+//! block boundaries, and decode steps are the same for batch sizes 1..16;
+//! with f16 KV (the default) and f32 KV.
 
 mod common;
 
 use kvfabric_engine::kv::{BlockId, KvPool};
 use kvfabric_engine::model::SeqChunk;
+
+use common::DType;
 
 const BT: usize = 16;
 
@@ -18,7 +21,7 @@ fn prompt(seed: u32, len: usize) -> Vec<u32> {
 fn kv_bytes(kv: &KvPool, table: &[BlockId], tokens: usize) -> Vec<u8> {
     // Only whole blocks and the filled part of the last one are compared.
     let layout = *kv.layout();
-    let row = (layout.kv_heads * layout.head_dim) as usize * 4;
+    let row = (layout.kv_heads * layout.head_dim) as usize * layout.dtype.size();
     let mut out = Vec::new();
     for (bi, &b) in table.iter().enumerate() {
         let filled = tokens.saturating_sub(bi * BT).min(BT);
@@ -39,13 +42,22 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 #[test]
-fn prefill_alone_batched_and_split_are_bitwise_identical() {
+fn prefill_alone_batched_and_split_are_bitwise_identical_f16() {
+    prefill_alone_batched_and_split(DType::F16);
+}
+
+#[test]
+fn prefill_alone_batched_and_split_are_bitwise_identical_f32() {
+    prefill_alone_batched_and_split(DType::F32);
+}
+
+fn prefill_alone_batched_and_split(dtype: DType) {
     let (m, cx) = (common::model(), common::compute());
     let a = prompt(1, 150);
     let others = [prompt(2, 37), prompt(3, 90)];
     let nb = 150usize.div_ceil(BT);
     // Alone, one pass.
-    let mut kv = common::pool(BT, 3 * nb);
+    let mut kv = common::pool(BT, 3 * nb, dtype);
     let table_a: Vec<BlockId> = (0..nb as u32).collect();
     let alone = m
         .forward(
@@ -64,7 +76,7 @@ fn prefill_alone_batched_and_split_are_bitwise_identical() {
     let kv_alone = kv_bytes(&kv, &table_a, a.len());
 
     // In a batch with two other sequences, A in the middle and in other blocks.
-    let mut kv2 = common::pool(BT, 3 * nb);
+    let mut kv2 = common::pool(BT, 3 * nb, dtype);
     let t0: Vec<BlockId> = (0..3).collect();
     let ta: Vec<BlockId> = (3..3 + nb as u32).collect();
     let t2: Vec<BlockId> = (3 + nb as u32..3 + nb as u32 + 6).collect();
@@ -103,7 +115,7 @@ fn prefill_alone_batched_and_split_are_bitwise_identical() {
     assert!(kv_bytes(&kv2, &ta, a.len()) == kv_alone, "batched KV");
 
     // Split at block boundaries: 0..48, 48..112, 112..150 (with another sequence riding along).
-    let mut kv3 = common::pool(BT, 3 * nb);
+    let mut kv3 = common::pool(BT, 3 * nb, dtype);
     let mut last = None;
     for (s, e) in [(0usize, 48usize), (48, 112), (112, 150)] {
         let out = m
@@ -133,14 +145,23 @@ fn prefill_alone_batched_and_split_are_bitwise_identical() {
 }
 
 #[test]
-fn decode_steps_are_bitwise_identical_across_batch_sizes_1_to_16() {
+fn decode_steps_are_bitwise_identical_across_batch_sizes_1_to_16_f16() {
+    decode_steps_across_batch_sizes(DType::F16);
+}
+
+#[test]
+fn decode_steps_are_bitwise_identical_across_batch_sizes_1_to_16_f32() {
+    decode_steps_across_batch_sizes(DType::F32);
+}
+
+fn decode_steps_across_batch_sizes(dtype: DType) {
     let (m, cx) = (common::model(), common::compute());
     let n = 16usize;
     let prompts: Vec<Vec<u32>> = (0..n as u32)
         .map(|i| prompt(10 + i, 20 + 3 * i as usize))
         .collect();
     let per = 5; // blocks per sequence: up to 65+1 tokens
-    let mut kv = common::pool(BT, n * per);
+    let mut kv = common::pool(BT, n * per, dtype);
     let tables: Vec<Vec<BlockId>> = (0..n)
         .map(|i| ((i * per) as u32..((i + 1) * per) as u32).collect())
         .collect();

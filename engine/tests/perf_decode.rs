@@ -19,7 +19,7 @@ fn step_seconds(batch: usize, rounds: usize) -> f64 {
     let (model, cx) = (common::model(), common::compute());
     let bt = 16;
     let per = (PROMPT + STEPS).div_ceil(bt);
-    let mut kv = common::pool(bt, batch * per);
+    let mut kv = common::pool(bt, batch * per, common::DType::F16);
     let prompts: Vec<Vec<u32>> = (0..batch)
         .map(|i| {
             (0..PROMPT)

@@ -1,8 +1,11 @@
 //! KV layouts: the shape of one block's bytes.
 //!
-//! A block holds, for each layer, K then V of `block_tokens` tokens. The
-//! layout is hashed into every block key ([`KvLayout::to_key_bytes`]), so
-//! two layouts never alias, and the disk index stores it in the same bytes.
+//! A block holds, for each layer, K then V of `block_tokens` tokens, each
+//! element of the layout's [`DType`] (little-endian f32, IEEE binary16 or
+//! bfloat16). The layout, dtype included, is hashed into every block key
+//! ([`KvLayout::to_key_bytes`]), so two layouts never alias (an f16 engine
+//! never reads an f32 engine's blocks), and the disk index stores it in the
+//! same bytes.
 
 use std::ops::Range;
 
@@ -22,6 +25,15 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    /// The name used in configs and flags: `f32`, `f16`, `bf16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
         }
     }
 
@@ -115,6 +127,26 @@ impl KvLayout {
     }
 }
 
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DType {
+    type Err = TypesError;
+
+    /// Inverse of [`DType::name`].
+    fn from_str(s: &str) -> Result<Self, TypesError> {
+        [DType::F32, DType::F16, DType::BF16]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| {
+                TypesError::InvalidArgument(format!("dtype {s:?} is not f32, f16 or bf16"))
+            })
+    }
+}
+
 impl DType {
     fn from_code(code: u8) -> Option<Self> {
         match code {
@@ -170,7 +202,22 @@ mod tests {
 
     #[test]
     fn key_bytes_roundtrip() {
-        let l = layout();
-        assert_eq!(KvLayout::from_key_bytes(&l.to_key_bytes()), Some(l));
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let l = KvLayout { dtype, ..layout() };
+            assert_eq!(KvLayout::from_key_bytes(&l.to_key_bytes()), Some(l));
+            assert_eq!(dtype.name().parse::<DType>(), Ok(dtype));
+        }
+        assert!("f8".parse::<DType>().is_err());
+    }
+
+    #[test]
+    fn f16_blocks_are_half_the_bytes_and_key_apart() {
+        let f32l = layout();
+        let f16l = KvLayout {
+            dtype: DType::F16,
+            ..f32l
+        };
+        assert_eq!(2 * f16l.block_bytes(), f32l.block_bytes());
+        assert_ne!(f16l.to_key_bytes(), f32l.to_key_bytes());
     }
 }

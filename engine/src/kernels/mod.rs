@@ -9,6 +9,7 @@
 //! AVX-512, AVX2 and scalar paths give the same bits.
 
 pub mod attention;
+pub mod convert;
 #[cfg(target_arch = "x86_64")]
 mod fused;
 pub mod matmul;
@@ -21,6 +22,7 @@ mod simd;
 #[cfg(test)]
 mod test_weights;
 
+pub use convert::f16_to_f32;
 pub use matmul::PackedMatrix;
 pub use pool::ThreadPool;
 pub use prefetch::SideLines;
@@ -96,32 +98,6 @@ impl Compute {
             pool: ThreadPool::new(threads),
         }
     }
-}
-
-/// IEEE half -> f32 (exact).
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = if exp == 0 {
-        if man == 0 {
-            sign
-        } else {
-            // Subnormal: normalize.
-            let mut e = 127 - 15 + 1;
-            let mut m = man;
-            while m & 0x400 == 0 {
-                m <<= 1;
-                e -= 1;
-            }
-            sign | ((e as u32) << 23) | ((m & 0x3ff) << 13)
-        }
-    } else if exp == 0x1f {
-        sign | 0x7f80_0000 | (man << 13)
-    } else {
-        sign | ((exp + 127 - 15) << 23) | (man << 13)
-    };
-    f32::from_bits(bits)
 }
 
 // exp(x) for x <= 0 (softmax, silu): 2^n * p(r), same operations on every path.

@@ -3,7 +3,11 @@
 //! A block holds `block_tokens` tokens of one sequence, all layers, K and V,
 //! laid out exactly as `kvfabric_types::KvLayout` with
 //! `BlockOrder::LayerKvTokenHead`: per layer K then V, each
-//! `[block_tokens][kv_heads][head_dim]` f32. So one block (or one layer of a
+//! `[block_tokens][kv_heads][head_dim]` values of the layout's dtype
+//! (`[engine] kv_dtype`: f16 by default, bf16 or f32). The forward pass
+//! computes K and V in f32 and [`KvPool::write_token`] rounds them once
+//! (to nearest, ties to even) into the pool; attention widens them back
+//! exactly. So one block (or one layer of a
 //! block) is one contiguous byte range the connector can copy to or from the
 //! fabric. The pool is one memfd-backed shared region that the connector
 //! registers with the fabric's transfer engine: remote blocks are read
@@ -25,12 +29,14 @@ use std::sync::Arc;
 use kvfabric_types::SharedRegion;
 use kvfabric_types::{BlockOrder, DType, KvLayout};
 
+use crate::kernels::convert::round_row;
+use crate::kernels::Isa;
 use crate::EngineError;
 
 /// Index of a block in the pool.
 pub type BlockId = u32;
 
-/// Fixed-size KV blocks in one contiguous f32 shared region.
+/// Fixed-size KV blocks in one contiguous shared region.
 pub struct KvPool {
     layout: KvLayout,
     blocks: usize,
@@ -47,18 +53,19 @@ impl std::fmt::Debug for KvPool {
 }
 
 impl KvPool {
-    /// The layout of an f32 pool for a model shape.
+    /// The layout of a pool of `dtype` values for a model shape.
     pub fn layout_for(
         layers: usize,
         kv_heads: usize,
         head_dim: usize,
         block_tokens: usize,
+        dtype: DType,
     ) -> KvLayout {
         KvLayout {
             layers: layers as u32,
             kv_heads: kv_heads as u32,
             head_dim: head_dim as u32,
-            dtype: DType::F32,
+            dtype,
             block_tokens: block_tokens as u32,
             order: BlockOrder::LayerKvTokenHead,
         }
@@ -69,11 +76,6 @@ impl KvPool {
         layout
             .validate()
             .map_err(|e| EngineError::InvalidRequest(format!("KV layout: {e}")))?;
-        if layout.dtype != DType::F32 {
-            return Err(EngineError::InvalidRequest(
-                "the engine's KV pool is f32".into(),
-            ));
-        }
         let blocks = (bytes / layout.block_bytes() as u64) as usize;
         if blocks == 0 {
             return Err(EngineError::InvalidRequest(format!(
@@ -111,14 +113,6 @@ impl KvPool {
         &self.region
     }
 
-    fn floats(&self) -> *mut f32 {
-        self.region.as_ptr() as *mut f32
-    }
-
-    fn block_floats(&self) -> usize {
-        self.layout.block_bytes() / 4
-    }
-
     /// Byte range of `block` in the pool's region.
     pub fn block_range(&self, block: BlockId) -> Range<usize> {
         let n = self.layout.block_bytes();
@@ -143,37 +137,44 @@ impl KvPool {
         unsafe { std::slice::from_raw_parts(self.region.as_ptr().add(r.start), r.len()) }
     }
 
-    /// Offset (in floats) of K (`v == false`) or V of `layer` in `block`.
+    /// Byte offset of K (`v == false`) or V of `layer` in `block`.
     fn half_offset(&self, block: BlockId, layer: usize, v: bool) -> usize {
-        let half = self.layout.half_layer_bytes() / 4;
-        block as usize * self.block_floats() + (2 * layer + v as usize) * half
+        let half = self.layout.half_layer_bytes();
+        block as usize * self.layout.block_bytes() + (2 * layer + v as usize) * half
     }
 
-    /// Base pointer of K or V of one layer of one block (for the attention kernel).
-    pub fn half_ptr(&self, block: BlockId, layer: usize, v: bool) -> *const f32 {
+    /// Base pointer of K or V of one layer of one block (for the attention
+    /// kernel; `[block_tokens][kv_heads][head_dim]` values of the layout's dtype).
+    pub fn half_ptr(&self, block: BlockId, layer: usize, v: bool) -> *const u8 {
         // SAFETY: the offset is inside the region for a valid block/layer.
-        unsafe { self.floats().add(self.half_offset(block, layer, v)) }
+        unsafe { self.region.as_ptr().add(self.half_offset(block, layer, v)) }
     }
 
-    /// Mutable base pointer (the forward pass writes new K/V through it).
-    pub fn half_ptr_mut(&mut self, block: BlockId, layer: usize, v: bool) -> *mut f32 {
-        let off = self.half_offset(block, layer, v);
-        // SAFETY: as above.
-        unsafe { self.floats().add(off) }
-    }
-
-    /// Copy one token's K and V (each `kv_heads*head_dim`) into a block slot.
-    pub fn write_token(&mut self, block: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
+    /// Round one token's K and V (each `kv_heads*head_dim` f32) to the pool's
+    /// dtype into a block slot (`isa`: one this CPU runs; the bits do not
+    /// depend on it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_token(
+        &mut self,
+        isa: Isa,
+        block: BlockId,
+        layer: usize,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+    ) {
         let row = (self.layout.kv_heads * self.layout.head_dim) as usize;
         assert!(slot < self.layout.block_tokens as usize && k.len() == row && v.len() == row);
         assert!((block as usize) < self.blocks && layer < self.layout.layers as usize);
-        let ko = self.half_offset(block, layer, false) + slot * row;
-        let vo = self.half_offset(block, layer, true) + slot * row;
+        let size = self.layout.dtype.size();
+        let ko = self.half_offset(block, layer, false) + slot * row * size;
+        let vo = self.half_offset(block, layer, true) + slot * row * size;
+        let base = self.region.as_ptr();
         // SAFETY: both rows are inside the block's layer, checked above; the
         // scheduler gives this block to one sequence's forward pass only.
         unsafe {
-            std::ptr::copy_nonoverlapping(k.as_ptr(), self.floats().add(ko), row);
-            std::ptr::copy_nonoverlapping(v.as_ptr(), self.floats().add(vo), row);
+            round_row(isa, self.layout.dtype, k, base.add(ko));
+            round_row(isa, self.layout.dtype, v, base.add(vo));
         }
     }
 }
@@ -184,7 +185,7 @@ mod tests {
 
     #[test]
     fn layout_matches_the_store_layout() {
-        let layout = KvPool::layout_for(3, 2, 4, 8);
+        let layout = KvPool::layout_for(3, 2, 4, 8, DType::F32);
         let mut pool =
             KvPool::with_bytes(layout, 10 * layout.block_bytes() as u64 + 5).expect("pool");
         assert_eq!(pool.blocks(), 10);
@@ -196,7 +197,7 @@ mod tests {
         // Token 3 of layer 1 of block 2: K at layer start + 3*row, V half a layer later.
         let k = [1.0f32; 8];
         let v = [2.0f32; 8];
-        pool.write_token(2, 1, 3, &k, &v);
+        pool.write_token(Isa::Scalar, 2, 1, 3, &k, &v);
         let lr = pool.layer_range(2, 1);
         let start = pool.block_range(2).start;
         let bytes = &pool.block_bytes(2)[lr.start - start..lr.end - start];
@@ -205,5 +206,46 @@ mod tests {
         assert_eq!(f(layout.half_layer_bytes() + 3 * 8 * 4), 2.0);
         assert_eq!(f(0), 0.0);
         assert!(KvPool::with_bytes(layout, 10).is_err());
+    }
+
+    #[test]
+    fn half_pools_store_rounded_values_in_half_the_bytes() {
+        use crate::kernels::convert::{bf16_to_f32, f16_to_f32};
+        let k: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 3.0).collect();
+        let v: Vec<f32> = (0..8).map(|i| -1e-3 * i as f32).collect();
+        for (dtype, widen) in [
+            (DType::F16, f16_to_f32 as fn(u16) -> f32),
+            (DType::BF16, bf16_to_f32),
+        ] {
+            let layout = KvPool::layout_for(3, 2, 4, 8, dtype);
+            assert_eq!(
+                2 * layout.block_bytes(),
+                KvPool::layout_for(3, 2, 4, 8, DType::F32).block_bytes()
+            );
+            let mut pool =
+                KvPool::with_bytes(layout, 4 * layout.block_bytes() as u64).expect("pool");
+            for isa in Isa::all_detected() {
+                pool.write_token(isa, 3, 2, 7, &k, &v);
+                let base = pool.block_range(3).start;
+                let lr = pool.layer_range(3, 2);
+                let bytes = &pool.block_bytes(3)[lr.start - base..lr.end - base];
+                let h = |o: usize| widen(u16::from_le_bytes([bytes[o], bytes[o + 1]]));
+                for i in 0..8 {
+                    let (gk, gv) = (
+                        h(2 * (7 * 8 + i)),
+                        h(layout.half_layer_bytes() + 2 * (7 * 8 + i)),
+                    );
+                    assert!(
+                        (gk - k[i]).abs() <= k[i].abs() / 256.0,
+                        "{dtype:?} {isa:?} k {i}"
+                    );
+                    assert!(
+                        (gv - v[i]).abs() <= v[i].abs() / 256.0,
+                        "{dtype:?} {isa:?} v {i}"
+                    );
+                    assert_ne!(gk, 0.0);
+                }
+            }
+        }
     }
 }

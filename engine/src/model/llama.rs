@@ -159,7 +159,7 @@ impl LlamaModel {
         for (l, lw) in self.layers.iter().enumerate() {
             self.qkv_projection(cx, lw, &mut a);
             self.rope(&rows, &mut a.qkv);
-            self.store_kv(kv, l, chunks, &rows, &a.qkv);
+            self.store_kv(cx, kv, l, chunks, &rows, &a.qkv);
             before_attention(l);
             self.attention(cx, kv, l, chunks, &rows, &plan, &a.qkv, &mut a.att);
             // The next layer's KV, requested into L2 while this layer's remaining
@@ -275,9 +275,11 @@ impl LlamaModel {
         }
     }
 
-    /// Write every row's K and V of layer `l` into its sequence's block.
+    /// Write every row's K and V of layer `l` into its sequence's block
+    /// (rounded once to the pool's dtype).
     fn store_kv(
         &self,
+        cx: &Compute,
         kv: &mut KvPool,
         l: usize,
         chunks: &[SeqChunk],
@@ -289,7 +291,14 @@ impl LlamaModel {
         let bt = kv.layout().block_tokens as usize;
         for (row, &(ci, pos)) in qkv.chunks_exact(qn + 2 * kvn).zip(rows) {
             let block = chunks[ci].blocks[pos / bt];
-            kv.write_token(block, l, pos % bt, &row[qn..qn + kvn], &row[qn + kvn..]);
+            kv.write_token(
+                cx.isa,
+                block,
+                l,
+                pos % bt,
+                &row[qn..qn + kvn],
+                &row[qn + kvn..],
+            );
         }
     }
 
@@ -316,6 +325,7 @@ impl LlamaModel {
             kv_heads: nkv,
             head_dim: hd,
             scale: 1.0 / (hd as f32).sqrt(),
+            dtype: kv.layout().dtype,
         };
         let tables: Vec<Vec<BlockKv>> = chunks
             .iter()
@@ -578,7 +588,7 @@ fn kv_lines(
 ) -> SideLines {
     let lay = kv.layout();
     let bt = lay.block_tokens as usize;
-    let span = bt * (lay.kv_heads * lay.head_dim) as usize * std::mem::size_of::<f32>();
+    let span = bt * (lay.kv_heads * lay.head_dim) as usize * lay.dtype.size();
     let per_chunk = KV_AHEAD_PER_THREAD * threads / order.len().max(1);
     let max_blocks = (per_chunk / (2 * span)).max(1);
     let mut side = SideLines::with_span_bytes(span);
@@ -586,8 +596,8 @@ fn kv_lines(
         let ch = &chunks[ci];
         let end = ch.start + ch.tokens.len();
         for &b in ch.blocks.iter().take(end.div_ceil(bt).min(max_blocks)) {
-            side.push(kv.half_ptr(b, layer, false) as *const u8);
-            side.push(kv.half_ptr(b, layer, true) as *const u8);
+            side.push(kv.half_ptr(b, layer, false));
+            side.push(kv.half_ptr(b, layer, true));
         }
     }
     side

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvfabric_connector::{
     BlockId, ConnectorStats, KvConnector, Pending, PendingLoad, PendingLookup, SaveBlock, SaveDone,
 };
-use kvfabric_types::BlockKey;
+use kvfabric_types::{BlockKey, DType};
 use tokio::sync::mpsc;
 
 use super::fabric::LoadBlocks;
@@ -23,7 +23,7 @@ const BLOCKS: usize = 8;
 fn scheduler(max_batch_tokens: usize, connector: Option<Arc<dyn KvConnector>>) -> Scheduler {
     let m = crate::model::test_model();
     let c = &m.config;
-    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT);
+    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, DType::F16);
     let kv = KvPool::with_bytes(layout, (BLOCKS * layout.block_bytes()) as u64).expect("pool");
     let cfg = SchedulerConfig {
         max_batch_tokens,

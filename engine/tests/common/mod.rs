@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use kvfabric_engine::kernels::Compute;
 use kvfabric_engine::kv::{BlockId, KvPool};
 use kvfabric_engine::model::{LlamaModel, SeqChunk};
+pub use kvfabric_types::DType;
 
 /// The reference model: `$KVFABRIC_MODEL_PATH` or `~/.cache/kvfabric/models/...`.
 pub fn model_path() -> PathBuf {
@@ -31,10 +32,10 @@ pub fn compute() -> &'static Compute {
     C.get_or_init(|| Compute::new(0))
 }
 
-/// A pool of `blocks` blocks of `bt` tokens for the reference model.
-pub fn pool(bt: usize, blocks: usize) -> KvPool {
+/// A pool of `blocks` blocks of `bt` tokens of `dtype` K/V for the reference model.
+pub fn pool(bt: usize, blocks: usize, dtype: DType) -> KvPool {
     let c = &model().config;
-    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, bt);
+    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, bt, dtype);
     KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64).expect("pool")
 }
 

@@ -5,7 +5,14 @@ Reads the model with the PyPI `gguf` package, dequantizes every tensor with
 (RMSNorm, llama.cpp "normal" rope on adjacent pairs, GQA softmax attention,
 SwiGLU, tied embeddings). Shares no code with the Rust engine.
 
-stdin: {"model": path, "prompts": [[ids...], ...], "steps": n}
+The engine stores K and V as f16 (its default), bf16 or f32: they are
+computed, then rounded once (to nearest, ties to even) when stored. The
+oracle does the same with `kv_dtype`: K (after rope) and V are rounded to
+f32 (the engine computes them in f32) and then to the KV dtype, and the
+attention reads the rounded values.
+
+stdin: {"model": path, "prompts": [[ids...], ...], "steps": n,
+        "kv_dtype": "f16" | "bf16" | "f32" (default "f32")}
 stdout: {"logits": [[...last-position logits of each prompt...]],
          "greedy": [[n greedy tokens of the first prompt], [1 token], ...]}
 """
@@ -23,8 +30,23 @@ def field(r, key):
     return v.tolist()[0] if len(v) == 1 else v
 
 
+def round_kv(x, dtype):
+    """The engine's store of a K or V value: f32, then the KV dtype (RNE)."""
+    x32 = x.astype(np.float32)
+    if dtype == "f16":
+        return x32.astype(np.float16).astype(np.float64)
+    if dtype == "bf16":
+        b = x32.view(np.uint32).astype(np.uint64)
+        b = ((b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return b.view(np.float32).astype(np.float64)
+    if dtype == "f32":
+        return x32.astype(np.float64)
+    raise ValueError(f"kv_dtype {dtype!r}")
+
+
 def main():
     req = json.load(sys.stdin)
+    kv_dtype = req.get("kv_dtype", "f32")
     r = GGUFReader(req["model"])
     L = field(r, "llama.block_count")
     nh = field(r, "llama.attention.head_count")
@@ -64,6 +86,7 @@ def main():
             q = rope(h @ W[p + "attn_q.weight"].T, nh).reshape(T, nh, hd)
             k = rope(h @ W[p + "attn_k.weight"].T, nkv).reshape(T, nkv, hd)
             v = (h @ W[p + "attn_v.weight"].T).reshape(T, nkv, hd)
+            k, v = round_kv(k, kv_dtype), round_kv(v, kv_dtype)
             o = np.zeros((T, nh, hd))
             for head in range(nh):
                 kh = head // (nh // nkv)

@@ -3,9 +3,16 @@
 //! reduced 8 keys at a time with the halving tree transposed, and value
 //! accumulation runs two queries at once over half rows. Every operation on
 //! a query's values is the one `attend_ref` does, in the same order.
+//!
+//! Stored f16/bf16 rows are widened on load; where a row serves many queries
+//! (a prefill group) it is widened once into a staging buffer first
+//! ([`stage_row`]): a tile's K rows always, a chunk's V rows when more than
+//! one pair of queries reads them.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
+use super::elem::{stage_row, KvElem};
 use super::{AttnGeometry, BlockKv};
 use crate::kernels::{EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
 
@@ -16,30 +23,33 @@ pub(super) const KCHUNK: usize = 128;
 /// Stage slot of key `k` of a tile, so that `reduce8x8` yields keys in order.
 pub(super) const SLOT_OF_KEY: [usize; TILE] = [0, 2, 4, 6, 1, 3, 5, 7];
 
-/// Walks one KV head's rows in position order without a division per row.
-pub(super) struct RowWalk<'a> {
+/// Walks one KV head's rows (of stored elements `E`) in position order
+/// without a division per row.
+pub(super) struct RowWalk<'a, E> {
     blocks: &'a [BlockKv],
     g: &'a AttnGeometry,
     head_off: usize,
     blk: usize,
     off: usize,
+    elem: PhantomData<E>,
 }
 
-impl<'a> RowWalk<'a> {
+impl<'a, E: KvElem> RowWalk<'a, E> {
     /// A walk over KV head `kv_head`'s rows from position 0.
-    pub(super) fn new(blocks: &'a [BlockKv], g: &'a AttnGeometry, kv_head: usize) -> RowWalk<'a> {
+    pub(super) fn new(blocks: &'a [BlockKv], g: &'a AttnGeometry, kv_head: usize) -> Self {
         RowWalk {
             blocks,
             g,
             head_off: kv_head * g.head_dim,
             blk: 0,
             off: 0,
+            elem: PhantomData,
         }
     }
 
     /// K and V row pointers of the next position.
     #[inline(always)]
-    pub(super) unsafe fn next(&mut self) -> (*const f32, *const f32) {
+    pub(super) unsafe fn next(&mut self) -> (*const E, *const E) {
         let b = self.blocks[self.blk];
         let o = self.off * self.g.kv_heads * self.g.head_dim + self.head_off;
         self.off += 1;
@@ -47,7 +57,7 @@ impl<'a> RowWalk<'a> {
             self.off = 0;
             self.blk += 1;
         }
-        (b.k.add(o), b.v.add(o))
+        ((b.k as *const E).add(o), (b.v as *const E).add(o))
     }
 }
 
@@ -59,8 +69,8 @@ impl<'a> RowWalk<'a> {
 /// 4 alternated runs), and the value pass finds its V rows in L2. Prefill
 /// groups re-read rows that earlier groups brought into cache, where the
 /// requests only cost instructions (`attention_timing`: 8 rows, 5.0 -> 5.7 ms).
-pub(super) struct RowPrefetch<'a> {
-    walk: RowWalk<'a>,
+pub(super) struct RowPrefetch<'a, E> {
+    walk: RowWalk<'a, E>,
     next: usize,
     end: usize,
 }
@@ -70,7 +80,7 @@ const PREFETCH_KEYS: usize = 32;
 /// Largest group that prefetches (a decode row's 3 query heads; split tasks).
 const PREFETCH_MAX_QUERIES: usize = 4;
 
-impl<'a> RowPrefetch<'a> {
+impl<'a, E: KvElem> RowPrefetch<'a, E> {
     /// For a group of `queries` queries over keys `0..keys`.
     pub(super) fn new(
         blocks: &'a [BlockKv],
@@ -96,7 +106,7 @@ impl<'a> RowPrefetch<'a> {
         let stop = (key + PREFETCH_KEYS).min(self.end);
         while self.next < stop {
             let (k, v) = self.walk.next();
-            for line in (0..self.walk.g.head_dim).step_by(16) {
+            for line in (0..self.walk.g.head_dim).step_by(64 / std::mem::size_of::<E>()) {
                 _mm_prefetch::<_MM_HINT_T0>(k.add(line) as *const i8);
                 _mm_prefetch::<_MM_HINT_T1>(v.add(line) as *const i8);
             }
@@ -167,10 +177,10 @@ unsafe fn exp8(x: __m256) -> __m256 {
 /// `W` 8-lane columns of the value rows at `vp[j - base]`; with `sum`, also
 /// `sum += p[j]` in the same order.
 #[inline(always)]
-unsafe fn pv_run<const W: usize>(
+unsafe fn pv_run<E: KvElem, const W: usize>(
     o: &mut [__m256; W],
     p: *const f32,
-    vp: &[*const f32],
+    vp: &[*const E],
     base: usize,
     range: std::ops::Range<usize>,
     col: usize,
@@ -183,7 +193,7 @@ unsafe fn pv_run<const W: usize>(
         let pb = _mm256_set1_ps(pj);
         let v = vp[j - base].add(col);
         for (t, ov) in o.iter_mut().enumerate() {
-            *ov = _mm256_fmadd_ps(pb, _mm256_loadu_ps(v.add(8 * t)), *ov);
+            *ov = _mm256_fmadd_ps(pb, E::load8(v.add(8 * t)), *ov);
         }
         if with_sum {
             s += pj;
@@ -195,9 +205,9 @@ unsafe fn pv_run<const W: usize>(
 }
 
 /// Group attention for `head_dim == 64` on AVX2 (see [`attend_group`]).
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_group_avx2(
+pub(super) unsafe fn attend_group_avx2<E: KvElem>(
     queries: &[&[f32]],
     outs: &mut [&mut [f32]],
     ctxs: &[usize],
@@ -206,28 +216,90 @@ pub(super) unsafe fn attend_group_avx2(
     kv_head: usize,
     scratch: &mut Vec<f32>,
 ) {
-    const HD: usize = 64;
     let n = queries.len();
     let maxc = ctxs.iter().copied().max().unwrap_or(0);
     let stride = maxc.div_ceil(TILE) * TILE;
-    if scratch.len() < n * stride {
-        scratch.resize(n * stride, 0.0);
+    // Scores, then (for stored halves) a staging area of one value chunk.
+    let stage_len = if E::DTYPE == kvfabric_types::DType::F32 {
+        0
+    } else {
+        KCHUNK * HD
+    };
+    if scratch.len() < n * stride + stage_len {
+        scratch.resize(n * stride + stage_len, 0.0);
     }
     let sc = scratch.as_mut_ptr();
-    let scale = _mm256_set1_ps(g.scale);
+    let s = Scores { sc, stride };
+    scores_avx2::<E>(queries, ctxs, blocks, g, kv_head, &s, maxc);
+    softmax_avx2(ctxs, &s);
 
-    // Scores, a tile of 8 keys at a time: the tile's K rows stay in L1 while every
-    // query still causal there dots them with its q held in registers.
+    // Values: per chunk of keys, queries in pairs over half rows (8 accumulators),
+    // each query's FMA chain running over its keys in order; sums during column 0.
+    let mut sums = vec![0f32; n];
+    for o in outs.iter_mut() {
+        o[..HD].fill(0.0);
+    }
+    let stage = sc.add(n * stride);
+    let mut vp = [std::ptr::null::<E>(); KCHUNK];
+    let mut vf = [std::ptr::null::<f32>(); KCHUNK];
+    let mut w = RowWalk::<E>::new(blocks, g, kv_head);
+    for c0 in (0..maxc).step_by(KCHUNK) {
+        let c1 = (c0 + KCHUNK).min(maxc);
+        for p in vp.iter_mut().take(c1 - c0) {
+            *p = w.next().1;
+        }
+        let ch = (c0, c1);
+        if E::DTYPE == kvfabric_types::DType::F32 || n <= 2 {
+            value_chunk_avx2(outs, ctxs, &vp, ch, &s, &mut sums);
+        } else {
+            for (i, (f, p)) in vf.iter_mut().zip(&vp).take(c1 - c0).enumerate() {
+                *f = stage_row(*p, stage, i, HD);
+            }
+            value_chunk_avx2(outs, ctxs, &vf, ch, &s, &mut sums);
+        }
+    }
+    for (o, s) in outs.iter_mut().zip(&sums) {
+        let inv = _mm256_set1_ps(1.0 / s);
+        for t in 0..HD / 8 {
+            let p = o.as_mut_ptr().add(8 * t);
+            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
+        }
+    }
+}
+
+const HD: usize = 64;
+
+/// Each query's scores (then softmax numerators): query `i`'s at `sc + i * stride`.
+pub(super) struct Scores {
+    pub(super) sc: *mut f32,
+    pub(super) stride: usize,
+}
+
+/// Scores, a tile of 8 keys at a time: the tile's K rows (widened once, for
+/// stored halves) stay in L1 while every query still causal there dots them
+/// with its q held in registers.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_avx2<E: KvElem>(
+    queries: &[&[f32]],
+    ctxs: &[usize],
+    blocks: &[BlockKv],
+    g: &AttnGeometry,
+    kv_head: usize,
+    s: &Scores,
+    maxc: usize,
+) {
+    let scale = _mm256_set1_ps(g.scale);
     let mut stage = [_mm256_setzero_ps(); TILE];
     let st = stage.as_mut_ptr() as *mut f32;
+    let mut kst = [0f32; TILE * HD];
     let mut kp = [std::ptr::null::<f32>(); TILE];
-    let mut w = RowWalk::new(blocks, g, kv_head);
-    let mut prefetch = RowPrefetch::new(blocks, g, kv_head, n, maxc);
+    let mut w = RowWalk::<E>::new(blocks, g, kv_head);
+    let mut prefetch = RowPrefetch::<E>::new(blocks, g, kv_head, queries.len(), maxc);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
         prefetch.ahead_of(j0);
-        for p in kp.iter_mut().take(nk) {
-            *p = w.next().0;
+        for (t, p) in kp.iter_mut().take(nk).enumerate() {
+            *p = stage_row(w.next().0, kst.as_mut_ptr(), t, HD);
         }
         for (i, q) in queries.iter().enumerate() {
             if ctxs[i] <= j0 {
@@ -248,14 +320,17 @@ pub(super) unsafe fn attend_group_avx2(
                 }
                 _mm256_storeu_ps(st.add(slot * TILE), _mm256_add_ps(lo, hi));
             }
-            let s = _mm256_mul_ps(reduce8x8(st), scale);
-            _mm256_storeu_ps(sc.add(i * stride + j0), s);
+            let sv = _mm256_mul_ps(reduce8x8(st), scale);
+            _mm256_storeu_ps(s.sc.add(i * s.stride + j0), sv);
         }
     }
+}
 
-    // Softmax numerators per query: max over its own keys, then exp.
+/// Softmax numerators per query: max over its own keys, then exp.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(ctxs: &[usize], s: &Scores) {
     for (i, &ctx) in ctxs.iter().enumerate() {
-        let sp = sc.add(i * stride);
+        let sp = s.sc.add(i * s.stride);
         let full = ctx / TILE * TILE;
         let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
         for j in (0..full).step_by(TILE) {
@@ -274,85 +349,80 @@ pub(super) unsafe fn attend_group_avx2(
             _mm256_storeu_ps(sp.add(j), e);
         }
     }
+}
 
-    // Values: per chunk of keys, queries in pairs over half rows (8 accumulators),
-    // each query's FMA chain running over its keys in order; sums during column 0.
-    let mut sums = vec![0f32; n];
-    for o in outs.iter_mut() {
-        o[..HD].fill(0.0);
-    }
-    let mut vp = [std::ptr::null::<f32>(); KCHUNK];
-    let mut w = RowWalk::new(blocks, g, kv_head);
-    for c0 in (0..maxc).step_by(KCHUNK) {
-        let c1 = (c0 + KCHUNK).min(maxc);
-        for p in vp.iter_mut().take(c1 - c0) {
-            *p = w.next().1;
-        }
-        let mut i = 0;
-        while i + 1 < n {
-            let (ea, eb) = (ctxs[i].min(c1), ctxs[i + 1].min(c1));
-            let mid = ea.min(eb).max(c0);
-            let (pa, pb) = (sc.add(i * stride), sc.add((i + 1) * stride));
-            for col in [0, 32] {
-                let oa = outs[i].as_mut_ptr().add(col);
-                let ob = outs[i + 1].as_mut_ptr().add(col);
-                let mut a = [_mm256_setzero_ps(); 4];
-                let mut b = [_mm256_setzero_ps(); 4];
+/// The value rows `vp[j - c0]` of keys `c0..c1` into every query's output
+/// accumulators and numerator sums: queries in pairs over half rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn value_chunk_avx2<V: KvElem>(
+    outs: &mut [&mut [f32]],
+    ctxs: &[usize],
+    vp: &[*const V; KCHUNK],
+    (c0, c1): (usize, usize),
+    s: &Scores,
+    sums: &mut [f32],
+) {
+    let (n, sc, stride) = (outs.len(), s.sc, s.stride);
+    let mut i = 0;
+    while i + 1 < n {
+        let (ea, eb) = (ctxs[i].min(c1), ctxs[i + 1].min(c1));
+        let mid = ea.min(eb).max(c0);
+        let (pa, pb) = (
+            sc.add(i * stride) as *const f32,
+            sc.add((i + 1) * stride) as *const f32,
+        );
+        for col in [0, 32] {
+            let oa = outs[i].as_mut_ptr().add(col);
+            let ob = outs[i + 1].as_mut_ptr().add(col);
+            let mut a = [_mm256_setzero_ps(); 4];
+            let mut b = [_mm256_setzero_ps(); 4];
+            for t in 0..4 {
+                a[t] = _mm256_loadu_ps(oa.add(8 * t));
+                b[t] = _mm256_loadu_ps(ob.add(8 * t));
+            }
+            let (mut sa, mut sb) = (sums[i], sums[i + 1]);
+            for j in c0..mid {
+                let v = vp[j - c0].add(col);
+                let (xa, xb) = (*pa.add(j), *pb.add(j));
+                let (ba, bb) = (_mm256_set1_ps(xa), _mm256_set1_ps(xb));
                 for t in 0..4 {
-                    a[t] = _mm256_loadu_ps(oa.add(8 * t));
-                    b[t] = _mm256_loadu_ps(ob.add(8 * t));
+                    let x = V::load8(v.add(8 * t));
+                    a[t] = _mm256_fmadd_ps(ba, x, a[t]);
+                    b[t] = _mm256_fmadd_ps(bb, x, b[t]);
                 }
-                let (mut sa, mut sb) = (sums[i], sums[i + 1]);
-                for j in c0..mid {
-                    let v = vp[j - c0].add(col);
-                    let (xa, xb) = (*pa.add(j), *pb.add(j));
-                    let (ba, bb) = (_mm256_set1_ps(xa), _mm256_set1_ps(xb));
-                    for t in 0..4 {
-                        let x = _mm256_loadu_ps(v.add(8 * t));
-                        a[t] = _mm256_fmadd_ps(ba, x, a[t]);
-                        b[t] = _mm256_fmadd_ps(bb, x, b[t]);
-                    }
-                    sa += xa;
-                    sb += xb;
-                }
-                let first = col == 0;
-                if ea > mid {
-                    pv_run(&mut a, pa, &vp, c0, mid..ea, col, first.then_some(&mut sa));
-                }
-                if eb > mid {
-                    pv_run(&mut b, pb, &vp, c0, mid..eb, col, first.then_some(&mut sb));
-                }
-                if first {
-                    sums[i] = sa;
-                    sums[i + 1] = sb;
-                }
-                for t in 0..4 {
-                    _mm256_storeu_ps(oa.add(8 * t), a[t]);
-                    _mm256_storeu_ps(ob.add(8 * t), b[t]);
-                }
+                sa += xa;
+                sb += xb;
             }
-            i += 2;
-        }
-        if i < n && ctxs[i] > c0 {
-            let e = ctxs[i].min(c1);
-            let o = outs[i].as_mut_ptr();
-            let mut a = [_mm256_setzero_ps(); 8];
-            for (t, av) in a.iter_mut().enumerate() {
-                *av = _mm256_loadu_ps(o.add(8 * t));
+            let first = col == 0;
+            if ea > mid {
+                pv_run(&mut a, pa, vp, c0, mid..ea, col, first.then_some(&mut sa));
             }
-            let mut s = sums[i];
-            pv_run(&mut a, sc.add(i * stride), &vp, c0, c0..e, 0, Some(&mut s));
-            sums[i] = s;
-            for (t, av) in a.iter().enumerate() {
-                _mm256_storeu_ps(o.add(8 * t), *av);
+            if eb > mid {
+                pv_run(&mut b, pb, vp, c0, mid..eb, col, first.then_some(&mut sb));
+            }
+            if first {
+                sums[i] = sa;
+                sums[i + 1] = sb;
+            }
+            for t in 0..4 {
+                _mm256_storeu_ps(oa.add(8 * t), a[t]);
+                _mm256_storeu_ps(ob.add(8 * t), b[t]);
             }
         }
+        i += 2;
     }
-    for (o, s) in outs.iter_mut().zip(&sums) {
-        let inv = _mm256_set1_ps(1.0 / s);
-        for t in 0..HD / 8 {
-            let p = o.as_mut_ptr().add(8 * t);
-            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
+    if i < n && ctxs[i] > c0 {
+        let e = ctxs[i].min(c1);
+        let o = outs[i].as_mut_ptr();
+        let mut a = [_mm256_setzero_ps(); 8];
+        for (t, av) in a.iter_mut().enumerate() {
+            *av = _mm256_loadu_ps(o.add(8 * t));
+        }
+        let mut s = sums[i];
+        pv_run(&mut a, sc.add(i * stride), vp, c0, c0..e, 0, Some(&mut s));
+        sums[i] = s;
+        for (t, av) in a.iter().enumerate() {
+            _mm256_storeu_ps(o.add(8 * t), *av);
         }
     }
 }

@@ -4,14 +4,19 @@
 //! holds `dot_ref`'s lane `l`, so the first tree level is the low half plus
 //! the high half, as the AVX2 kernel's two 8-lane accumulators give it),
 //! softmax numerators run 16 scores at a time, and value accumulation runs
-//! four queries at once over whole 64-value rows.
+//! four queries at once over whole 64-value rows. Stored f16/bf16 rows are
+//! widened as in the AVX2 kernel (a tile's K rows once; a chunk's V rows
+//! once when more than one set of four queries reads them).
 
 // Register tiles are indexed [query][vector] explicitly: clearer than iterator chains here.
 #![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
+use kvfabric_types::DType;
+
 use super::avx2::{reduce8x8, RowPrefetch, RowWalk, KCHUNK, SLOT_OF_KEY, TILE};
+use super::elem::{stage_row, KvElem};
 use super::{exp16, AttnGeometry, BlockKv};
 
 const HD: usize = 64;
@@ -19,9 +24,9 @@ const HD: usize = 64;
 const PV_QUERIES: usize = 4;
 
 /// Group attention for `head_dim == 64` on AVX-512 (see [`super::attend_group`]).
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_group_avx512(
+pub(super) unsafe fn attend_group_avx512<E: KvElem>(
     queries: &[&[f32]],
     outs: &mut [&mut [f32]],
     ctxs: &[usize],
@@ -34,8 +39,14 @@ pub(super) unsafe fn attend_group_avx512(
     let maxc = ctxs.iter().copied().max().unwrap_or(0);
     // Rows of 16-score vectors (the softmax pass reads whole vectors).
     let stride = maxc.div_ceil(16) * 16;
-    if scratch.len() < n * stride {
-        scratch.resize(n * stride, 0.0);
+    // Scores, then (for stored halves) a staging area of one value chunk.
+    let stage_len = if E::DTYPE == DType::F32 {
+        0
+    } else {
+        KCHUNK * HD
+    };
+    if scratch.len() < n * stride + stage_len {
+        scratch.resize(n * stride + stage_len, 0.0);
     }
     let sc = scratch.as_mut_ptr();
     let scale = _mm256_set1_ps(g.scale);
@@ -43,14 +54,15 @@ pub(super) unsafe fn attend_group_avx512(
     // Scores, a tile of 8 keys at a time (their K rows stay in L1 for every query).
     let mut stage = [_mm256_setzero_ps(); TILE];
     let st = stage.as_mut_ptr() as *mut f32;
+    let mut kst = [0f32; TILE * HD];
     let mut kp = [std::ptr::null::<f32>(); TILE];
-    let mut w = RowWalk::new(blocks, g, kv_head);
-    let mut prefetch = RowPrefetch::new(blocks, g, kv_head, n, maxc);
+    let mut w = RowWalk::<E>::new(blocks, g, kv_head);
+    let mut prefetch = RowPrefetch::<E>::new(blocks, g, kv_head, n, maxc);
     for j0 in (0..maxc).step_by(TILE) {
         let nk = (maxc - j0).min(TILE);
         prefetch.ahead_of(j0);
-        for p in kp.iter_mut().take(nk) {
-            *p = w.next().0;
+        for (t, p) in kp.iter_mut().take(nk).enumerate() {
+            *p = stage_row(w.next().0, kst.as_mut_ptr(), t, HD);
         }
         for (i, q) in queries.iter().enumerate() {
             if ctxs[i] <= j0 {
@@ -101,31 +113,22 @@ pub(super) unsafe fn attend_group_avx512(
     for o in outs.iter_mut() {
         o[..HD].fill(0.0);
     }
-    let mut vp = [std::ptr::null::<f32>(); KCHUNK];
-    let mut w = RowWalk::new(blocks, g, kv_head);
+    let stage = sc.add(n * stride);
+    let mut vp = [std::ptr::null::<E>(); KCHUNK];
+    let mut vf = [std::ptr::null::<f32>(); KCHUNK];
+    let mut w = RowWalk::<E>::new(blocks, g, kv_head);
     for c0 in (0..maxc).step_by(KCHUNK) {
         let c1 = (c0 + KCHUNK).min(maxc);
         for p in vp.iter_mut().take(c1 - c0) {
             *p = w.next().1;
         }
-        let chunk = ValueChunk {
-            vp: &vp,
-            c0,
-            c1,
-            scores: sc,
-            stride,
-        };
-        let mut i = 0;
-        while i < n {
-            let q = (n - i).min(PV_QUERIES);
-            let (o, s, c) = (&mut outs[i..i + q], &mut sums[i..i + q], &ctxs[i..i + q]);
-            match q {
-                4 => chunk.accumulate::<4>(i, o, s, c),
-                3 => chunk.accumulate::<3>(i, o, s, c),
-                2 => chunk.accumulate::<2>(i, o, s, c),
-                _ => chunk.accumulate::<1>(i, o, s, c),
+        if E::DTYPE == DType::F32 || n <= PV_QUERIES {
+            ValueChunk::new(&vp, c0, c1, sc, stride).run(outs, &mut sums, ctxs);
+        } else {
+            for (i, (f, p)) in vf.iter_mut().zip(&vp).take(c1 - c0).enumerate() {
+                *f = stage_row(*p, stage, i, HD);
             }
-            i += q;
+            ValueChunk::new(&vf, c0, c1, sc, stride).run(outs, &mut sums, ctxs);
         }
     }
     for (o, s) in outs.iter_mut().zip(&sums) {
@@ -138,18 +141,52 @@ pub(super) unsafe fn attend_group_avx512(
 }
 
 /// Value rows `c0..c1` (pointers `vp[j - c0]`) and the softmax numerators.
-struct ValueChunk<'a> {
-    vp: &'a [*const f32; KCHUNK],
+struct ValueChunk<'a, V> {
+    vp: &'a [*const V; KCHUNK],
     c0: usize,
     c1: usize,
     scores: *const f32,
     stride: usize,
 }
 
-impl ValueChunk<'_> {
+impl<'a, V: KvElem> ValueChunk<'a, V> {
+    fn new(
+        vp: &'a [*const V; KCHUNK],
+        c0: usize,
+        c1: usize,
+        scores: *const f32,
+        stride: usize,
+    ) -> Self {
+        ValueChunk {
+            vp,
+            c0,
+            c1,
+            scores,
+            stride,
+        }
+    }
+
+    /// Every query of the group, in fours.
+    #[target_feature(enable = "avx512f,fma,f16c")]
+    unsafe fn run(&self, outs: &mut [&mut [f32]], sums: &mut [f32], ctxs: &[usize]) {
+        let n = outs.len();
+        let mut i = 0;
+        while i < n {
+            let q = (n - i).min(PV_QUERIES);
+            let (o, s, c) = (&mut outs[i..i + q], &mut sums[i..i + q], &ctxs[i..i + q]);
+            match q {
+                4 => self.accumulate::<4>(i, o, s, c),
+                3 => self.accumulate::<3>(i, o, s, c),
+                2 => self.accumulate::<2>(i, o, s, c),
+                _ => self.accumulate::<1>(i, o, s, c),
+            }
+            i += q;
+        }
+    }
+
     /// `o += p[j] * v_j` and `sum += p[j]` for `Q` queries (the first is query
     /// `first` of the group), each over its keys `j < ctx` of this chunk in order.
-    #[target_feature(enable = "avx512f,fma")]
+    #[target_feature(enable = "avx512f,fma,f16c")]
     unsafe fn accumulate<const Q: usize>(
         &self,
         first: usize,
@@ -170,7 +207,7 @@ impl ValueChunk<'_> {
         let mut s: [f32; Q] = std::array::from_fn(|q| sums[q]);
         for j in self.c0..mid {
             let v = self.vp[j - self.c0];
-            let vv = [0, 1, 2, 3].map(|t| _mm512_loadu_ps(v.add(16 * t)));
+            let vv = [0, 1, 2, 3].map(|t| V::load16(v.add(16 * t)));
             for q in 0..Q {
                 let x = *p[q].add(j);
                 let b = _mm512_set1_ps(x);
@@ -186,7 +223,7 @@ impl ValueChunk<'_> {
                 let x = *p[q].add(j);
                 let b = _mm512_set1_ps(x);
                 for t in 0..4 {
-                    acc[q][t] = _mm512_fmadd_ps(b, _mm512_loadu_ps(v.add(16 * t)), acc[q][t]);
+                    acc[q][t] = _mm512_fmadd_ps(b, V::load16(v.add(16 * t)), acc[q][t]);
                 }
                 s[q] += x;
             }
