@@ -213,7 +213,15 @@ impl<'a> Reader<'a> {
 
 /// A decoding table: entry = symbol | length << 8, for every `MAX_LEN`-bit
 /// window; Err when the lengths are not a complete prefix code.
-fn table(lengths: &[u8; 256], plane: usize) -> Result<Box<[u16; TABLE]>, CodecError> {
+/// A decoding table, reused from segment to segment.
+pub type Table = [u16; TABLE];
+
+/// A zeroed table on the heap.
+pub fn new_table() -> Box<Table> {
+    Box::new([0u16; TABLE])
+}
+
+fn fill_table(lengths: &[u8; 256], plane: usize, t: &mut Table) -> Result<(), CodecError> {
     let bad = CodecError::Corrupt {
         plane,
         what: "code lengths",
@@ -230,7 +238,6 @@ fn table(lengths: &[u8; 256], plane: usize) -> Result<Box<[u16; TABLE]>, CodecEr
         return Err(bad);
     }
     let codes = codes(lengths);
-    let mut t = Box::new([0u16; TABLE]);
     for s in 0..256 {
         let l = lengths[s] as usize;
         if l == 0 {
@@ -243,12 +250,17 @@ fn table(lengths: &[u8; 256], plane: usize) -> Result<Box<[u16; TABLE]>, CodecEr
             i += 1 << l;
         }
     }
-    Ok(t)
+    Ok(())
 }
 
 /// Decode a plane written by [`encode`] (exactly `enc`) into `out` (its
 /// length is the symbol count).
-pub fn decode(enc: &[u8], out: &mut [u8], plane: usize) -> Result<(), CodecError> {
+pub fn decode(
+    enc: &[u8],
+    out: &mut [u8],
+    plane: usize,
+    table: &mut Table,
+) -> Result<(), CodecError> {
     let corrupt = |what| CodecError::Corrupt { plane, what };
     let head = LENGTHS_BYTES + 4 * (STREAMS - 1);
     let h = enc.get(..head).ok_or(corrupt("huffman header"))?;
@@ -257,7 +269,7 @@ pub fn decode(enc: &[u8], out: &mut [u8], plane: usize) -> Result<(), CodecError
         lengths[2 * i] = b & 15;
         lengths[2 * i + 1] = b >> 4;
     }
-    let table = table(&lengths, plane)?;
+    fill_table(&lengths, plane, table)?;
     let mut at = head;
     let mut streams: [&[u8]; STREAMS] = [&[]; STREAMS];
     for (k, s) in streams.iter_mut().enumerate() {
@@ -272,7 +284,7 @@ pub fn decode(enc: &[u8], out: &mut [u8], plane: usize) -> Result<(), CodecError
             .ok_or(corrupt("stream sizes"))?;
         at += size;
     }
-    if decode_streams(&table, streams, out) {
+    if decode_streams(table, streams, out) {
         return Err(corrupt("huffman stream (read past its end)"));
     }
     Ok(())

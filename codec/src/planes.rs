@@ -106,11 +106,12 @@ pub fn decode(enc: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     let (width, seg) = (h.width, h.segment as usize);
     let n = out.len() / width;
     let mut scratch = vec![0u8; width * seg.min(n)];
+    let mut table = huffman::new_table();
     let mut at = HEADER_LEN;
     let mut start = 0;
     while start < n {
         let m = seg.min(n - start);
-        let (next, sources) = decode_segment(enc, at, &mut scratch, m, width)?;
+        let (next, sources) = decode_segment(enc, at, &mut scratch, &mut table, m, width)?;
         at = next;
         let mut planes: [&[u8]; 8] = [&[]; 8];
         for (p, src) in sources.iter().take(width).enumerate() {
@@ -142,6 +143,7 @@ fn decode_segment(
     enc: &[u8],
     mut at: usize,
     scratch: &mut [u8],
+    table: &mut huffman::Table,
     m: usize,
     width: usize,
 ) -> Result<(usize, [Source; 8]), CodecError> {
@@ -163,7 +165,7 @@ fn decode_segment(
         match rec[0] {
             RAW if len == m => *source = Source::Enc(body_at),
             CONSTANT if len == 1 => dst.fill(body[0]),
-            HUFFMAN => huffman::decode(body, dst, p)?,
+            HUFFMAN => huffman::decode(body, dst, p, table)?,
             RAW | CONSTANT => return Err(corrupt("plane length")),
             _ => return Err(corrupt("plane mode")),
         }
