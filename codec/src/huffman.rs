@@ -293,28 +293,36 @@ pub fn decode(
 /// Decode; true when a stream was read past its end.
 fn decode_streams(table: &[u16; TABLE], streams: [&[u8]; STREAMS], out: &mut [u8]) -> bool {
     let ranges = stream_ranges(out.len());
-    let mut r = streams.map(Reader::new);
+    // Four separate locals (not an array) so each reader's state stays in
+    // registers: through an array the decode chains went through memory.
+    let [mut r0, mut r1, mut r2, mut r3] = streams.map(Reader::new);
     let common = ranges[STREAMS - 1].len();
     let q = ranges[0].len();
     let (o0, rest) = out.split_at_mut(q.min(out.len()));
     let (o1, rest) = rest.split_at_mut(q.min(rest.len()));
     let (o2, o3) = rest.split_at_mut(q.min(rest.len()));
-    let mut j = 0;
     // Five symbols per stream per refill (5 x 11 <= 56 bits).
-    while j + 5 <= common {
-        for rd in r.iter_mut() {
-            rd.refill();
+    let fast = common / 5 * 5;
+    let quads = o0[..fast]
+        .chunks_exact_mut(5)
+        .zip(o1[..fast].chunks_exact_mut(5))
+        .zip(o2[..fast].chunks_exact_mut(5))
+        .zip(o3[..fast].chunks_exact_mut(5));
+    for (((a, b), c), d) in quads {
+        r0.refill();
+        r1.refill();
+        r2.refill();
+        r3.refill();
+        for i in 0..5 {
+            a[i] = r0.symbol(table);
+            b[i] = r1.symbol(table);
+            c[i] = r2.symbol(table);
+            d[i] = r3.symbol(table);
         }
-        for i in j..j + 5 {
-            o0[i] = r[0].symbol(table);
-            o1[i] = r[1].symbol(table);
-            o2[i] = r[2].symbol(table);
-            o3[i] = r[3].symbol(table);
-        }
-        j += 5;
     }
+    let mut r = [r0, r1, r2, r3];
     for (k, o) in [o0, o1, o2, o3].into_iter().enumerate() {
-        for b in o.iter_mut().skip(j) {
+        for b in o.iter_mut().skip(fast) {
             r[k].refill();
             *b = r[k].symbol(table);
         }
