@@ -290,3 +290,56 @@ fn measure_set(
     v["methods"] = Value::Object(report);
     Ok(v)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_model_is_refused() {
+        let args = KvArgs {
+            json: true,
+            model: None,
+            sessions: 1,
+            system_tokens: 100,
+            session_history_tokens: 0,
+            blocks: 4,
+            rounds: 1,
+            threads: 1,
+            kv_pool_mib: 64,
+            seed: 1,
+            dump_dir: None,
+        };
+        let err = measure(&args).expect_err("no model");
+        assert!(err.to_string().contains("--model"), "{err}");
+        let args = KvArgs {
+            model: Some("/nonexistent/m.gguf".into()),
+            ..args
+        };
+        let err = measure(&args).expect_err("missing");
+        assert!(err.to_string().contains("kvfabric model fetch"), "{err}");
+    }
+
+    #[test]
+    fn every_method_round_trips_and_reports_ratios() {
+        // Two f16-like blocks (a repeating ramp): every method must decode
+        // bit-exact, and the report carries each figure.
+        let blocks: Vec<Vec<u8>> = (0..2u16)
+            .map(|b| {
+                (0..8192u16)
+                    .flat_map(|i| dtype::f32_to_f16_bits((i % 97 + b) as f32 * 0.01).to_le_bytes())
+                    .collect()
+            })
+            .collect();
+        let r = measure_set(&blocks, 2, 4096, 1).expect("measure");
+        for m in ["kvcodec", "zstd1", "lz4", "zstd1_planes", "lz4_planes"] {
+            assert_eq!(r["methods"][m]["bit_exact"], true, "{m}");
+            assert!(
+                r["methods"][m]["ratio"].as_f64().unwrap_or(0.0) > 1.0,
+                "{m}"
+            );
+        }
+        assert!(r["entropy_bound_ratio"].as_f64().unwrap_or(0.0) > 1.0);
+        assert!(r["disk_blocks_ratio"].as_f64().unwrap_or(0.0) >= 1.0);
+    }
+}
