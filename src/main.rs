@@ -88,6 +88,8 @@ enum BenchWhich {
     Agentic(kvfabric_benches::agentic::AgenticArgs),
     /// RAM-tier eviction order (LRU vs S3-FIFO): token hit ratio replaying the agentic trace on small tiers.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
+    /// KV block size per dtype and the block codec against zstd-1 and lz4 on real engine blocks.
+    Kv(kvfabric_benches::kv::KvArgs),
 }
 
 #[derive(Args, Debug)]
@@ -213,6 +215,12 @@ fn main() -> anyhow::Result<()> {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::eviction::run(&a)?
+            }
+            BenchWhich::Kv(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::kv::run(&a)?
             }
         },
     }

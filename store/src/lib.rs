@@ -14,6 +14,9 @@ mod cache_service;
 mod changes;
 pub mod cluster;
 mod disk;
+mod disk_codec;
+#[cfg(test)]
+mod disk_codec_tests;
 mod disk_staging;
 mod error;
 mod extent;
@@ -37,7 +40,7 @@ pub use changes::{BlockChange, ChangeFeed};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
-pub use node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
+pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};
 pub use node_server::NodeServer;
 pub use store::{PutOptions, ReserveOutcome, Store};
 

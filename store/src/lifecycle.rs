@@ -207,6 +207,7 @@ impl Shared {
             tokens: r.tokens,
             ram: Some(r.extent),
             disk: None,
+            disk_codec: Default::default(),
             ram_slot: 0,
             disk_slot: 0,
             hard_pin: false,
@@ -288,6 +289,7 @@ impl Shared {
                         checksum,
                         tokens: b.tokens,
                         layout: b.layout,
+                        codec: b.disk_codec,
                     };
                     drop(g);
                     disk.sync_data()?;

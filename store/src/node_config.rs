@@ -36,6 +36,17 @@ pub enum DiskAdmission {
     SeenTwice,
 }
 
+/// Whether the disk tier stores blocks compressed (`kvfabric-codec`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskCompression {
+    /// Compressed when that spares at least one 4 KiB disk unit, else raw.
+    #[default]
+    Auto,
+    /// Always raw.
+    Off,
+}
+
 /// Order in which a tier picks the blocks it drops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -70,6 +81,8 @@ pub struct NodeConfig {
     pub write_policy: WritePolicy,
     /// Disk admission policy: all or seen-twice. Default: all.
     pub disk_admission: DiskAdmission,
+    /// Disk blocks compressed when it pays (auto) or never (off). Default: auto.
+    pub disk_compression: DiskCompression,
     /// Eviction order of both tiers: lru or s3fifo. Default: lru.
     pub eviction: EvictionPolicy,
     /// Fraction of a tier's capacity above which eviction starts. Default: 0.95.
@@ -100,6 +113,7 @@ impl Default for NodeConfig {
             disk_capacity: ByteSize::gib(8),
             write_policy: WritePolicy::WriteBack,
             disk_admission: DiskAdmission::All,
+            disk_compression: DiskCompression::Auto,
             eviction: EvictionPolicy::Lru,
             high_watermark: 0.95,
             low_watermark: 0.85,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::changes::{BlockChange, ChangeFeed};
+use crate::disk_codec::DiskCodec;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
 use crate::node_config::NodeConfig;
@@ -28,6 +29,8 @@ pub(crate) struct Block {
     pub tokens: u32,
     pub ram: Option<Extent>,
     pub disk: Option<Extent>,
+    /// How the disk copy's bytes are stored (valid while `disk` is Some).
+    pub disk_codec: DiskCodec,
     /// The block's slot in `Inner::ram_order`, valid while `ram` is Some
     /// (kept here so the order needs no key index: see `policy`).
     pub ram_slot: Slot,

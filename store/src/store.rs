@@ -99,6 +99,7 @@ impl Store {
                         tokens: rec.tokens,
                         ram: None,
                         disk: Some(rec.extent),
+                        disk_codec: rec.codec,
                         ram_slot: 0,
                         disk_slot,
                         hard_pin: false,

@@ -12,11 +12,12 @@ use std::time::Instant;
 use parking_lot::MutexGuard;
 
 use crate::disk::DiskRecord;
+use crate::disk_codec::{self, DiskCodec};
 use crate::extent::Extent;
 use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
-use crate::node_config::{DiskAdmission, WritePolicy};
+use crate::node_config::{DiskAdmission, DiskCompression, WritePolicy};
 use crate::state::{Block, Inner};
 use crate::store::Shared;
 use crate::StoreError;
@@ -150,7 +151,8 @@ impl Shared {
         }
     }
 
-    /// Write the RAM copy `ram` of `key` to disk and index it (synced when `durable`).
+    /// Write the RAM copy `ram` of `key` to disk (compressed when that pays,
+    /// see `disk_codec`) and index it (synced when `durable`).
     /// The caller has marked the block `flushing` and leased `ram`.
     /// Ok(false): no disk tier or no disk room.
     pub(crate) fn write_to_disk(
@@ -163,13 +165,28 @@ impl Shared {
             return Ok(false);
         };
         let started = Instant::now();
+        let Some((layout, len)) = self.inner.lock().blocks.get(key).map(|b| (b.layout, b.len))
+        else {
+            return Ok(false);
+        };
+        // SAFETY: `ram` is leased by the caller: allocated, committed and not written by anyone.
+        let data = unsafe { self.region.slice(ram.offset as usize, ram.len as usize) }?;
+        let data = data.get(..len as usize).unwrap_or(data);
+        let encoded = match self.cfg.disk_compression {
+            DiskCompression::Auto => disk_codec::compress(data, &layout),
+            DiskCompression::Off => None,
+        };
+        let (bytes, codec) = match &encoded {
+            Some(e) => (e.as_slice(), DiskCodec::Planes),
+            None => (data, DiskCodec::Raw),
+        };
         let (dext, rec) = {
             let mut g = self.inner.lock();
             let Some(b) = g.blocks.get(key) else {
                 return Ok(false);
             };
-            let (layout, len, checksum, tokens) = (b.layout, b.len, b.checksum, b.tokens);
-            let Some(dext) = self.alloc_disk(&mut g, ram.len) else {
+            let (checksum, tokens) = (b.checksum, b.tokens);
+            let Some(dext) = self.alloc_disk(&mut g, bytes.len() as u64) else {
                 return Ok(false);
             };
             let rec = DiskRecord {
@@ -178,12 +195,11 @@ impl Shared {
                 checksum,
                 tokens,
                 layout,
+                codec,
             };
             (dext, rec)
         };
-        // SAFETY: `ram` is leased by the caller: allocated, committed and not written by anyone.
-        let data = unsafe { self.region.slice(ram.offset as usize, ram.len as usize) }?;
-        let io = disk.write(dext, data).and_then(|()| {
+        let io = disk.write(dext, bytes).and_then(|()| {
             if durable {
                 disk.sync_data()?;
             }
@@ -201,6 +217,7 @@ impl Shared {
         match blocks.get_mut(key) {
             Some(b) if b.ram == Some(ram) && b.disk.is_none() => {
                 b.disk = Some(dext);
+                b.disk_codec = codec;
                 b.disk_slot = disk_order.insert(*key);
                 Ok(true)
             }
@@ -227,14 +244,14 @@ impl Shared {
         let Some(disk) = self.disk.as_ref() else {
             return Ok(None);
         };
-        let (len, checksum) = {
+        let (len, checksum, codec) = {
             let g = self.inner.lock();
             match g.blocks.get(key) {
-                Some(b) => (b.len, b.checksum),
+                Some(b) => (b.len, b.checksum, b.disk_codec),
                 None => return Ok(None),
             }
         };
-        let ram = match self.alloc_ram(dext.len) {
+        let ram = match self.alloc_ram(len) {
             Ok(e) => e,
             Err(e) => {
                 self.inner.lock().unlease_disk(dext);
@@ -242,14 +259,18 @@ impl Shared {
             }
         };
         let started = Instant::now();
-        // The disk bytes land in a staging buffer and are checksummed there;
-        // only verified bytes are copied into the arena.
+        // The disk bytes land in a staging buffer and are decoded (when
+        // compressed) and checksummed there; only verified bytes are copied
+        // into the arena. A block that does not decode is a checksum failure.
         // SAFETY: `ram` was just allocated and is owned by this call alone.
         let read = unsafe { self.region.slice_mut(ram.offset as usize, ram.len as usize) }
             .map_err(StoreError::from)
             .and_then(|arena| {
                 disk.read(dext, |staged| {
-                    let block = &staged[..len as usize];
+                    let Some(block) = disk_codec::block_bytes(codec, staged, len) else {
+                        return false;
+                    };
+                    let block = &block[..];
                     let ok = match copy {
                         Some(c) => c.verify_and_copy(block, checksum),
                         None => kvfabric_transfer::checksum::checksum(block) == checksum,

@@ -1,0 +1,73 @@
+//! Compressed disk blocks: which blocks the disk tier stores through
+//! `kvfabric-codec`, and how a read turns an extent back into block bytes.
+//!
+//! A block is stored encoded when that saves at least one disk unit
+//! ([`DISK_ALIGN`]) of its extent (so the tier holds more blocks in the same
+//! bytes), and raw otherwise. The codec is recorded in the block's index
+//! record ([`DiskCodec`]), so blocks written before compression existed (or
+//! with it off) read back as they are. The block's checksum covers the
+//! decoded bytes: a corrupt encoded extent either fails to decode or decodes
+//! to bytes that fail the checksum, and both are a miss.
+
+use std::borrow::Cow;
+
+use crate::disk::DISK_ALIGN;
+use crate::keys::KvLayout;
+
+/// How a block's bytes sit in its disk extent (a byte of the index record).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DiskCodec {
+    /// The block's bytes as they are.
+    #[default]
+    Raw,
+    /// A `kvfabric-codec` byte-plane block (its header says its lengths).
+    Planes,
+}
+
+impl DiskCodec {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            DiskCodec::Raw => 0,
+            DiskCodec::Planes => kvfabric_codec::CODEC_PLANES,
+        }
+    }
+
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0 => Some(DiskCodec::Raw),
+            kvfabric_codec::CODEC_PLANES => Some(DiskCodec::Planes),
+            _ => None,
+        }
+    }
+}
+
+/// `data` (a block of `layout`) encoded, when that spares at least one disk
+/// unit; None = store it raw.
+pub(crate) fn compress(data: &[u8], layout: &KvLayout) -> Option<Vec<u8>> {
+    let width = layout.dtype.size();
+    // One segment (one code table) per layer's K or V.
+    let segment = (layout.half_layer_bytes() / width).clamp(1, u32::MAX as usize) as u32;
+    let mut enc = Vec::new();
+    if let Err(e) = kvfabric_codec::encode_segmented(data, width, segment, &mut enc) {
+        tracing::warn!("block not compressed: {e}");
+        return None;
+    }
+    let units = |n: usize| (n as u64).div_ceil(DISK_ALIGN);
+    (units(enc.len()) < units(data.len())).then_some(enc)
+}
+
+/// The block's `len` bytes from its extent's bytes `stored`; None when they
+/// do not decode (corrupt), which the caller treats as a checksum failure.
+pub(crate) fn block_bytes(codec: DiskCodec, stored: &[u8], len: u64) -> Option<Cow<'_, [u8]>> {
+    match codec {
+        DiskCodec::Raw => stored.get(..len as usize).map(Cow::Borrowed),
+        DiskCodec::Planes => match kvfabric_codec::decode_to_vec(stored, len) {
+            Ok(v) if v.len() as u64 == len => Some(Cow::Owned(v)),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("compressed disk block does not decode: {e}");
+                None
+            }
+        },
+    }
+}
