@@ -204,6 +204,23 @@ impl Testbed {
         Ok(bed)
     }
 
+    /// [`Testbed::up`] for a test: None, with `SKIPPED: ...` on stderr,
+    /// only where namespaces cannot be made (not root); any other failure
+    /// panics. With `KVFABRIC_REQUIRE_TESTBED=1` (CI) unavailability panics
+    /// too, so a runner that lost root cannot pass these tests by skipping.
+    pub fn up_or_skip(hosts: usize, link_gbit: Option<f64>) -> Option<Testbed> {
+        match Testbed::up(hosts, link_gbit) {
+            Ok(bed) => Some(bed),
+            Err(TestbedError::Unavailable { reason })
+                if std::env::var("KVFABRIC_REQUIRE_TESTBED").as_deref() != Ok("1") =>
+            {
+                eprintln!("SKIPPED: this test needs network namespaces: {reason}");
+                None
+            }
+            Err(e) => panic!("test bed of {hosts} hosts: {e}"),
+        }
+    }
+
     fn add_namespace(&mut self, ns: String) -> Result<()> {
         run("ip", &["netns", "add", &ns])?;
         self.made.push(ns.clone());

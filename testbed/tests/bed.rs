@@ -6,19 +6,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use kvfabric_testbed::{Testbed, TestbedError};
+use kvfabric_testbed::Testbed;
 
-/// The test bed, or None (with the reason printed) where namespaces cannot
-/// be made here.
 fn bed(hosts: usize, gbit: Option<f64>) -> Option<Testbed> {
-    match Testbed::up(hosts, gbit) {
-        Ok(b) => Some(b),
-        Err(TestbedError::Unavailable { reason }) => {
-            eprintln!("SKIPPED: network namespaces unavailable here ({reason})");
-            None
-        }
-        Err(e) => panic!("test bed: {e}"),
-    }
+    Testbed::up_or_skip(hosts, gbit)
 }
 
 fn namespaces() -> Vec<String> {
