@@ -11,6 +11,7 @@ pub mod agentic;
 pub mod cluster;
 pub mod engine;
 pub mod eviction;
+pub mod hosts;
 pub mod reuse;
 pub mod store;
 pub mod transfer;
