@@ -13,6 +13,7 @@ pub mod engine;
 pub mod eviction;
 pub mod hosts;
 pub mod reuse;
+pub mod soak;
 pub mod store;
 pub mod transfer;
 

@@ -37,7 +37,7 @@ mod procs;
 
 pub use enter::enter_namespace;
 pub use net::{Host, Testbed, ADDR_PREFIX, NAME_PREFIX};
-pub use procs::{HostProc, ProcStats};
+pub use procs::{fd_kinds, HostProc, ProcStats};
 
 /// What can go wrong making or driving a test bed.
 #[derive(Debug, thiserror::Error)]

@@ -36,6 +36,33 @@ impl ProcStats {
     }
 }
 
+/// Open fds of `pid` by kind (`socket`, `pipe`, `anon_inode:[eventfd]`,
+/// `file`, ...): what grew when the count grows.
+pub fn fd_kinds(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut kinds = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return kinds;
+    };
+    for e in dir.flatten() {
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        let t = target.to_string_lossy();
+        let kind = match t.split_once(':') {
+            Some((k, rest)) if !t.starts_with('/') => {
+                if k == "anon_inode" {
+                    format!("anon_inode:{rest}")
+                } else {
+                    k.to_string()
+                }
+            }
+            _ => "file".to_string(),
+        };
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    kinds
+}
+
 /// One process inside a host, its stderr kept in a log file.
 #[derive(Debug)]
 pub struct HostProc {
@@ -178,5 +205,7 @@ mod tests {
         let me = ProcStats::of(std::process::id()).expect("self");
         assert!(me.rss_bytes > 0 && me.fds > 0);
         assert_eq!(ProcStats::of(u32::MAX), None);
+        let kinds = fd_kinds(std::process::id());
+        assert_eq!(kinds.values().sum::<u64>(), me.fds);
     }
 }
