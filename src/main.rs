@@ -86,6 +86,8 @@ enum BenchWhich {
     Reuse(kvfabric_benches::reuse::ReuseArgs),
     /// Agentic multi-turn workload on N engines: no cache vs local prefix cache vs kvfabric.
     Agentic(kvfabric_benches::agentic::AgenticArgs),
+    /// Chaos soak: 3 engine hosts, router and etcd under agentic load while seeded faults hit them (needs root).
+    Soak(kvfabric_benches::soak::SoakArgs),
     /// RAM-tier eviction order (LRU vs S3-FIFO): token hit ratio replaying the agentic trace on small tiers.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
     /// KV block size per dtype and the block codec against zstd-1 and lz4 on real engine blocks.
@@ -209,6 +211,12 @@ fn main() -> anyhow::Result<()> {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::agentic::run(&a)?
+            }
+            BenchWhich::Soak(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::soak::run(&a)?
             }
             BenchWhich::Eviction(mut a) => {
                 if a.model.is_none() {

@@ -3,15 +3,19 @@
 //! loads (no session routing), and B's output is bitwise what B computes
 //! with no cache at all; corrupted blocks are recomputed, not used. Reuse
 //! runs with f16 KV (the default) and f32 KV; engines of different KV dtypes
-//! never read each other's blocks.
+//! never read each other's blocks. The 2048-token reuse also runs across two
+//! hosts of a test bed (network namespaces), where the transfer has to go
+//! over TCP.
 
 mod fabric_support;
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use fabric_support::*;
 use kvfabric_engine::KvDtype;
 use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_testbed::Testbed;
 
 const PROMPT: usize = 2048;
 const EXTRA: usize = 64;
@@ -87,6 +91,112 @@ async fn reuse_bit_exact(kv_dtype: KvDtype) {
     drop(eb);
     a.stop().await;
     b.stop().await;
+}
+
+/// Run `fut` on a worker of `rt` (inside that runtime's host) and wait.
+fn on<T: Send + 'static>(
+    rt: &tokio::runtime::Runtime,
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    rt.block_on(rt.spawn(fut))
+        .expect("task on a host's runtime")
+}
+
+/// The same reuse with A and B on two hosts (network namespaces joined by a
+/// bridge; etcd on A's host). Abstract Unix sockets are per namespace, so
+/// the shm handshake fails and B's node reads A's blocks over TCP: its
+/// transfer metrics count every loaded byte under tcp and none under shm.
+#[test]
+fn prefix_computed_on_a_is_reused_bit_exact_on_b_across_hosts() {
+    let Some(bed) = Testbed::up_or_skip(2, None) else {
+        return;
+    };
+    let (ip0, ip1) = (IpAddr::V4(bed.host(0).ip()), IpAddr::V4(bed.host(1).ip()));
+    let rt0 = bed.host(0).runtime(2).expect("runtime in host 0");
+    let rt1 = bed.host(1).runtime(2).expect("runtime in host 1");
+    let etcd = rt0
+        .block_on(rt0.spawn_blocking(move || EtcdProcess::start_on(ip0)))
+        .expect("etcd task")
+        .expect("etcd on host 0");
+    let a = on(&rt0, node_on(etcd.endpoint(), "/t-hosts", "a", ip0));
+    let b = on(&rt1, node_on(etcd.endpoint(), "/t-hosts", "b", ip1));
+    rt0.block_on(wait_members(&[&a, &b], 2));
+    // Engines start from a thread of their host: every thread they start
+    // and every task their connector spawns stays inside it.
+    let start = |rt: &tokio::runtime::Runtime, node: &kvfabric_connector::EmbeddedNode| {
+        let n = node.node().clone();
+        rt.block_on(rt.spawn_blocking(move || {
+            let connect = kvfabric_connector::FabricConnector::connect_fn(
+                n,
+                kvfabric_connector::ConnectorConfig::default(),
+            );
+            engine_with(Some(connect), &engine_config())
+        }))
+        .expect("engine start task")
+    };
+    let ea = start(&rt0, &a);
+    let eb = start(&rt1, &b);
+
+    let prompt = tokens(7, PROMPT);
+    let mut longer = prompt.clone();
+    longer.extend(tokens(8, EXTRA));
+    let (hb, hl) = (eb.handle.clone(), longer.clone());
+    let cold = on(&rt1, async move { generate(&hb, &hl, GEN, b"cold").await });
+    assert_eq!(cold.usage.cached_tokens, 0);
+    let (ha, hp) = (ea.handle.clone(), prompt.clone());
+    let first = on(&rt0, async move { generate(&ha, &hp, 1, b"").await });
+    assert_eq!(first.usage.cached_tokens, 0);
+    let ca = ea.connector.as_ref().expect("connector");
+    assert!(ca.flush(Duration::from_secs(30)), "A's saves finished");
+
+    let (hb, hl) = (eb.handle.clone(), longer.clone());
+    let warm = on(&rt1, async move { generate(&hb, &hl, GEN, b"").await });
+    let cb = eb.connector.as_ref().expect("connector");
+    assert!(
+        warm.usage.cached_tokens >= PROMPT - 64,
+        "B reused {} tokens",
+        warm.usage.cached_tokens
+    );
+    assert_eq!(cb.stats().loaded_blocks, (PROMPT / 64) as u64);
+    assert_eq!(warm.tokens, cold.tokens);
+    for (w, c) in warm.logits.iter().zip(&cold.logits) {
+        assert!(same_bits(w, c), "logits differ from the cold run");
+    }
+
+    let http = b.http_addr();
+    let text = rt1
+        .block_on(rt1.spawn_blocking(move || node_metrics(http)))
+        .expect("metrics task");
+    let bytes = |transport| {
+        metric_sum(
+            &text,
+            "kvfabric_transfer_bytes_total",
+            &[("transport", transport), ("direction", "Read")],
+        )
+    };
+    let layout = {
+        let c = &model().config;
+        // The engines keep the default KV dtype.
+        let dtype = kvfabric_engine::EngineConfig::default().kv_dtype;
+        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, 64, dtype.into())
+    };
+    let prefix_bytes = (PROMPT / 64) as f64 * layout.block_bytes() as f64;
+    assert!(
+        bytes("Tcp") >= prefix_bytes,
+        "B's node read {} bytes over tcp, the prefix is {prefix_bytes}:\n{text}",
+        bytes("Tcp")
+    );
+    assert_eq!(bytes("Shm"), 0.0, "shm used between two hosts");
+    eprintln!(
+        "across hosts: cold ttft {:?}, warm ttft {:?}, {} bytes over tcp",
+        cold.ttft,
+        warm.ttft,
+        bytes("Tcp")
+    );
+    drop((ea, eb));
+    on(&rt0, a.stop());
+    on(&rt1, b.stop());
+    drop(etcd);
 }
 
 /// A block corrupted in A's store fails its checksum on B: B uses the

@@ -105,6 +105,14 @@ pub struct AgenticArgs {
     /// Save on/off measurements (alternated; the best of each is reported).
     #[arg(long, default_value_t = 3)]
     pub step_repeats: usize,
+    /// Hosts (network namespaces; needs root) the fabric configuration's
+    /// nodes run on, one per engine: 0 = all in this network namespace
+    /// (loopback, shm), else equal to --engines (tcp between hosts).
+    #[arg(long, default_value_t = 0)]
+    pub hosts: usize,
+    /// Rate of each host's link, Gbit/s (tbf; with --hosts).
+    #[arg(long)]
+    pub link_gbit: Option<f64>,
 }
 
 /// Run the bench and print its report.
@@ -114,6 +122,14 @@ pub fn run(args: &AgenticArgs) -> anyhow::Result<()> {
 
 /// Run the bench and return the report (what `--json` prints).
 pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        args.hosts == 0 || args.hosts == args.engines,
+        "--hosts is 0 (one host) or --engines (one engine per host)"
+    );
+    anyhow::ensure!(
+        args.link_gbit.is_none() || args.hosts > 0,
+        "--link-gbit shapes the links between hosts: give --hosts"
+    );
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.engines > 0, "--engines must be > 0");
     anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
@@ -242,16 +258,21 @@ async fn measure_all(
     let none = run_configuration(args, &model, workload, Reuse::None, None).await?;
     let local = run_configuration(args, &model, workload, Reuse::Local, None).await?;
     // One RAM tier per engine, enough for the whole trace and the step runs.
-    let fabric_nodes = FabricCluster::start(args.engines, args.node_ram_mib).await?;
+    let hosts = match args.hosts {
+        0 => None,
+        n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
+    };
+    let fabric_nodes = FabricCluster::start_on(args.engines, args.node_ram_mib, hosts).await?;
     let measured = async {
         let fabric =
             run_configuration(args, &model, workload, Reuse::Fabric, Some(&fabric_nodes)).await?;
+        let transfer = fabric_nodes.transfer_bytes_all().await?;
         let steps = save_on_off(args, &model, &fabric_nodes).await?;
-        anyhow::Ok((fabric, steps))
+        anyhow::Ok((fabric, transfer, steps))
     }
     .await;
     fabric_nodes.stop().await;
-    let (fabric, (save_on, save_off, step_saved_blocks)) = measured?;
+    let (fabric, transfer, (save_on, save_off, step_saved_blocks)) = measured?;
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let f = &fabric.summary;
     Ok(json!({
@@ -271,6 +292,10 @@ async fn measure_all(
         "local": local.summary.to_json(),
         "fabric": f.to_json(),
         "fabric_connector": fabric.connector.as_ref().map(stats_json),
+        "hosts": args.hosts,
+        "link_gbit": args.link_gbit,
+        // What the nodes' transfer engines moved during the fabric run.
+        "fabric_transfer": crate::hosts::transfer_json(&transfer),
         "answers_identical": same_answers(&none.records, &local.records)
             && same_answers(&none.records, &fabric.records),
         "fabric_over_oracle": ratio(f.hit_ratio, f.oracle_hit_ratio),
@@ -369,6 +394,8 @@ mod tests {
             step_batch: 8,
             step_tokens: 96,
             step_repeats: 3,
+            hosts: 0,
+            link_gbit: None,
         }
     }
 
@@ -410,6 +437,8 @@ mod tests {
         let args = AgenticArgs {
             turns: 8,
             step_repeats: 1,
+            hosts: 0,
+            link_gbit: None,
             ..small_args(Some(model))
         };
         let report = measure(&args).expect("bench");

@@ -11,8 +11,10 @@ pub mod agentic;
 pub mod cluster;
 pub mod engine;
 pub mod eviction;
+pub mod hosts;
 pub mod kv;
 pub mod reuse;
+pub mod soak;
 pub mod store;
 pub mod transfer;
 

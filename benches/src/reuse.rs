@@ -17,22 +17,30 @@
 //! engine's batch-invariant kernels make a loaded block equal to a
 //! recomputed one; a wrong byte anywhere would show here).
 //!
+//! `load_ms` is the load as B's connector measured it (from the load's start
+//! to its last block, while B's forward pass already runs on the layers that
+//! arrived). Diagnostics: `local_hit_ttft_ms` (the same request on an engine
+//! without fabric whose own pool already holds the `--prompt-tokens` prefix:
+//! it computes exactly the tokens the warm run computes, so `warm_ttft_ms -
+//! local_hit_ttft_ms` = `warm_minus_local_ms` is what the fabric adds to the
+//! TTFT).
+//!
 //! The engines keep `--kv-dtype` KV (f16 by default): `block_bytes` is one
 //! block's size in that dtype and `bytes_moved` what B loaded
 //! (`b_loaded_blocks` x `block_bytes`); `f32_block_bytes` is the same
 //! block's size in f32, so `bytes_moved_over_f32` is 0.5 for f16.
 //!
-//! Diagnostics: `local_hit_ttft_ms` (the same request again on B, prefix in
-//! B's own pool: the prefill of the new tokens alone), `load_ms` = warm -
-//! that (what the fabric load costs), `no_fabric_local_hit_ttft_ms` (the same
-//! local hit on an engine without a connector).
+//! `--hosts 2` puts A's node and B's node on two hosts of a network-namespace
+//! test bed ([`crate::hosts`]), links shaped to `--link-gbit`: the blocks
+//! travel over TCP, and the report says which transport carried how many
+//! bytes (`b_transfer`, from B's node's transfer metrics).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
-use kvfabric_connector::ConnectorConfig;
+use kvfabric_connector::{ConnectorConfig, ConnectorStats};
 use kvfabric_engine::kv::KvPool;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::KvDtype;
@@ -42,6 +50,7 @@ use crate::agentic::driver::{generate, Completion};
 use crate::agentic::engines::{engine_config, start_engine, stats_json, stop_engine};
 use crate::agentic::fabric::FabricCluster;
 use crate::agentic::trace::SplitMix64;
+use crate::hosts::transfer_json;
 
 /// Arguments of `kvfabric bench reuse`.
 #[derive(clap::Args, Debug, Clone)]
@@ -83,6 +92,13 @@ pub struct ReuseArgs {
     /// Element type of every engine's KV: f16, bf16 or f32.
     #[arg(long, default_value = "f16")]
     pub kv_dtype: kvfabric_store::DType,
+    /// Hosts (network namespaces; needs root) the two nodes run on: 0 = both
+    /// in this network namespace (loopback, shm), 2 = one per host (tcp).
+    #[arg(long, default_value_t = 0)]
+    pub hosts: usize,
+    /// Rate of each host's link, Gbit/s (tbf; with --hosts).
+    #[arg(long)]
+    pub link_gbit: Option<f64>,
 }
 
 /// Run the bench and print its report.
@@ -97,6 +113,7 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
             "warm_ttft_ms",
             "local_hit_ttft_ms",
             "load_ms",
+            "warm_minus_local_ms",
             "speedup",
             "cached_tokens",
             "bit_exact",
@@ -108,6 +125,7 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
             "kv_dtype",
             "bytes_moved",
             "bytes_moved_over_f32",
+            "b_transfer",
         ] {
             println!("  {k:<22} {}", report[k]);
         }
@@ -116,13 +134,25 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
 
 /// Run the bench and return the report (what `--json` prints).
 pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        args.hosts == 0 || args.hosts == 2,
+        "--hosts is 0 (one host) or 2 (A and B on their own hosts)"
+    );
+    anyhow::ensure!(
+        args.link_gbit.is_none() || args.hosts > 0,
+        "--link-gbit shapes the links between hosts: give --hosts 2"
+    );
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.gen_tokens > 0, "--gen-tokens must be > 0");
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let args = args.clone();
     crate::on_own_runtime(move |rt| {
         rt.block_on(async {
-            let cluster = FabricCluster::start(2, args.node_ram_mib).await?;
+            let hosts = match args.hosts {
+                0 => None,
+                n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
+            };
+            let cluster = FabricCluster::start_on(2, args.node_ram_mib, hosts).await?;
             let report = measure_on(&args, &model, &cluster).await;
             cluster.stop().await;
             report
@@ -134,6 +164,64 @@ fn bits(logits: &Option<Vec<f32>>) -> Option<Vec<u32>> {
     logits
         .as_ref()
         .map(|l| l.iter().map(|x| x.to_bits()).collect())
+}
+
+/// One run on a fresh engine that starts with no cache at all (`connect`
+/// None: no fabric), then is stopped.
+async fn on_fresh_engine(
+    model: &Arc<LlamaModel>,
+    cfg: &kvfabric_engine::EngineConfig,
+    connect: Option<kvfabric_connector::ConnectFn>,
+    warmup: Option<Vec<u32>>,
+    prompt: &[u32],
+    gen_tokens: usize,
+) -> anyhow::Result<(Completion, Option<ConnectorStats>)> {
+    let e = start_engine(model, cfg, connect)?;
+    let warmed = match warmup {
+        Some(w) => generate(&e.handle, w, 1, false).await.map(|_| ()),
+        None => Ok(()),
+    };
+    let run = match warmed {
+        Ok(()) => generate(&e.handle, prompt.to_vec(), gen_tokens, true).await,
+        Err(err) => Err(err),
+    };
+    let stats = e.connector.as_ref().map(|c| c.stats());
+    stop_engine(e).await?;
+    Ok((run?, stats))
+}
+
+/// A prefills the shared part and saves it into node 0: (its run, its
+/// connector's counters once every save finished).
+async fn prefill_on_a(
+    model: &Arc<LlamaModel>,
+    cfg: &kvfabric_engine::EngineConfig,
+    cluster: &FabricCluster,
+    prompt: Vec<u32>,
+) -> anyhow::Result<(Completion, ConnectorStats)> {
+    let a = start_engine(model, cfg, Some(cluster.connect_fn(0, true)))?;
+    let a_run = generate(&a.handle, prompt, 1, false).await;
+    let a_conn = a
+        .connector
+        .clone()
+        .ok_or_else(|| anyhow!("engine A has no connector"))?;
+    let flush_conn = a_conn.clone();
+    let flushed = tokio::task::spawn_blocking(move || flush_conn.flush(Duration::from_secs(60)))
+        .await
+        .map_err(|e| anyhow!("flush task: {e}"))?;
+    let a_stats = a_conn.stats();
+    drop(a_conn);
+    stop_engine(a).await?;
+    anyhow::ensure!(flushed, "engine A's saves did not finish within 60 s");
+    Ok((a_run?, a_stats))
+}
+
+/// Every repeat's runs.
+#[derive(Default)]
+struct Runs {
+    cold: Vec<Completion>,
+    warm: Vec<Completion>,
+    local: Vec<Completion>,
+    b_stats: Vec<ConnectorStats>,
 }
 
 async fn measure_on(
@@ -151,56 +239,30 @@ async fn measure_on(
     let prompt: Vec<u32> = (0..total)
         .map(|_| (100 + rng.next_u64() % (vocab - 200)) as u32)
         .collect();
+    let shared = prompt[..args.prompt_tokens].to_vec();
     let cfg = kvfabric_engine::EngineConfig {
         kv_dtype: KvDtype::from(args.kv_dtype),
         ..engine_config(args.threads, args.kv_pool_mib, true)
     };
     let c = &model.config;
     let layout = |d| KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, cfg.block_tokens, d);
-    let block_bytes = layout(args.kv_dtype).block_bytes() as u64;
-    let f32_block_bytes = layout(kvfabric_store::DType::F32).block_bytes() as u64;
+    let block_bytes = BlockBytes {
+        dtype: layout(args.kv_dtype).block_bytes() as u64,
+        f32: layout(kvfabric_store::DType::F32).block_bytes() as u64,
+    };
+    let (a_run, a_stats) = prefill_on_a(model, &cfg, cluster, shared.clone()).await?;
 
-    // A prefills the shared part and saves it into node 0.
-    let a = start_engine(model, &cfg, Some(cluster.connect_fn(0, true)))?;
-    let a_run = generate(&a.handle, prompt[..args.prompt_tokens].to_vec(), 1, false).await;
-    let a_conn = a
-        .connector
-        .clone()
-        .ok_or_else(|| anyhow!("engine A has no connector"))?;
-    let flush_conn = a_conn.clone();
-    let flushed = tokio::task::spawn_blocking(move || flush_conn.flush(Duration::from_secs(60)))
-        .await
-        .map_err(|e| anyhow!("flush task: {e}"))?;
-    let a_stats = a_conn.stats();
-    drop(a_conn);
-    stop_engine(a).await?;
-    let a_run = a_run?;
-    anyhow::ensure!(flushed, "engine A's saves did not finish within 60 s");
-
-    let mut cold: Option<Completion> = None;
-    let mut warm: Option<Completion> = None;
-    let mut b_stats = Vec::new();
-    // Every repeat's TTFTs, in ms.
-    let (mut cold_each, mut warm_each, mut local_each) = (Vec::new(), Vec::new(), Vec::new());
-    let mut exact = true;
-    let mut tokens_equal = true;
-    let mut logits_equal = true;
-    let mut local_ttft = Duration::MAX;
-    let mut no_fabric_local_ttft = Duration::MAX;
+    let mut runs = Runs::default();
     for _ in 0..args.repeats.max(1) {
         // Cold: a fresh engine, no fabric, empty cache.
-        let c = start_engine(model, &cfg, None)?;
-        let run = generate(&c.handle, prompt.clone(), args.gen_tokens, true).await;
-        // Again on the same engine: its own prefix cache, no fabric at all.
-        let again = match &run {
-            Ok(_) => Some(generate(&c.handle, prompt.clone(), 1, false).await),
-            Err(_) => None,
-        };
-        stop_engine(c).await?;
-        let run = run?;
-        if let Some(again) = again {
-            no_fabric_local_ttft = no_fabric_local_ttft.min(again?.ttft);
-        }
+        let (cold, _) = on_fresh_engine(model, &cfg, None, None, &prompt, args.gen_tokens).await?;
+        runs.cold.push(cold);
+        // Local hit: a fresh engine without fabric that computed the shared
+        // part first: it computes the same new tokens as the warm run.
+        let warmup = Some(shared.clone());
+        let (local, _) =
+            on_fresh_engine(model, &cfg, None, warmup, &prompt, args.gen_tokens).await?;
+        runs.local.push(local);
         // Warm: a fresh engine on node 1, loading A's blocks (never saving,
         // so every repeat reads them from node 0 again).
         let b_connector = ConnectorConfig {
@@ -208,85 +270,110 @@ async fn measure_on(
             layerwise: args.layerwise,
             ..ConnectorConfig::default()
         };
-        let b = start_engine(model, &cfg, Some(cluster.connect_with(1, b_connector)))?;
-        let b_run = generate(&b.handle, prompt.clone(), args.gen_tokens, true).await;
-        if let Some(conn) = &b.connector {
-            b_stats.push(conn.stats());
-        }
-        // The same request again on B: the prefix is in B's own pool now,
-        // so this is the floor (prefill of the new tokens, no load).
-        let again = match &b_run {
-            Ok(_) => Some(generate(&b.handle, prompt.clone(), 1, false).await),
-            Err(_) => None,
-        };
-        stop_engine(b).await?;
-        let b_run = b_run?;
-        if let Some(again) = again {
-            let again = again?;
-            local_ttft = local_ttft.min(again.ttft);
-            local_each.push(again.ttft.as_secs_f64() * 1e3);
-        }
-        let same_logits =
-            run.first_logits.is_some() && bits(&run.first_logits) == bits(&b_run.first_logits);
-        let same_tokens = run.tokens == b_run.tokens;
-        logits_equal &= same_logits;
-        tokens_equal &= same_tokens;
-        exact &= same_logits && same_tokens;
-        cold_each.push(run.ttft.as_secs_f64() * 1e3);
-        warm_each.push(b_run.ttft.as_secs_f64() * 1e3);
-        if cold.as_ref().is_none_or(|x| run.ttft < x.ttft) {
-            cold = Some(run);
-        }
-        if warm.as_ref().is_none_or(|x| b_run.ttft < x.ttft) {
-            warm = Some(b_run);
-        }
+        let connect = Some(cluster.connect_with(1, b_connector));
+        let (warm, stats) =
+            on_fresh_engine(model, &cfg, connect, None, &prompt, args.gen_tokens).await?;
+        runs.warm.push(warm);
+        runs.b_stats
+            .push(stats.ok_or_else(|| anyhow!("engine B has no connector"))?);
     }
-    let (cold, warm) = match (cold, warm) {
-        (Some(c), Some(w)) => (c, w),
-        _ => anyhow::bail!("no measurement"),
-    };
+    let b_transfer = cluster.transfer_bytes(1).await?;
+    Ok(report(
+        args,
+        &a_run,
+        &a_stats,
+        &runs,
+        transfer_json(&b_transfer),
+        block_bytes,
+    ))
+}
+
+/// One block's size in the engines' KV dtype and in f32.
+#[derive(Clone, Copy)]
+struct BlockBytes {
+    dtype: u64,
+    f32: u64,
+}
+
+/// Index of the fastest run.
+fn best(runs: &[Completion]) -> usize {
+    (0..runs.len()).min_by_key(|&i| runs[i].ttft).unwrap_or(0)
+}
+
+fn report(
+    args: &ReuseArgs,
+    a_run: &Completion,
+    a_stats: &ConnectorStats,
+    runs: &Runs,
+    b_transfer: Value,
+    block_bytes: BlockBytes,
+) -> Value {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let b_loaded: u64 = b_stats.iter().map(|s| s.loaded_blocks).min().unwrap_or(0);
-    let b_failed: u64 = b_stats.iter().map(|s| s.load_failed_blocks).sum();
-    let min_cached = args.prompt_tokens.saturating_sub(64);
-    Ok(json!({
+    let each = |v: &[Completion]| v.iter().map(|c| ms(c.ttft)).collect::<Vec<_>>();
+    let (ci, wi, li) = (best(&runs.cold), best(&runs.warm), best(&runs.local));
+    let (cold, warm, local) = (&runs.cold[ci], &runs.warm[wi], &runs.local[li]);
+    // Every warm run against every cold run of the same repeat.
+    let same_logits =
+        runs.cold.iter().zip(&runs.warm).all(|(c, w)| {
+            c.first_logits.is_some() && bits(&c.first_logits) == bits(&w.first_logits)
+        });
+    let same_tokens = runs
+        .cold
+        .iter()
+        .zip(&runs.warm)
+        .all(|(c, w)| c.tokens == w.tokens);
+    let load_ms = |s: &ConnectorStats| s.load_micros as f64 / 1e3 / s.loads.max(1) as f64;
+    let b_loaded: u64 = runs
+        .b_stats
+        .iter()
+        .map(|s| s.loaded_blocks)
+        .min()
+        .unwrap_or(0);
+    let b_failed: u64 = runs.b_stats.iter().map(|s| s.load_failed_blocks).sum();
+    let b_best = runs.b_stats.get(wi).copied().unwrap_or_default();
+    json!({
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "gen_tokens": args.gen_tokens,
         "repeats": args.repeats.max(1),
+        "hosts": args.hosts,
+        "link_gbit": args.link_gbit,
         "a_prefill_ttft_ms": ms(a_run.ttft),
         "a_saved_blocks": a_stats.saved_blocks,
-        "a_connector": stats_json(&a_stats),
+        "a_connector": stats_json(a_stats),
         "cold_ttft_ms": ms(cold.ttft),
         "warm_ttft_ms": ms(warm.ttft),
         "speedup": ms(cold.ttft) / ms(warm.ttft).max(1e-9),
         "cached_tokens": warm.usage.cached_tokens,
-        // B's TTFT with the prefix already in its own pool: warm - local is the load.
-        "local_hit_ttft_ms": ms(local_ttft),
-        "load_ms": ms(warm.ttft.saturating_sub(local_ttft)),
-        // The same local hit on an engine without a connector.
-        "no_fabric_local_hit_ttft_ms": ms(no_fabric_local_ttft),
-        "cold_ttft_ms_each": cold_each,
-        "warm_ttft_ms_each": warm_each,
-        "local_hit_ttft_ms_each": local_each,
+        // B's connector: the load of the fastest warm run, start to last block.
+        "load_ms": load_ms(&b_best),
+        "load_ms_each": runs.b_stats.iter().map(load_ms).collect::<Vec<_>>(),
+        // The prefix already in the engine's own pool, same tokens computed.
+        "local_hit_ttft_ms": ms(local.ttft),
+        "local_hit_cached_tokens": local.usage.cached_tokens,
+        "warm_minus_local_ms": ms(warm.ttft) - ms(local.ttft),
+        "cold_ttft_ms_each": each(&runs.cold),
+        "warm_ttft_ms_each": each(&runs.warm),
+        "local_hit_ttft_ms_each": each(&runs.local),
         "layerwise": args.layerwise,
-        "b_connector": b_stats.last().map(stats_json),
+        "b_connector": stats_json(&b_best),
+        "b_transfer": b_transfer,
         "cold_cached_tokens": cold.usage.cached_tokens,
         "b_loaded_blocks": b_loaded,
         "kv_dtype": args.kv_dtype.name(),
-        "block_bytes": block_bytes,
-        "f32_block_bytes": f32_block_bytes,
-        "bytes_moved": b_loaded * block_bytes,
-        "bytes_moved_over_f32": block_bytes as f64 / f32_block_bytes as f64,
+        "block_bytes": block_bytes.dtype,
+        "f32_block_bytes": block_bytes.f32,
+        "bytes_moved": b_loaded * block_bytes.dtype,
+        "bytes_moved_over_f32": block_bytes.dtype as f64 / block_bytes.f32 as f64,
         "b_load_failed_blocks": b_failed,
-        "bit_exact": exact,
-        "first_logits_equal": logits_equal,
-        "greedy_tokens_equal": tokens_equal,
+        "bit_exact": same_logits && same_tokens,
+        "first_logits_equal": same_logits,
+        "greedy_tokens_equal": same_tokens,
         "targets": {
             "speedup_min": 20.0,
-            "cached_tokens_min": min_cached,
+            "cached_tokens_min": args.prompt_tokens.saturating_sub(64),
         },
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -308,6 +395,8 @@ mod tests {
             layerwise: true,
             seed: 1,
             kv_dtype: kvfabric_store::DType::F16,
+            hosts: 0,
+            link_gbit: None,
         };
         let err = measure(&args).expect_err("no model");
         assert!(err.to_string().contains("--model"), "{err}");
@@ -317,6 +406,18 @@ mod tests {
         };
         let err = measure(&args).expect_err("missing");
         assert!(err.to_string().contains("kvfabric model fetch"), "{err}");
+        let three = ReuseArgs {
+            hosts: 3,
+            ..args.clone()
+        };
+        let err = measure(&three).expect_err("three hosts");
+        assert!(err.to_string().contains("--hosts"), "{err}");
+        let shaped_alone = ReuseArgs {
+            link_gbit: Some(10.0),
+            ..args
+        };
+        let err = measure(&shaped_alone).expect_err("a rate without hosts");
+        assert!(err.to_string().contains("--hosts 2"), "{err}");
     }
 
     /// The whole bench with its defaults, in release: `cargo test -p
@@ -345,6 +446,8 @@ mod tests {
             layerwise: true,
             seed: 1,
             kv_dtype: kvfabric_store::DType::F16,
+            hosts: 0,
+            link_gbit: None,
         };
         let report = measure(&args).expect("bench");
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

@@ -294,9 +294,7 @@ impl<B: Backend> KvConnector for Connector<B> {
             }
             metrics.loaded_blocks.inc_by(loaded as u64);
             metrics.load_failed_blocks.inc_by((n - loaded) as u64);
-            metrics
-                .load_seconds
-                .observe(started.elapsed().as_secs_f64());
+            metrics.load_done(started.elapsed());
             let _ = tx.send(loaded);
         });
         Pending::streamed(rx, n, progress, self.cfg.layer_wait())

@@ -139,6 +139,9 @@ async fn saves_store_missing_keys_and_loads_verify_into_the_right_blocks() {
         let s = c.stats();
         assert_eq!(s.loaded_blocks, 4);
         assert!(s.load_failed_blocks >= 2);
+        // Both loads timed: what `bench reuse` reports as load_ms.
+        assert_eq!(s.loads, 2);
+        assert!(s.load_micros > 0);
     })
     .await
     .expect("blocking part");

@@ -3,6 +3,8 @@
 //! another. Every wait has a deadline.
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -60,17 +62,24 @@ pub fn tokens(seed: u64, n: usize) -> Vec<u32> {
 
 /// A fabric node in this process.
 pub async fn node(etcd: &EtcdProcess, prefix: &str, id: &str) -> EmbeddedNode {
+    node_on(etcd.endpoint(), prefix, id, IpAddr::from([127, 0, 0, 1])).await
+}
+
+/// A fabric node in this process whose ports (gRPC, metrics, transfer) are
+/// bound on `ip`: a test bed host's address, from a runtime of that host.
+pub async fn node_on(etcd: String, prefix: &str, id: &str, ip: IpAddr) -> EmbeddedNode {
     let cfg = NodeConfig {
         node_id: id.into(),
-        grpc_listen: "127.0.0.1:0".parse().unwrap(),
-        http_listen: "127.0.0.1:0".parse().unwrap(),
+        grpc_listen: SocketAddr::new(ip, 0),
+        http_listen: SocketAddr::new(ip, 0),
         ram_capacity: ByteSize::mib(512),
         ..NodeConfig::default()
     };
     let cluster = ClusterConfig {
-        etcd: vec![etcd.endpoint()],
+        etcd: vec![etcd],
         etcd_prefix: prefix.into(),
         lease_ttl_ms: 2000,
+        transfer_listen: SocketAddr::new(ip, 0).to_string(),
         ..ClusterConfig::default()
     };
     EmbeddedNode::start(cfg, cluster)
@@ -162,4 +171,32 @@ pub async fn generate(
 /// Bitwise equality of two logits rows.
 pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Sum of the samples of Prometheus metric `name` whose labels contain
+/// every `labels` pair, in the /metrics text `text`.
+pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// GET /metrics of a node (blocking; call from a thread of the node's host).
+pub fn node_metrics(addr: SocketAddr) -> String {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .expect("connect to the node's metrics port");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("response");
+    raw
 }

@@ -63,6 +63,8 @@ pub fn stats_json(s: &ConnectorStats) -> serde_json::Value {
         "save_dropped_blocks": s.save_dropped_blocks,
         "save_failed_blocks": s.save_failed_blocks,
         "pending_saves": s.pending_saves,
+        "loads": s.loads,
+        "load_ms": s.load_micros as f64 / 1e3,
     })
 }
 

@@ -2,12 +2,15 @@
 //! etcd-server) for membership, and one [`EmbeddedNode`] per engine, each
 //! with its own RAM tier, gRPC port and transfer engine on loopback — the
 //! default deployment (every engine process is a node) squeezed into one
-//! process. Engines attach through [`FabricCluster::connect_fn`].
+//! process. Engines attach through [`FabricCluster::connect_fn`]. With
+//! `--hosts`, node i runs inside host i of a test bed ([`crate::hosts`]).
 //!
 //! Also the save on/off decode step measurement of `bench agentic`: a batch
 //! of sequences decoding while their blocks are saved write-behind must
 //! step as fast as the same batch with saving off.
 
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,21 +27,49 @@ use tokio::sync::mpsc;
 
 use super::engines::{start_engine, stop_engine};
 use super::trace::SplitMix64;
+use crate::hosts::{http_get, transfer_bytes, Hosts};
 
 /// Nodes of one in-process cluster and the etcd they meet in.
 pub struct FabricCluster {
     nodes: Vec<EmbeddedNode>,
     etcd: EtcdProcess,
+    /// With `--hosts`: node i (and etcd, on host 0) inside host i.
+    hosts: Option<Hosts>,
 }
 
 impl FabricCluster {
     /// Start etcd and `count` nodes with `ram_mib` MiB RAM tiers; returns
     /// once every node sees all the others.
     pub async fn start(count: usize, ram_mib: u64) -> anyhow::Result<FabricCluster> {
-        let etcd = tokio::task::spawn_blocking(EtcdProcess::start)
-            .await
-            .map_err(|e| anyhow!("etcd start task: {e}"))?
-            .context("starting etcd (Debian package etcd-server)")?;
+        Self::start_on(count, ram_mib, None).await
+    }
+
+    /// The same with node i on host i of `hosts` (etcd on host 0), each
+    /// bound to its host's address; `hosts` must have `count` hosts.
+    pub async fn start_on(
+        count: usize,
+        ram_mib: u64,
+        hosts: Option<Hosts>,
+    ) -> anyhow::Result<FabricCluster> {
+        if let Some(h) = &hosts {
+            anyhow::ensure!(h.len() == count, "{count} nodes on {} hosts", h.len());
+        }
+        let ip = |i: usize| {
+            hosts
+                .as_ref()
+                .map_or(IpAddr::from([127, 0, 0, 1]), |h| h.ip(i))
+        };
+        let etcd_ip = ip(0);
+        let etcd = match &hosts {
+            Some(h) => {
+                h.blocking(0, move || EtcdProcess::start_on(etcd_ip))
+                    .await?
+            }
+            None => tokio::task::spawn_blocking(EtcdProcess::start)
+                .await
+                .map_err(|e| anyhow!("etcd start task: {e}"))?,
+        }
+        .context("starting etcd (Debian package etcd-server)")?;
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
@@ -48,20 +79,21 @@ impl FabricCluster {
             let node = NodeConfig {
                 node_id: format!("bench-{i}"),
                 ram_capacity: bytesize::ByteSize::mib(ram_mib),
-                grpc_listen: "127.0.0.1:0".parse()?,
-                http_listen: "127.0.0.1:0".parse()?,
+                grpc_listen: SocketAddr::new(ip(i), 0),
+                http_listen: SocketAddr::new(ip(i), 0),
                 ..NodeConfig::default()
             };
             let cluster = ClusterConfig {
                 etcd: vec![etcd.endpoint()],
                 etcd_prefix: prefix.clone(),
+                transfer_listen: SocketAddr::new(ip(i), 0).to_string(),
                 ..ClusterConfig::default()
             };
-            nodes.push(
-                EmbeddedNode::start(node, cluster)
-                    .await
-                    .with_context(|| format!("starting fabric node {i}"))?,
-            );
+            let started = match &hosts {
+                Some(h) => h.run(i, EmbeddedNode::start(node, cluster)).await?,
+                None => EmbeddedNode::start(node, cluster).await,
+            };
+            nodes.push(started.with_context(|| format!("starting fabric node {i}"))?);
         }
         let deadline = Instant::now() + Duration::from_secs(15);
         while nodes.iter().any(|n| n.node().view().nodes.len() < count) {
@@ -71,7 +103,7 @@ impl FabricCluster {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(FabricCluster { nodes, etcd })
+        Ok(FabricCluster { nodes, etcd, hosts })
     }
 
     /// How an engine attaches to node `i`; `save` false = the connector
@@ -87,18 +119,66 @@ impl FabricCluster {
     }
 
     /// How an engine attaches to node `i` with connector settings `cfg`.
+    /// With hosts, the connector's tasks run on node i's host.
     pub fn connect_with(&self, i: usize, cfg: ConnectorConfig) -> ConnectFn {
-        let node = self.nodes[i % self.nodes.len()].node().clone();
-        FabricConnector::connect_fn(node, cfg)
+        let i = i % self.nodes.len();
+        let node = self.nodes[i].node().clone();
+        match &self.hosts {
+            Some(h) => {
+                let rt = h.handle(i);
+                let _inside = rt.enter();
+                FabricConnector::connect_fn(node, cfg)
+            }
+            None => FabricConnector::connect_fn(node, cfg),
+        }
     }
 
-    /// Stop every node, then etcd.
+    /// Bytes node `i`'s transfer engine moved, per transport and direction.
+    pub async fn transfer_bytes(
+        &self,
+        i: usize,
+    ) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+        let addr = self.nodes[i].http_addr();
+        let get = move || http_get(addr, "/metrics");
+        let text = match &self.hosts {
+            Some(h) => h.blocking(i, get).await?,
+            None => tokio::task::spawn_blocking(get)
+                .await
+                .map_err(|e| anyhow!("metrics task: {e}"))?,
+        }?;
+        Ok(transfer_bytes(&text))
+    }
+
+    /// Bytes every node moved, summed per transport and direction.
+    pub async fn transfer_bytes_all(&self) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+        let mut all = BTreeMap::new();
+        for i in 0..self.nodes.len() {
+            for (k, v) in self.transfer_bytes(i).await? {
+                *all.entry(k).or_insert(0) += v;
+            }
+        }
+        Ok(all)
+    }
+
+    /// Stop every node, then etcd, then the hosts.
     pub async fn stop(self) {
-        let FabricCluster { nodes, mut etcd } = self;
-        for n in nodes {
-            n.stop().await;
+        let FabricCluster {
+            nodes,
+            mut etcd,
+            hosts,
+        } = self;
+        for (i, n) in nodes.into_iter().enumerate() {
+            match &hosts {
+                Some(h) => {
+                    let _ = h.run(i, n.stop()).await;
+                }
+                None => n.stop().await,
+            }
         }
         let _ = tokio::task::spawn_blocking(move || etcd.stop()).await;
+        if let Some(h) = hosts {
+            h.shutdown();
+        }
     }
 }
 

@@ -1,14 +1,17 @@
-//! A real etcd server on loopback, for tests (unit tests here and the
-//! multi-process cluster tests in tests/). Debian's `etcd-server` package
-//! provides the binary; the process is killed when the handle drops.
+//! A real etcd server on loopback (or on one address of a test bed host),
+//! for tests (unit tests here and the multi-process cluster tests in
+//! tests/). Debian's `etcd-server` package provides the binary; the process
+//! is killed when the handle drops.
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running etcd with its own data dir and loopback ports.
+/// A running etcd with its own data dir and ports.
 pub struct EtcdProcess {
     child: Option<Child>,
+    ip: IpAddr,
     data: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
@@ -17,8 +20,15 @@ pub struct EtcdProcess {
 impl EtcdProcess {
     /// Start etcd and wait (up to 10 s) until it accepts connections.
     pub fn start() -> std::io::Result<Self> {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Start etcd listening on `ip` (an address of the calling thread's
+    /// network namespace, where etcd runs too: a test bed host).
+    pub fn start_on(ip: IpAddr) -> std::io::Result<Self> {
         let mut e = EtcdProcess {
             child: None,
+            ip,
             data: tempfile::tempdir()?,
             client_port: crate::ports::free_loopback_port()?,
             peer_port: crate::ports::free_loopback_port()?,
@@ -27,9 +37,9 @@ impl EtcdProcess {
         Ok(e)
     }
 
-    /// The client endpoint, `http://127.0.0.1:PORT`.
+    /// The client endpoint, `http://IP:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.ip, self.client_port)
     }
 
     /// Kill etcd (SIGKILL), keeping its data for [`EtcdProcess::restart`].
@@ -53,7 +63,7 @@ impl EtcdProcess {
             .find(|p| p.is_absolute() && p.exists())
             .unwrap_or_else(|| PathBuf::from("etcd"));
         let client = self.endpoint();
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = format!("http://{}:{}", self.ip, self.peer_port);
         let child = Command::new(bin)
             .args(["--name", "kvfabric-test", "--data-dir"])
             .arg(self.data.path())
@@ -83,7 +93,7 @@ impl EtcdProcess {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.client_port)).is_ok() {
+            if std::net::TcpStream::connect((self.ip, self.client_port)).is_ok() {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));

@@ -1,0 +1,374 @@
+//! `kvfabric bench soak`: the cluster under steady agentic load while
+//! faults hit it, one after another and sometimes two at once.
+//!
+//! Four hosts of a network-namespace test bed ([`kvfabric_testbed`]): host 0
+//! runs etcd, the router (random routing, so turns move between engines and
+//! reuse goes through the fabric) and a reference engine with no cache at
+//! all; hosts 1..=3 run one `kvfabric engine` each (embedded node, disk tier
+//! on a small tmpfs). `--sessions` driver threads inside host 0 send
+//! multi-turn sessions through the router, every answer also asked of the
+//! reference engine and compared. After `--warmup-s`, a seeded schedule
+//! ([`faults`]) injects a fault every `--fault-every-s` seconds, holds it
+//! `--hold-s` seconds and heals it.
+//!
+//! Reported: requests sent, failed (every retry failed) and retried, outputs
+//! different from the no-cache answer, the token hit ratio per 30 s, RSS and
+//! open fds of every process after warm-up and at the end, and every fault
+//! with the time it took to recover. `pass` is: no failed request, no
+//! different output, no process (not restarted) whose RSS grew > 10% or
+//! whose fd count grew.
+
+pub mod client;
+pub mod cluster;
+pub mod faults;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use kvfabric_testbed::{ProcStats, Testbed};
+use serde_json::{json, Value};
+
+use crate::agentic::trace::SplitMix64;
+use cluster::{Sizes, SoakCluster};
+
+/// Arguments of `kvfabric bench soak`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SoakArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// GGUF model (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Length of the run, minutes (warm-up included).
+    #[arg(long, default_value_t = 15.0)]
+    pub minutes: f64,
+    /// Concurrent sessions (driver threads).
+    #[arg(long, default_value_t = 2)]
+    pub sessions: usize,
+    /// Turns per session before it starts over as a new session.
+    #[arg(long, default_value_t = 5)]
+    pub turns: usize,
+    /// Tokens per answer (greedy).
+    #[arg(long, default_value_t = 12)]
+    pub answer_tokens: usize,
+    /// Seed of the fault schedule and the sessions' text.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Rate of each host's link, Gbit/s (tbf; none = veth speed).
+    #[arg(long)]
+    pub link_gbit: Option<f64>,
+    /// Seconds of load before the first fault (RSS and fds are taken then).
+    #[arg(long, default_value_t = 30)]
+    pub warmup_s: u64,
+    /// Seconds from one fault round to the next.
+    #[arg(long, default_value_t = 20)]
+    pub fault_every_s: u64,
+    /// Seconds a fault is held before it is healed.
+    #[arg(long, default_value_t = 5)]
+    pub hold_s: u64,
+    /// Size of each engine's disk tier tmpfs, MiB (the data file takes
+    /// half, at least 64 MiB: one largest block).
+    #[arg(long, default_value_t = 256)]
+    pub disk_mib: u64,
+}
+
+/// One request of the load.
+#[derive(Debug, Clone)]
+struct Record {
+    at: Duration,
+    ok: bool,
+    retries: u32,
+    differs: bool,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    error: Option<String>,
+}
+
+/// Run the bench and print its report.
+pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
+    crate::print_report(args.json, &measure(args)?, |r| {
+        println!("{}", serde_json::to_string_pretty(r).unwrap_or_default());
+    })
+}
+
+/// Run the bench and return the report (what `--json` prints).
+pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
+    anyhow::ensure!(args.minutes > 0.0, "--minutes must be > 0");
+    anyhow::ensure!(
+        args.sessions > 0 && args.turns > 0,
+        "--sessions and --turns must be > 0"
+    );
+    let model = crate::model_file(&args.model)?;
+    let bed = Testbed::up(4, args.link_gbit).context("test bed (needs root)")?;
+    let h0 = bed.host(0).clone();
+    let args = args.clone();
+    // Everything below runs inside host 0 (the router, etcd and the
+    // reference are there; engine hosts are reached over the bridge).
+    h0.spawn(move || {
+        let sizes = Sizes {
+            disk_mib: args.disk_mib,
+        };
+        let mut c = SoakCluster::start(bed, &model, &sizes)?;
+        let report = soak(&args, &mut c);
+        if report.is_err() {
+            for p in c.procs() {
+                eprintln!("--- {} ---\n{}", p.name(), p.log_tail(20));
+            }
+        }
+        report
+    })
+    .join()
+    .map_err(|_| anyhow!("soak thread panicked"))??
+}
+
+fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
+    let started = Instant::now();
+    let end = started + Duration::from_secs_f64(args.minutes * 60.0);
+    let records = Arc::new(Mutex::new(Vec::<Record>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers: Vec<_> = (0..args.sessions)
+        .map(|s| {
+            let (router, reference) = (c.router_addr(), c.reference_addr());
+            let (records, stop, args) = (records.clone(), stop.clone(), args.clone());
+            std::thread::spawn(move || drive(s, &args, router, reference, started, &stop, &records))
+        })
+        .collect();
+    sleep_until((started + Duration::from_secs(args.warmup_s)).min(end));
+    let before = proc_stats(c);
+    let starts_before: Vec<u32> = c.procs().map(|p| p.starts()).collect();
+    let mut rng = SplitMix64::new(args.seed);
+    let every = Duration::from_secs(args.fault_every_s.max(args.hold_s + 1));
+    let room = Duration::from_secs(args.hold_s + 10);
+    let mut fault_lines = Vec::new();
+    for round in faults::schedule(args.seed, 1000) {
+        let round_start = Instant::now();
+        if round_start + room > end {
+            break;
+        }
+        for &f in &round {
+            faults::inject(c, f, &mut rng)?;
+        }
+        std::thread::sleep(Duration::from_secs(args.hold_s));
+        let held = round_start.elapsed();
+        for &f in &round {
+            let recover = faults::heal(c, f, args.link_gbit);
+            fault_lines.push(faults::fault_json(f, round_start - started, held, &recover));
+        }
+        sleep_until((round_start + every).min(end));
+    }
+    sleep_until(end);
+    stop.store(true, Ordering::SeqCst);
+    for d in drivers {
+        d.join().map_err(|_| anyhow!("a driver thread panicked"))?;
+    }
+    let after = proc_stats(c);
+    let restarted: Vec<bool> = c
+        .procs()
+        .zip(&starts_before)
+        .map(|(p, s)| p.starts() != *s)
+        .collect();
+    let records = records
+        .lock()
+        .map_err(|_| anyhow!("records poisoned"))?
+        .clone();
+    Ok(report(
+        args,
+        &records,
+        &fault_lines,
+        c,
+        &before,
+        &after,
+        &restarted,
+    ))
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
+/// RSS and fds of every process, with the fds by kind.
+type Stats = (Option<ProcStats>, Value);
+
+fn proc_stats(c: &SoakCluster) -> Vec<Stats> {
+    c.procs()
+        .map(|p| {
+            let kinds = p.pid().map(kvfabric_testbed::fd_kinds).unwrap_or_default();
+            (p.stats(), json!(kinds))
+        })
+        .collect()
+}
+
+/// One session after another until `stop`: each turn through the router
+/// (retried), the same prompt on the reference, answers compared.
+fn drive(
+    s: usize,
+    args: &SoakArgs,
+    router: std::net::SocketAddr,
+    reference: std::net::SocketAddr,
+    started: Instant,
+    stop: &AtomicBool,
+    records: &Mutex<Vec<Record>>,
+) {
+    let mut session = s;
+    while !stop.load(Ordering::SeqCst) {
+        let mut history = session_prompt(args.seed, session);
+        for _ in 0..args.turns {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let got = client::complete(
+                router,
+                &history,
+                args.answer_tokens,
+                8,
+                Duration::from_secs(1),
+            );
+            let want = client::complete(
+                reference,
+                &history,
+                args.answer_tokens,
+                3,
+                Duration::from_secs(1),
+            );
+            let rec = match (&got, &want) {
+                (Ok(g), Ok(w)) => Record {
+                    at: started.elapsed(),
+                    ok: true,
+                    retries: g.retries,
+                    differs: g.text != w.text,
+                    prompt_tokens: g.prompt_tokens,
+                    cached_tokens: g.cached_tokens,
+                    error: None,
+                },
+                (g, w) => Record {
+                    at: started.elapsed(),
+                    ok: g.is_ok(),
+                    retries: g.as_ref().map_or(8, |a| a.retries),
+                    differs: false,
+                    prompt_tokens: 0,
+                    cached_tokens: 0,
+                    error: Some(format!(
+                        "router: {:?} reference: {:?}",
+                        g.as_ref().err(),
+                        w.as_ref().err()
+                    )),
+                },
+            };
+            let answer = got.map(|a| a.text).unwrap_or_default();
+            if let Ok(mut r) = records.lock() {
+                r.push(rec);
+            }
+            history.push_str(&answer);
+            history.push_str("\nUser: good, now the next step of the plan.\nAssistant:");
+        }
+        session += args.sessions;
+    }
+}
+
+const SYSTEM: &str = "You are a careful coding agent. You can call these tools: \
+read_file(path) returns the text of a file; write_file(path, text) replaces a file; \
+run(command) runs a shell command and returns its output and exit status; \
+search(query) searches the repository and returns matching lines with paths. \
+Always explain what you are about to do, call one tool at a time, and check each \
+result before the next step. Never invent file contents; read them first. ";
+
+const TOPICS: [&str; 8] = [
+    "the cache eviction code",
+    "the HTTP router",
+    "the disk tier",
+    "the transfer engine",
+    "the tokenizer",
+    "the scheduler",
+    "the metrics endpoint",
+    "the config loader",
+];
+
+/// The first prompt of session `n`: the shared system prompt, then its own task.
+fn session_prompt(seed: u64, n: usize) -> String {
+    let mut rng = SplitMix64::new(seed.wrapping_mul(31).wrapping_add(n as u64));
+    let topic = TOPICS[rng.below(TOPICS.len())];
+    format!(
+        "{}\nSession {n}. User: read {topic} and list three risks in it, file by file.\nAssistant:",
+        SYSTEM.repeat(3)
+    )
+}
+
+fn report(
+    args: &SoakArgs,
+    records: &[Record],
+    faults: &[Value],
+    c: &SoakCluster,
+    before: &[Stats],
+    after: &[Stats],
+    restarted: &[bool],
+) -> Value {
+    let failed = records.iter().filter(|r| !r.ok).count();
+    let differing = records.iter().filter(|r| r.differs).count();
+    let retried = records.iter().filter(|r| r.ok && r.retries > 0).count();
+    let mut buckets: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+    for r in records.iter().filter(|r| r.ok) {
+        let b = buckets.entry(r.at.as_secs() / 30 * 30).or_default();
+        b.0 += r.cached_tokens;
+        b.1 += r.prompt_tokens;
+    }
+    let hit: Vec<Value> = buckets
+        .iter()
+        .map(|(t, (cached, prompt))| json!({"from_s": t, "hit_ratio": *cached as f64 / (*prompt).max(1) as f64, "prompt_tokens": prompt}))
+        .collect();
+    let mut grew = Vec::new();
+    let procs: Vec<Value> = c
+        .procs()
+        .enumerate()
+        .map(|(i, p)| {
+            let (b, a) = (before[i].0, after[i].0);
+            let rss_growth = match (b, a) {
+                (Some(b), Some(a)) => a.rss_bytes as f64 / b.rss_bytes.max(1) as f64 - 1.0,
+                _ => 0.0,
+            };
+            let fd_growth = match (b, a) {
+                (Some(b), Some(a)) => a.fds as i64 - b.fds as i64,
+                _ => 0,
+            };
+            if !restarted[i] && (rss_growth > 0.10 || fd_growth > 0) {
+                grew.push(p.name().to_string());
+            }
+            json!({
+                "name": p.name(),
+                "restarted": restarted[i],
+                "start": b.map(|s| json!({"rss_bytes": s.rss_bytes, "fds": s.fds})),
+                "end": a.map(|s| json!({"rss_bytes": s.rss_bytes, "fds": s.fds})),
+                "rss_growth": rss_growth,
+                "fd_growth": fd_growth,
+                "fds_by_kind": {"start": before[i].1, "end": after[i].1},
+            })
+        })
+        .collect();
+    let errors: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r.error.as_deref())
+        .take(10)
+        .collect();
+    json!({
+        "minutes": args.minutes,
+        "sessions": args.sessions,
+        "seed": args.seed,
+        "link_gbit": args.link_gbit,
+        "requests_sent": records.len(),
+        "requests_failed": failed,
+        "requests_retried": retried,
+        "outputs_differing_from_no_cache": differing,
+        "hit_ratio_over_time": hit,
+        "processes": procs,
+        "processes_grown": grew,
+        "faults": faults,
+        "errors": errors,
+        "pass": failed == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
+    })
+}
