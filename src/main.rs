@@ -83,7 +83,7 @@ enum BenchWhich {
     Reuse(kvfabric_benches::reuse::ReuseArgs),
     /// Agentic multi-turn workload on N engines: no cache vs local prefix cache vs kvfabric.
     Agentic(kvfabric_benches::agentic::AgenticArgs),
-    /// RAM-tier eviction order (LRU vs S3-FIFO): token hit ratio replaying the agentic trace on small tiers.
+    /// RAM-tier eviction orders (LIRS, LRU, S3-FIFO) against Belady's MIN: token hit ratio on five traces (or --trace FILE) at 10-75% of their blocks.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
 }
 
@@ -194,7 +194,8 @@ fn main() -> anyhow::Result<()> {
                 kvfabric_benches::agentic::run(&a)?
             }
             BenchWhich::Eviction(mut a) => {
-                if a.model.is_none() {
+                // A trace file needs no tokenizer.
+                if a.model.is_none() && a.trace.is_none() {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::eviction::run(&a)?

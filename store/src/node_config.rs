@@ -78,8 +78,11 @@ pub struct NodeConfig {
     pub eviction: EvictionPolicy,
     /// lirs: percent of resident blocks kept as HIR (the probation queue). Default: 1.
     pub lirs_hir_percent: f64,
-    /// lirs: evicted blocks remembered (ghosts), per resident block. Default: 12.
+    /// lirs: evicted blocks remembered (ghosts), per resident block. Default: 24.
     pub lirs_history: u32,
+    /// lirs: a protected block idle for this many times its last reuse
+    /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.5.
+    pub lirs_idle_factor: f64,
     /// Fraction of a tier's capacity above which eviction starts. Default: 0.95.
     pub high_watermark: f64,
     /// Fraction of a tier's capacity eviction brings usage down to. Default: 0.85.
@@ -104,7 +107,8 @@ impl Default for NodeConfig {
             disk_admission: DiskAdmission::All,
             eviction: EvictionPolicy::Lirs,
             lirs_hir_percent: 1.0,
-            lirs_history: 12,
+            lirs_history: 24,
+            lirs_idle_factor: 1.5,
             high_watermark: 0.95,
             low_watermark: 0.85,
             max_block_size: ByteSize::mib(64),
@@ -139,6 +143,12 @@ impl NodeConfig {
             return bad(format!(
                 "lirs_hir_percent must be in (0, 50], got {}",
                 self.lirs_hir_percent
+            ));
+        }
+        if !(self.lirs_idle_factor >= 0.0 && self.lirs_idle_factor.is_finite()) {
+            return bad(format!(
+                "lirs_idle_factor must be >= 0, got {}",
+                self.lirs_idle_factor
             ));
         }
         if self.max_block_size.as_u64() == 0 {
@@ -208,6 +218,11 @@ mod tests {
         for bad in [0.0, 60.0, f64::NAN] {
             let c = NodeConfig {
                 lirs_hir_percent: bad,
+                ..Default::default()
+            };
+            assert!(c.validate().is_err(), "{bad}");
+            let c = NodeConfig {
+                lirs_idle_factor: bad - 61.0,
                 ..Default::default()
             };
             assert!(c.validate().is_err(), "{bad}");

@@ -46,9 +46,11 @@ impl EvictionOrder {
         match cfg.eviction {
             EvictionPolicy::Lru => EvictionOrder::Lru(Lru::default()),
             EvictionPolicy::S3fifo => EvictionOrder::S3Fifo(S3Fifo::default()),
-            EvictionPolicy::Lirs => {
-                EvictionOrder::Lirs(Lirs::new(cfg.lirs_hir_percent, cfg.lirs_history as usize))
-            }
+            EvictionPolicy::Lirs => EvictionOrder::Lirs(Lirs::new(
+                cfg.lirs_hir_percent,
+                cfg.lirs_history as usize,
+                cfg.lirs_idle_factor,
+            )),
         }
     }
 

@@ -72,6 +72,27 @@ pub struct EvictionArgs {
     /// Seed of the workload text and the answers.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// lirs: percent of resident blocks kept as HIR (config `lirs_hir_percent`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_hir_percent)]
+    pub lirs_hir_percent: f64,
+    /// lirs: ghosts remembered per resident block (config `lirs_history`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_history)]
+    pub lirs_history: u32,
+    /// lirs: idle factor after which a protected block is demoted (config `lirs_idle_factor`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_idle_factor)]
+    pub lirs_idle_factor: f64,
+}
+
+impl EvictionArgs {
+    /// The node config every replay starts from (the lirs knobs).
+    fn node_config(&self) -> NodeConfig {
+        NodeConfig {
+            lirs_hir_percent: self.lirs_hir_percent,
+            lirs_history: self.lirs_history,
+            lirs_idle_factor: self.lirs_idle_factor,
+            ..Default::default()
+        }
+    }
 }
 
 /// Tier sizes tried, as fractions of the trace's distinct blocks.
@@ -93,6 +114,7 @@ pub fn run(args: &EvictionArgs) -> anyhow::Result<()> {
 pub fn replay(
     trace: &Trace,
     layout: KvLayout,
+    base: &NodeConfig,
     policy: EvictionPolicy,
     capacity_blocks: Option<usize>,
 ) -> anyhow::Result<Hits> {
@@ -109,8 +131,9 @@ pub fn replay(
         // Exactly `blocks` blocks: evict one when full (MIN's tier).
         high_watermark: 1.0,
         low_watermark: 1.0,
-        ..Default::default()
+        ..base.clone()
     };
+    cfg.validate()?;
     let store = Store::open(cfg, &mut Registry::default())?;
     let mut hits = Hits::default();
     for r in &trace.requests {
@@ -167,15 +190,15 @@ fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Tra
 }
 
 /// Every policy and MIN on `trace` at each capacity.
-pub fn measure_trace(trace: &Trace, layout: KvLayout) -> anyhow::Result<Value> {
-    let never = replay(trace, layout, EvictionPolicy::Lru, None)?;
+pub fn measure_trace(trace: &Trace, layout: KvLayout, base: &NodeConfig) -> anyhow::Result<Value> {
+    let never = replay(trace, layout, base, EvictionPolicy::Lru, None)?;
     let mut rows = Vec::new();
     for frac in CAPACITY_FRACTIONS {
         let cap = ((trace.capacity_base as f64 * frac) as usize).max(1);
         let min = min::min_hits(&trace.requests, cap, trace.block_tokens);
         let mut pol = serde_json::Map::new();
         for (name, policy) in POLICIES {
-            let h = replay(trace, layout, policy, Some(cap))?;
+            let h = replay(trace, layout, base, policy, Some(cap))?;
             pol.insert(
                 name.into(),
                 json!({
@@ -214,11 +237,16 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
     let traces = load_traces(args, &layout)?;
     let mut out = Vec::new();
     for t in &traces {
-        out.push(measure_trace(t, layout)?);
+        out.push(measure_trace(t, layout, &args.node_config())?);
     }
     let scan = scan_summary(&out);
     Ok(json!({
         "block_tokens": args.block_tokens,
+        "lirs": {
+            "hir_percent": args.lirs_hir_percent,
+            "history": args.lirs_history,
+            "idle_factor": args.lirs_idle_factor,
+        },
         "policies": POLICIES.iter().map(|p| p.0).collect::<Vec<_>>(),
         "traces": out,
         "scan_vs_agentic": scan,
@@ -332,14 +360,15 @@ mod tests {
         let all = traces::all(&bytes, &chain, &shape());
         assert_eq!(all.len(), 5);
         let agentic = &all[0];
-        let never = replay(agentic, layout, EvictionPolicy::Lru, None).unwrap();
+        let cfg = NodeConfig::default();
+        let never = replay(agentic, layout, &cfg, EvictionPolicy::Lru, None).unwrap();
         let full = min::min_hits(&agentic.requests, agentic.distinct_blocks(), 16);
         assert_eq!(never.hit, full.hit);
         for t in &all {
             let cap = t.capacity_base / 4;
             let m = min::min_hits(&t.requests, cap, 16);
             for (name, policy) in POLICIES {
-                let h = replay(t, layout, policy, Some(cap)).unwrap();
+                let h = replay(t, layout, &cfg, policy, Some(cap)).unwrap();
                 assert!(
                     h.hit <= m.hit,
                     "{} {name}: {} > MIN {}",

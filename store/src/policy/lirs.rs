@@ -20,12 +20,18 @@
 //! through another, so every operation is O(1) amortized: stack pruning pops
 //! from S's bottom and each node is popped once per entry.
 //!
-//! Knobs: the HIR share of resident blocks (`hir_percent`, LIRS' usual 1%) and
-//! the ghost history (`history`: ghosts per resident block; the longest
-//! reuse distance LIRS can still see, in blocks, is about this many tiers'
-//! worth, which is what a scan between two turns of a session must stay
-//! under for the session to keep its place). Ghosts cost a key and links
-//! (~100 bytes with the index entry) each.
+//! One addition to LIRS: a LIR block idle for more than `idle_factor` times
+//! its last reuse interval (or, never reused, older than the oldest ghost)
+//! is demoted, so blocks of sessions that ended and of a replaced system
+//! prompt leave the protected set instead of waiting for a promotion to push
+//! them out (LRU evicts them by itself; plain LIRS stayed below LRU there).
+//!
+//! Knobs (docs/CONFIG.md): the HIR share of resident blocks (`hir_percent`,
+//! LIRS' usual 1%), the ghost history (`history`: ghosts per resident block;
+//! the longest reuse distance LIRS can still see is about this many tiers'
+//! worth of evictions, which is what a scan between two turns of a session
+//! must stay under for the session to keep its place; a ghost costs a key
+//! and links, ~100 bytes with its index entry) and `idle_factor`.
 
 use std::collections::HashMap;
 
@@ -54,6 +60,10 @@ struct Node {
     q: (u32, u32),
     state: State,
     in_s: bool,
+    /// The order's clock at the block's last access.
+    last: u64,
+    /// The block's last reuse interval (clock ticks), 0 = not reused yet.
+    irr: u64,
 }
 
 /// Ends of one list; `head` is the oldest (S: the bottom; Q: the next victim).
@@ -90,12 +100,18 @@ pub struct Lirs {
     resident: usize,
     hir_percent: f64,
     history: usize,
+    /// Ticks once per insert and touch.
+    clock: u64,
+    /// A LIR block idle for more than this many times its reuse interval is
+    /// dead (0 = never).
+    idle_factor: f64,
 }
 
 impl Lirs {
     /// An empty order: `hir_percent` of resident blocks are HIR, up to
-    /// `history` ghosts per resident block are remembered.
-    pub fn new(hir_percent: f64, history: usize) -> Self {
+    /// `history` ghosts per resident block are remembered, and a LIR block
+    /// idle for `idle_factor` times its reuse interval is demoted.
+    pub fn new(hir_percent: f64, history: usize, idle_factor: f64) -> Self {
         Lirs {
             nodes: Vec::new(),
             free: Vec::new(),
@@ -107,6 +123,8 @@ impl Lirs {
             resident: 0,
             hir_percent: hir_percent.clamp(0.0, 100.0),
             history,
+            clock: 0,
+            idle_factor: idle_factor.max(0.0),
         }
     }
 
@@ -184,6 +202,8 @@ impl Lirs {
             q: (NIL, NIL),
             state,
             in_s: false,
+            last: self.clock,
+            irr: 0,
         };
         match self.free.pop() {
             Some(s) => {
@@ -252,13 +272,43 @@ impl Lirs {
         }
     }
 
+    /// Count an access of `n` (its reuse interval, the clock).
+    fn accessed(&mut self, n: u32) {
+        self.clock += 1;
+        let node = &mut self.nodes[n as usize];
+        node.irr = self.clock - node.last;
+        node.last = self.clock;
+    }
+
+    /// Whether the LIR block `n` is dead: idle for longer than `idle_factor`
+    /// times its last reuse interval (a session that ended, a system prompt
+    /// replaced by a new version) or, never reused, idle since before the
+    /// oldest ghost once the ghost history is full (a ghost that old would
+    /// have been forgotten too).
+    fn idle(&self, n: u32) -> bool {
+        let node = &self.nodes[n as usize];
+        if node.state != State::Lir || self.idle_factor <= 0.0 {
+            return false;
+        }
+        if node.irr > 0 {
+            return (self.clock - node.last) as f64 > self.idle_factor * node.irr as f64;
+        }
+        self.g.len >= self.ghost_cap() && node.last < self.nodes[self.g.head as usize].last
+    }
+
+    fn ghost_cap(&self) -> usize {
+        self.history * self.resident.max(64)
+    }
+
     pub(super) fn insert(&mut self, key: BlockKey) -> Slot {
         self.resident += 1;
         if let Some(n) = self.ghosts.remove(&key) {
+            self.accessed(n);
             self.unlink(List::G, n);
             self.promote(n);
             return n;
         }
+        self.clock += 1;
         if self.lir < self.lir_cap() {
             let n = self.alloc(key, State::Lir);
             self.lir += 1;
@@ -274,6 +324,7 @@ impl Lirs {
 
     pub(super) fn touch(&mut self, n: Slot, key: &BlockKey) {
         debug_assert!(self.holds(n, key), "stale slot {n} for {key:?}");
+        self.accessed(n);
         match self.nodes[n as usize].state {
             State::Lir => {
                 let bottom = self.s.head == n;
@@ -314,8 +365,7 @@ impl Lirs {
                 self.nodes[n as usize].state = State::Ghost;
                 self.push(List::G, n);
                 self.ghosts.insert(*key, n);
-                let cap = self.history * self.resident.max(64);
-                while self.g.len > cap {
+                while self.g.len > self.ghost_cap() {
                     let old = self.g.head;
                     self.unlink(List::S, old);
                     self.forget_ghost(old);
@@ -329,7 +379,7 @@ impl Lirs {
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,
     ) -> Option<BlockKey> {
-        while self.lir > self.lir_cap() {
+        while self.lir > self.lir_cap() || (self.s.head != NIL && self.idle(self.s.head)) {
             self.demote_bottom();
         }
         let mut at = self.q.head;
