@@ -66,7 +66,6 @@ pub fn policy(scales: &[usize], ops: usize) -> anyhow::Result<Value> {
     for (name, policy) in [
         ("lru", EvictionPolicy::Lru),
         ("s3fifo", EvictionPolicy::S3fifo),
-        ("lirs", EvictionPolicy::Lirs),
     ] {
         let mut tiers = Vec::new();
         for &n in scales {
