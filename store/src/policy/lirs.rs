@@ -185,7 +185,7 @@ impl Lirs {
         }
     }
 
-    fn to_top(&mut self, n: u32) {
+    fn move_to_top(&mut self, n: u32) {
         if self.nodes[n as usize].in_s {
             if self.s.tail == n {
                 return;
@@ -263,7 +263,7 @@ impl Lirs {
     fn promote(&mut self, n: u32) {
         self.nodes[n as usize].state = State::Lir;
         self.lir += 1;
-        self.to_top(n);
+        self.move_to_top(n);
         // S's bottom is LIR whenever a LIR block exists (HIR entries below
         // the lowest one are pruned), so demotion always takes a LIR block.
         self.prune();
@@ -328,7 +328,7 @@ impl Lirs {
         match self.nodes[n as usize].state {
             State::Lir => {
                 let bottom = self.s.head == n;
-                self.to_top(n);
+                self.move_to_top(n);
                 if bottom {
                     self.prune();
                 }
