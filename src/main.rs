@@ -88,7 +88,7 @@ enum BenchWhich {
     Agentic(kvfabric_benches::agentic::AgenticArgs),
     /// Chaos soak: 3 engine hosts, router and etcd under agentic load while seeded faults hit them (needs root).
     Soak(kvfabric_benches::soak::SoakArgs),
-    /// RAM-tier eviction order (LRU vs S3-FIFO): token hit ratio replaying the agentic trace on small tiers.
+    /// RAM-tier eviction orders (LIRS, LRU, S3-FIFO) against Belady's MIN: token hit ratio on five traces (or --trace FILE) at 10-75% of their blocks.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
     /// KV block size per dtype and the block codec against zstd-1 and lz4 on real engine blocks.
     Kv(kvfabric_benches::kv::KvArgs),
@@ -219,7 +219,8 @@ fn main() -> anyhow::Result<()> {
                 kvfabric_benches::soak::run(&a)?
             }
             BenchWhich::Eviction(mut a) => {
-                if a.model.is_none() {
+                // A trace file needs no tokenizer.
+                if a.model.is_none() && a.trace.is_none() {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::eviction::run(&a)?

@@ -51,8 +51,12 @@ pub enum DiskCompression {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum EvictionPolicy {
-    /// Least recently used first.
+    /// LIRS: blocks reused within the protected blocks' reuse distance stay;
+    /// the rest pass through a small queue (loop- and scan-resistant; see
+    /// `policy::lirs`).
     #[default]
+    Lirs,
+    /// Least recently used first.
     Lru,
     /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
     S3fifo,
@@ -83,8 +87,15 @@ pub struct NodeConfig {
     pub disk_admission: DiskAdmission,
     /// Disk blocks compressed when it pays (auto) or never (off). Default: auto.
     pub disk_compression: DiskCompression,
-    /// Eviction order of both tiers: lru or s3fifo. Default: lru.
+    /// Eviction order of both tiers: lirs, lru or s3fifo. Default: lirs.
     pub eviction: EvictionPolicy,
+    /// lirs: percent of resident blocks kept as HIR (the probation queue). Default: 1.
+    pub lirs_hir_percent: f64,
+    /// lirs: evicted blocks remembered (ghosts), per resident block. Default: 24.
+    pub lirs_history: u32,
+    /// lirs: a protected block idle for this many times its last reuse
+    /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.5.
+    pub lirs_idle_factor: f64,
     /// Fraction of a tier's capacity above which eviction starts. Default: 0.95.
     pub high_watermark: f64,
     /// Fraction of a tier's capacity eviction brings usage down to. Default: 0.85.
@@ -114,7 +125,10 @@ impl Default for NodeConfig {
             write_policy: WritePolicy::WriteBack,
             disk_admission: DiskAdmission::All,
             disk_compression: DiskCompression::Auto,
-            eviction: EvictionPolicy::Lru,
+            eviction: EvictionPolicy::Lirs,
+            lirs_hir_percent: 1.0,
+            lirs_history: 24,
+            lirs_idle_factor: 1.5,
             high_watermark: 0.95,
             low_watermark: 0.85,
             max_block_size: ByteSize::mib(64),
@@ -145,6 +159,18 @@ impl NodeConfig {
             return bad(format!(
                 "watermarks must satisfy 0 < low ({}) <= high ({}) <= 1",
                 self.low_watermark, self.high_watermark
+            ));
+        }
+        if !(self.lirs_hir_percent > 0.0 && self.lirs_hir_percent <= 50.0) {
+            return bad(format!(
+                "lirs_hir_percent must be in (0, 50], got {}",
+                self.lirs_hir_percent
+            ));
+        }
+        if !(self.lirs_idle_factor >= 0.0 && self.lirs_idle_factor.is_finite()) {
+            return bad(format!(
+                "lirs_idle_factor must be >= 0, got {}",
+                self.lirs_idle_factor
             ));
         }
         if self.max_block_size.as_u64() == 0 {
@@ -211,5 +237,17 @@ mod tests {
             ..Default::default()
         };
         assert!(c.validate().is_err());
+        for bad in [0.0, 60.0, f64::NAN] {
+            let c = NodeConfig {
+                lirs_hir_percent: bad,
+                ..Default::default()
+            };
+            assert!(c.validate().is_err(), "{bad}");
+            let c = NodeConfig {
+                lirs_idle_factor: bad - 61.0,
+                ..Default::default()
+            };
+            assert!(c.validate().is_err(), "{bad}");
+        }
     }
 }

@@ -1,26 +1,33 @@
-//! Eviction order of a tier: LRU (default) or S3-FIFO.
+//! Eviction order of a tier: LIRS (default), LRU or S3-FIFO.
 //!
 //! The order only ranks blocks; whether a candidate may go (pins, leases,
 //! in-flight I/O) is the caller's `eligible` predicate, so pinned blocks are
 //! skipped rather than removed from the order.
 //!
-//! Both orders keep their queues as linked lists through one slab
-//! (`list::Queues`), so insert, touch and remove are O(1) and a victim costs
-//! the candidates it looks at, whatever the number of blocks in the tier.
+//! LRU and S3-FIFO keep their queues as linked lists through one slab
+//! (`list::Queues`), LIRS its stack and queues as index links through its own
+//! slab (`lirs`), so insert, touch and remove are O(1) (amortized for LIRS'
+//! stack pruning) and a victim costs the candidates it looks at, whatever
+//! the number of blocks in the tier. `lirs` says why it is the default
+//! (`bench eviction`'s figures are in docs/BENCHMARKS.md).
 //! `insert` hands back the key's [`Slot`]; the caller keeps it (the store in
 //! the block's record) and names the key by it to `touch` and `remove`, so
 //! the order needs no key index of its own.
 //! The decisions are those of the earlier `BTreeMap` LRU and `VecDeque`
 //! S3-FIFO; `tests` replays random operations against both and compares.
 
+mod lirs;
+#[cfg(test)]
+mod lirs_tests;
 mod list;
 mod s3fifo;
 #[cfg(test)]
 mod tests;
 
 use crate::keys::BlockKey;
-use crate::node_config::EvictionPolicy;
+use crate::node_config::{EvictionPolicy, NodeConfig};
 
+pub use lirs::Lirs;
 use list::Queues;
 pub use list::Slot;
 pub use s3fifo::S3Fifo;
@@ -30,14 +37,20 @@ pub use s3fifo::S3Fifo;
 pub enum EvictionOrder {
     Lru(Lru),
     S3Fifo(S3Fifo),
+    Lirs(Lirs),
 }
 
 impl EvictionOrder {
-    /// An empty order of the configured kind.
-    pub fn new(policy: EvictionPolicy) -> Self {
-        match policy {
+    /// An empty order of the configured kind (and knobs).
+    pub fn new(cfg: &NodeConfig) -> Self {
+        match cfg.eviction {
             EvictionPolicy::Lru => EvictionOrder::Lru(Lru::default()),
             EvictionPolicy::S3fifo => EvictionOrder::S3Fifo(S3Fifo::default()),
+            EvictionPolicy::Lirs => EvictionOrder::Lirs(Lirs::new(
+                cfg.lirs_hir_percent,
+                cfg.lirs_history as usize,
+                cfg.lirs_idle_factor,
+            )),
         }
     }
 
@@ -47,6 +60,7 @@ impl EvictionOrder {
         match self {
             EvictionOrder::Lru(l) => l.queue.push_back(0, key),
             EvictionOrder::S3Fifo(s) => s.insert(key),
+            EvictionOrder::Lirs(l) => l.insert(key),
         }
     }
 
@@ -55,6 +69,7 @@ impl EvictionOrder {
         match self {
             EvictionOrder::Lru(l) => l.touch(slot, key),
             EvictionOrder::S3Fifo(s) => s.touch(slot, key),
+            EvictionOrder::Lirs(l) => l.touch(slot, key),
         }
     }
 
@@ -63,6 +78,7 @@ impl EvictionOrder {
         match self {
             EvictionOrder::Lru(l) => l.remove(slot, key),
             EvictionOrder::S3Fifo(s) => s.remove(slot, key),
+            EvictionOrder::Lirs(l) => l.remove(slot, key),
         }
     }
 
@@ -71,6 +87,7 @@ impl EvictionOrder {
         match self {
             EvictionOrder::Lru(l) => l.victim(eligible),
             EvictionOrder::S3Fifo(s) => s.victim(eligible),
+            EvictionOrder::Lirs(l) => l.victim(eligible),
         }
     }
 }

@@ -113,11 +113,11 @@ impl Inner {
         Inner {
             blocks: HashMap::new(),
             ram: ExtentAllocator::new(ram_capacity, align),
-            ram_order: EvictionOrder::new(cfg.eviction),
+            ram_order: EvictionOrder::new(cfg),
             ram_leases: HashMap::new(),
             ram_doomed: HashMap::new(),
             disk: ExtentAllocator::new(disk_capacity, align),
-            disk_order: EvictionOrder::new(cfg.eviction),
+            disk_order: EvictionOrder::new(cfg),
             disk_reads: HashMap::new(),
             disk_doomed: HashMap::new(),
             reservations: HashMap::new(),

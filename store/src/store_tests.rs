@@ -52,6 +52,8 @@ fn store(
         high_watermark: 1.0,
         low_watermark: 1.0,
         max_block_size: ByteSize::b(4 * BLOCK as u64),
+        // These tests name LRU victims; policy::lirs_tests run the default (LIRS) in a store.
+        eviction: EvictionPolicy::Lru,
         ..Default::default()
     };
     f(&mut cfg);

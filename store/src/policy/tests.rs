@@ -24,7 +24,10 @@ struct Keyed {
 impl Keyed {
     fn new(policy: EvictionPolicy) -> Self {
         Keyed {
-            order: EvictionOrder::new(policy),
+            order: EvictionOrder::new(&NodeConfig {
+                eviction: policy,
+                ..Default::default()
+            }),
             slots: HashMap::new(),
         }
     }
@@ -203,6 +206,7 @@ impl Reference {
         match policy {
             EvictionPolicy::Lru => Reference::Lru(RefLru::default()),
             EvictionPolicy::S3fifo => Reference::S3Fifo(RefS3Fifo::default()),
+            EvictionPolicy::Lirs => unreachable!("lirs_tests has its own reference"),
         }
     }
 

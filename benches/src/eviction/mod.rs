@@ -1,0 +1,382 @@
+//! `kvfabric bench eviction`: how close each RAM-tier eviction order comes
+//! to the optimum when the tier is too small for the traffic.
+//!
+//! Several seeded traces (`traces`: the agentic round-robin, Zipf-popular
+//! returning sessions, sessions that end, a system prompt that changes
+//! version, a scan beside the agents; or an external JSON-lines trace given
+//! with `--trace`, see `file`) are replayed as block keys against a real
+//! [`Store`] whose RAM tier holds exactly 10, 25, 50 and 75% of the trace's
+//! distinct blocks, no disk. Each request looks up its prompt's blocks
+//! (prefix order), reads the hits (a lease, as the connector does), then puts
+//! the blocks the engine would have computed. Answers are fixed pseudo-random
+//! tokens (no engine runs), so the replay is deterministic and takes seconds.
+//!
+//! The figure is the token hit ratio (prompt tokens served from the tier
+//! over prompt tokens) per policy and capacity, and its ratio to Belady's
+//! MIN under the prefix rule (`min`) on the same trace and capacity; a tier
+//! that never evicts is the ceiling. The tier runs with both watermarks at
+//! 1.0 (evict one block when full), so it holds the same number of blocks
+//! as MIN's.
+
+mod file;
+pub mod min;
+pub mod traces;
+
+use anyhow::Context;
+use clap::Args;
+use kvfabric_engine::gguf::GgufFile;
+use kvfabric_engine::tokenizer::Tokenizer;
+use kvfabric_store::{
+    BlockOrder, DType, EvictionPolicy, KeyChain, KvLayout, ModelFingerprint, NodeConfig,
+    PutOptions, Registry, Store,
+};
+use serde_json::{json, Value};
+
+use min::Hits;
+use traces::{Shape, Trace};
+
+/// Flags of `kvfabric bench eviction`.
+#[derive(Args, Debug, Clone)]
+pub struct EvictionArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// GGUF model whose tokenizer encodes the generated traces (default: the fetched reference model).
+    #[arg(long)]
+    pub model: Option<std::path::PathBuf>,
+    /// Replay this JSON-lines trace (one request per line: `tokens` or
+    /// `blocks`, optional `namespace`, `timestamp`) instead of the generated ones.
+    #[arg(long)]
+    pub trace: Option<std::path::PathBuf>,
+    /// Concurrent agent sessions.
+    #[arg(long, default_value_t = 24)]
+    pub sessions: usize,
+    /// Turns per session.
+    #[arg(long, default_value_t = 8)]
+    pub turns: usize,
+    /// Tokens of the shared system prompt.
+    #[arg(long, default_value_t = 1000)]
+    pub system_tokens: usize,
+    /// Tokens of history each session starts with.
+    #[arg(long, default_value_t = 1500)]
+    pub session_history_tokens: usize,
+    /// Tokens of each answer.
+    #[arg(long, default_value_t = 48)]
+    pub answer_tokens: usize,
+    /// One-off prompts of the scan trace's batch job.
+    #[arg(long, default_value_t = 2000)]
+    pub scan_prompts: usize,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 64)]
+    pub block_tokens: usize,
+    /// Seed of the workload text and the answers.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// lirs: percent of resident blocks kept as HIR (config `lirs_hir_percent`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_hir_percent)]
+    pub lirs_hir_percent: f64,
+    /// lirs: ghosts remembered per resident block (config `lirs_history`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_history)]
+    pub lirs_history: u32,
+    /// lirs: idle factor after which a protected block is demoted (config `lirs_idle_factor`).
+    #[arg(long, default_value_t = NodeConfig::default().lirs_idle_factor)]
+    pub lirs_idle_factor: f64,
+}
+
+impl EvictionArgs {
+    /// The node config every replay starts from (the lirs knobs).
+    fn node_config(&self) -> NodeConfig {
+        NodeConfig {
+            lirs_hir_percent: self.lirs_hir_percent,
+            lirs_history: self.lirs_history,
+            lirs_idle_factor: self.lirs_idle_factor,
+            ..Default::default()
+        }
+    }
+}
+
+/// Tier sizes tried, as fractions of the trace's distinct blocks.
+const CAPACITY_FRACTIONS: [f64; 4] = [0.1, 0.25, 0.5, 0.75];
+
+/// The policies compared, by their config names.
+pub const POLICIES: [(&str, EvictionPolicy); 3] = [
+    ("lirs", EvictionPolicy::Lirs),
+    ("lru", EvictionPolicy::Lru),
+    ("s3fifo", EvictionPolicy::S3fifo),
+];
+
+/// Run the bench and print its report.
+pub fn run(args: &EvictionArgs) -> anyhow::Result<()> {
+    crate::print_report(args.json, &measure(args)?, print_table)
+}
+
+/// Replay `trace` on a RAM tier of `capacity_blocks` blocks (None: never evicts).
+pub fn replay(
+    trace: &Trace,
+    layout: KvLayout,
+    base: &NodeConfig,
+    policy: EvictionPolicy,
+    capacity_blocks: Option<usize>,
+) -> anyhow::Result<Hits> {
+    let bt = trace.block_tokens;
+    let block = vec![0u8; layout.block_bytes()];
+    // Room for every block the replay could put, when it must never evict.
+    let every_block: usize = trace.requests.iter().map(|r| r.keys.len()).sum();
+    let blocks = capacity_blocks.unwrap_or(every_block.max(1));
+    // The arena gives each block a 4 KiB-aligned slot.
+    let slot = layout.block_bytes().div_ceil(4096) * 4096;
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::b((blocks * slot) as u64),
+        eviction: policy,
+        // Exactly `blocks` blocks: evict one when full (MIN's tier).
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        ..base.clone()
+    };
+    cfg.validate()?;
+    let store = Store::open(cfg, &mut Registry::default())?;
+    let mut hits = Hits::default();
+    for r in &trace.requests {
+        let found = store.lookup(&r.keys[..r.usable]).len();
+        for k in &r.keys[..found] {
+            // The connector reads every hit block.
+            drop(store.lease(k)?.context("looked-up block vanished")?);
+        }
+        hits.add(r, found, bt);
+        for k in &r.keys[found..] {
+            store.put(*k, layout, &block, PutOptions::default())?;
+        }
+    }
+    Ok(hits)
+}
+
+/// A layout of small blocks (a few KiB): the tier's bookkeeping is what is
+/// measured, not copies.
+fn small_layout(block_tokens: usize) -> KvLayout {
+    KvLayout {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 16,
+        dtype: DType::F32,
+        block_tokens: block_tokens as u32,
+        order: BlockOrder::LayerKvTokenHead,
+    }
+}
+
+/// The traces to replay: the file's, or the generated ones.
+fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Trace>> {
+    if let Some(path) = &args.trace {
+        return Ok(vec![file::load(path, layout)?]);
+    }
+    let path = crate::model_file(&args.model)?;
+    let gguf = GgufFile::open(&path).context("opening the model")?;
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
+    drop(gguf);
+    let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), layout);
+    let shape = Shape {
+        sessions: args.sessions,
+        turns: args.turns,
+        system_tokens: args.system_tokens,
+        history_tokens: args.session_history_tokens,
+        answer_tokens: args.answer_tokens,
+        scan_prompts: args.scan_prompts,
+        seed: args.seed,
+    };
+    Ok(traces::all(
+        &|text| tokenizer.encode(text, true),
+        &chain,
+        &shape,
+    ))
+}
+
+/// Every policy and MIN on `trace` at each capacity.
+pub fn measure_trace(trace: &Trace, layout: KvLayout, base: &NodeConfig) -> anyhow::Result<Value> {
+    let never = replay(trace, layout, base, EvictionPolicy::Lru, None)?;
+    let mut rows = Vec::new();
+    for frac in CAPACITY_FRACTIONS {
+        let cap = ((trace.capacity_base as f64 * frac) as usize).max(1);
+        let min = min::min_hits(&trace.requests, cap, trace.block_tokens);
+        let mut pol = serde_json::Map::new();
+        for (name, policy) in POLICIES {
+            let h = replay(trace, layout, base, policy, Some(cap))?;
+            pol.insert(
+                name.into(),
+                json!({
+                    "hit_ratio": h.ratio(),
+                    "ratio_to_min": h.ratio() / min.ratio().max(f64::MIN_POSITIVE),
+                    "agent_hit_ratio": h.agent_ratio(),
+                }),
+            );
+        }
+        rows.push(json!({
+            "capacity_fraction": frac,
+            "capacity_blocks": cap,
+            "min_hit_ratio": min.ratio(),
+            "min_agent_hit_ratio": min.agent_ratio(),
+            "policies": pol,
+        }));
+    }
+    Ok(json!({
+        "name": trace.name,
+        "requests": trace.requests.len(),
+        "agent_requests": trace.requests.iter().filter(|r| r.agent).count(),
+        "distinct_blocks": trace.distinct_blocks(),
+        "capacity_base_blocks": trace.capacity_base,
+        "never_evict_hit_ratio": never.ratio(),
+        "capacities": rows,
+    }))
+}
+
+/// Measure everything and return the report object.
+pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
+    anyhow::ensure!(
+        args.sessions > 1 && args.turns > 1 && args.block_tokens > 0,
+        "--sessions and --turns must be > 1, --block-tokens > 0"
+    );
+    let layout = small_layout(args.block_tokens);
+    let traces = load_traces(args, &layout)?;
+    let mut out = Vec::new();
+    for t in &traces {
+        out.push(measure_trace(t, layout, &args.node_config())?);
+    }
+    let scan = scan_summary(&out);
+    Ok(json!({
+        "block_tokens": args.block_tokens,
+        "lirs": {
+            "hir_percent": args.lirs_hir_percent,
+            "history": args.lirs_history,
+            "idle_factor": args.lirs_idle_factor,
+        },
+        "policies": POLICIES.iter().map(|p| p.0).collect::<Vec<_>>(),
+        "traces": out,
+        "scan_vs_agentic": scan,
+    }))
+}
+
+/// The agents' hit ratio with the scan running over without it (the agentic
+/// trace, same tier size), per policy and capacity.
+fn scan_summary(traces: &[Value]) -> Value {
+    let by = |n: &str| traces.iter().find(|t| t["name"] == n);
+    let (Some(a), Some(s)) = (by("agentic"), by("scan")) else {
+        return Value::Null;
+    };
+    let mut rows = Vec::new();
+    let empty = Vec::new();
+    let (ac, sc) = (
+        a["capacities"].as_array().unwrap_or(&empty),
+        s["capacities"].as_array().unwrap_or(&empty),
+    );
+    for (ra, rs) in ac.iter().zip(sc) {
+        let mut pol = serde_json::Map::new();
+        for (name, _) in POLICIES {
+            let without = ra["policies"][name]["agent_hit_ratio"]
+                .as_f64()
+                .unwrap_or(0.0);
+            let with = rs["policies"][name]["agent_hit_ratio"]
+                .as_f64()
+                .unwrap_or(0.0);
+            pol.insert(
+                name.into(),
+                json!({"without": without, "with": with, "ratio": with / without.max(f64::MIN_POSITIVE)}),
+            );
+        }
+        rows.push(json!({"capacity_fraction": ra["capacity_fraction"], "policies": pol}));
+    }
+    Value::Array(rows)
+}
+
+fn print_table(report: &Value) {
+    let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    for t in report["traces"].as_array().into_iter().flatten() {
+        println!(
+            "{}: {} requests, {} distinct blocks, never-evict hit ratio {:.3}",
+            t["name"].as_str().unwrap_or("?"),
+            t["requests"],
+            t["distinct_blocks"],
+            f(&t["never_evict_hit_ratio"])
+        );
+        print!("  {:>9} {:>7} {:>6}", "capacity", "blocks", "min");
+        for (name, _) in POLICIES {
+            print!(" {name:>14}");
+        }
+        println!();
+        for r in t["capacities"].as_array().into_iter().flatten() {
+            print!(
+                "  {:>8.0}% {:>7} {:>6.3}",
+                f(&r["capacity_fraction"]) * 100.0,
+                r["capacity_blocks"],
+                f(&r["min_hit_ratio"])
+            );
+            for (name, _) in POLICIES {
+                let p = &r["policies"][name];
+                print!(
+                    " {:>6.3} ({:>4.2})",
+                    f(&p["hit_ratio"]),
+                    f(&p["ratio_to_min"])
+                );
+            }
+            println!();
+        }
+    }
+    for r in report["scan_vs_agentic"].as_array().into_iter().flatten() {
+        print!(
+            "scan, agents with/without at {:>3.0}%:",
+            f(&r["capacity_fraction"]) * 100.0
+        );
+        for (name, _) in POLICIES {
+            print!(" {name} {:.2}", f(&r["policies"][name]["ratio"]));
+        }
+        println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(s: &str) -> Vec<u32> {
+        s.bytes().map(u32::from).collect()
+    }
+
+    fn shape() -> Shape {
+        Shape {
+            sessions: 4,
+            turns: 3,
+            system_tokens: 300,
+            history_tokens: 200,
+            answer_tokens: 20,
+            scan_prompts: 30,
+            seed: 3,
+        }
+    }
+
+    /// The never-evicting replay of the agentic trace hits exactly what the
+    /// trace's own oracle says; MIN with room for everything matches it; on
+    /// a small tier no policy beats MIN, and each hits less than the oracle.
+    #[test]
+    fn replay_matches_the_oracle_and_no_policy_beats_min() {
+        let layout = small_layout(16);
+        let chain = KeyChain::new(b"t", &ModelFingerprint([1; 32]), &layout);
+        let all = traces::all(&bytes, &chain, &shape());
+        assert_eq!(all.len(), 5);
+        let agentic = &all[0];
+        let cfg = NodeConfig::default();
+        let never = replay(agentic, layout, &cfg, EvictionPolicy::Lru, None).unwrap();
+        let full = min::min_hits(&agentic.requests, agentic.distinct_blocks(), 16);
+        assert_eq!(never.hit, full.hit);
+        for t in &all {
+            let cap = t.capacity_base / 4;
+            let m = min::min_hits(&t.requests, cap, 16);
+            for (name, policy) in POLICIES {
+                let h = replay(t, layout, &cfg, policy, Some(cap)).unwrap();
+                assert!(
+                    h.hit <= m.hit,
+                    "{} {name}: {} > MIN {}",
+                    t.name,
+                    h.hit,
+                    m.hit
+                );
+            }
+        }
+    }
+}
