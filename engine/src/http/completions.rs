@@ -26,7 +26,8 @@ use serde_json::{json, Value};
 use kvfabric_tenants::Identity;
 
 use super::generate::{Generation, GenerationPlan, Step, TenantUsage};
-use super::openai::{convert_messages, parse_body, ApiError, CompletionBody, PromptIn};
+use super::openai::{convert_messages, from_value, parse_json, ApiError, CompletionBody, PromptIn};
+use super::params;
 use super::response::{attach_transfer, Api, ResponseMeta};
 use super::{unix_now, HttpState};
 use crate::request::SamplingParams;
@@ -97,7 +98,9 @@ async fn run(
         ApiError::invalid(format!("could not read the request body: {e}"), None)
             .with_status(e.status())
     })?;
-    let mut req: CompletionBody = parse_body(&body)?;
+    let value = parse_json(&body)?;
+    params::check(&value, meta.api)?;
+    let mut req: CompletionBody = from_value(value)?;
     if let Some(params) = &req.kv_transfer_params {
         // A hint from the router: the decode side finds saved blocks by itself.
         let params = Value::Object(params.clone());

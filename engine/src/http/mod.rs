@@ -10,6 +10,7 @@
 mod completions;
 pub mod generate;
 pub mod openai;
+mod params;
 mod response;
 pub mod stop;
 mod tenancy;

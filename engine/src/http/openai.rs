@@ -173,6 +173,11 @@ pub enum PromptIn {
 
 /// Parse a JSON body into `T`; malformed JSON and type errors become 400s.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    from_value(parse_json(body)?)
+}
+
+/// Parse a body into a JSON object; malformed JSON and non-objects are 400s.
+pub fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
             format!("We could not parse the JSON body of your request: {e}"),
@@ -186,6 +191,11 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             None,
         ));
     }
+    Ok(value)
+}
+
+/// Deserialize a parsed body; a type error names its path in `param`.
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
@@ -221,7 +231,13 @@ pub fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Ap
                     text
                 }
             };
-            Ok(ChatMessage::new(m.role, content))
+            // OpenAI's newer name for the system role; templates know `system`.
+            let role = if m.role == "developer" {
+                "system".to_owned()
+            } else {
+                m.role
+            };
+            Ok(ChatMessage::new(role, content))
         })
         .collect()
 }
