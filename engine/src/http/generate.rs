@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use kvfabric_tenants::{Identity, TenantGate};
 
+use super::logprobs::{token_logprob, TokenLogprob};
 use super::openai::ApiError;
 use super::stop::StopMatcher;
 use crate::metrics::EngineMetrics;
@@ -42,6 +43,8 @@ pub(crate) struct GenerationPlan {
     pub namespace: Vec<u8>,
     /// Where the finished request's usage is counted per tenant.
     pub tenant: Option<TenantUsage>,
+    /// Report each token's logprob and this many alternatives (None: no logprobs).
+    pub top_logprobs: Option<usize>,
 }
 
 /// A tenant's gate and identity, to count its usage at the end.
@@ -56,6 +59,9 @@ pub(crate) struct TenantUsage {
 pub(crate) enum Step {
     /// More text (never empty).
     Text(String),
+    /// The logprob of the next generated token (before its text, which
+    /// may be held back by the stop matcher); only when asked for.
+    Logprob(TokenLogprob),
     /// Generation is over.
     Done {
         finish_reason: &'static str,
@@ -83,6 +89,7 @@ pub(crate) struct Generation {
     /// Prompt tokens reused, known once the scheduler admitted the request.
     cached_tokens: usize,
     tenant: Option<TenantUsage>,
+    top_logprobs: Option<usize>,
 }
 
 impl Generation {
@@ -105,7 +112,8 @@ impl Generation {
                 sampling: plan.sampling,
                 stop_token_ids: plan.stop_token_ids,
                 namespace: plan.namespace,
-                return_logits: false,
+                // The row the sampler used rides with each token.
+                return_logits: plan.top_logprobs.is_some(),
                 events: events_tx,
             })
             .await
@@ -125,6 +133,7 @@ impl Generation {
             transfer: None,
             cached_tokens: 0,
             tenant: plan.tenant,
+            top_logprobs: plan.top_logprobs,
         })
     }
 
@@ -136,7 +145,7 @@ impl Generation {
             }
             let events = self.events.as_mut()?;
             match events.recv().await {
-                Some(GenerationEvent::Token { id, .. }) => self.on_token(id),
+                Some(GenerationEvent::Token { id, logits }) => self.on_token(id, logits),
                 Some(GenerationEvent::Finished { reason, usage }) => {
                     self.on_finished(reason, usage)
                 }
@@ -155,7 +164,7 @@ impl Generation {
         self.transfer.as_ref()
     }
 
-    fn on_token(&mut self, id: u32) {
+    fn on_token(&mut self, id: u32, logits: Option<Vec<f32>>) {
         let now = Instant::now();
         match self.last_token_at {
             None => self
@@ -170,6 +179,10 @@ impl Generation {
         self.last_token_at = Some(now);
         self.metrics.generation_tokens.inc();
         self.completion_tokens += 1;
+        if let (Some(top), Some(row)) = (self.top_logprobs, logits.as_deref()) {
+            self.queue
+                .push_back(Step::Logprob(token_logprob(row, id, top)));
+        }
         let (Some(decoder), Some(stop)) = (self.decoder.as_mut(), self.stop.as_mut()) else {
             return;
         };

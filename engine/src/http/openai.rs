@@ -110,9 +110,15 @@ pub struct CompletionBody {
     pub messages: Option<Vec<MessageIn>>,
     /// Completions endpoint: the prompt.
     pub prompt: Option<PromptIn>,
-    /// Completions endpoint: echo the prompt (not supported).
+    /// Completions endpoint: put the prompt before the generated text.
     #[serde(default)]
     pub echo: bool,
+    /// Chat: a boolean; completions: how many alternatives per token (0..=5).
+    pub logprobs: Option<serde_json::Value>,
+    /// Chat: alternatives per token (0..=20), with `logprobs: true`.
+    pub top_logprobs: Option<u64>,
+    /// An end-user id (OpenAI's abuse tracking): logged only.
+    pub user: Option<String>,
     pub max_tokens: Option<u64>,
     /// The chat API's newer name for `max_tokens`.
     pub max_completion_tokens: Option<u64>,

@@ -53,7 +53,7 @@ const COMMON: &[(&str, Support)] = &[
     ("stream", Support::Yes),
     ("stream_options", Support::Yes),
     ("n", Support::Neutral(one)),
-    ("logprobs", Support::Neutral(is_false)),
+    ("logprobs", Support::Yes),
     ("kv_transfer_params", Support::Yes),
     ("cache_salt", Support::Yes),
     // An end-user id for abuse tracking: logged, changes nothing in the output.
@@ -67,7 +67,7 @@ const COMMON: &[(&str, Support)] = &[
 const CHAT: &[(&str, Support)] = &[
     ("messages", Support::Yes),
     ("max_completion_tokens", Support::Yes),
-    ("top_logprobs", Support::Neutral(zero)),
+    ("top_logprobs", Support::Yes),
     ("tools", Support::Neutral(|_| false)),
     ("tool_choice", Support::Neutral(|_| false)),
     ("parallel_tool_calls", Support::Neutral(|_| false)),
@@ -79,7 +79,7 @@ const CHAT: &[(&str, Support)] = &[
 /// Keys only the completions endpoint has.
 const COMPLETION: &[(&str, Support)] = &[
     ("prompt", Support::Yes),
-    ("echo", Support::Neutral(is_false)),
+    ("echo", Support::Yes),
     ("best_of", Support::Neutral(one)),
     ("suffix", Support::Neutral(|v| v.as_str() == Some(""))),
 ];
