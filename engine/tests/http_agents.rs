@@ -42,10 +42,11 @@ async fn real_server() -> RealServer {
         kv_pool: ByteSize::mib(64),
         ..EngineConfig::default()
     };
+    let metrics = EngineMetrics::new();
     let engine = kvfabric_engine::EngineBuilder::new(cfg)
+        .metrics(metrics.clone())
         .start(model)
         .expect("engine starts");
-    let metrics = EngineMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     let state = HttpState::new(
@@ -179,4 +180,118 @@ async fn logprobs_top_token_is_the_greedy_token_streamed_and_not() {
     .await;
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["param"], "echo");
+}
+
+/// The value of a counter in the Prometheus text of `GET /metrics`.
+async fn counter(addr: SocketAddr, name: &str) -> f64 {
+    let (status, text) = call(addr, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in metrics:\n{text}"))
+}
+
+const COMPUTED: &str = "kvfabric_engine_prompt_tokens_computed_total";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_samples_share_one_prefill_and_repeat_with_a_seed() {
+    let server = real_server().await;
+    let addr = server.addr;
+    let text_of = |v: &Value, i: usize| {
+        v["choices"][i]["message"]["content"]
+            .as_str()
+            .expect("content")
+            .to_owned()
+    };
+    // Greedy: every sample equals the single greedy answer, which checks
+    // that forks read the shared blocks and their copied partial block right.
+    let greedy = json!({
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Name three colours of the rainbow."}],
+        "temperature": 0,
+        "max_tokens": 24,
+    });
+    let (status, one) = call_json(addr, "/v1/chat/completions", greedy.clone()).await;
+    assert_eq!(status, 200, "{one}");
+    let mut four = greedy.clone();
+    four["n"] = json!(4);
+    let (status, v) = call_json(addr, "/v1/chat/completions", four).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(4));
+    for i in 0..4 {
+        assert_eq!(v["choices"][i]["index"], i);
+        assert_eq!(text_of(&v, i), text_of(&one, 0), "sample {i}");
+    }
+
+    // A new prompt, n = 4, sampled: the prompt is computed once.
+    let before = counter(addr, COMPUTED).await;
+    let sampled = json!({
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Write a short poem about the sea and the wind."}],
+        "temperature": 1.0,
+        "seed": 1234,
+        "n": 4,
+        "max_tokens": 16,
+    });
+    let (status, first) = call_json(addr, "/v1/chat/completions", sampled.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    let computed = counter(addr, COMPUTED).await - before;
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_f64().expect("usage");
+    // The system prompt's leading block is cached from the requests above.
+    let cached = first["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .expect("usage");
+    assert!(prompt_tokens - cached > 16.0, "a real prefill: {first}");
+    assert_eq!(
+        computed,
+        prompt_tokens - cached,
+        "one prefill for four samples"
+    );
+    let completion: u64 = (0..4)
+        .map(|i| {
+            first["choices"][i]["finish_reason"]
+                .as_str()
+                .map_or(0, |_| 1)
+        })
+        .sum();
+    assert_eq!(completion, 4);
+    let texts: Vec<String> = (0..4).map(|i| text_of(&first, i)).collect();
+    let distinct: std::collections::BTreeSet<&String> = texts.iter().collect();
+    assert!(
+        distinct.len() > 1,
+        "each sample has its own seed: {texts:?}"
+    );
+    // Seeded: the same four again (now mostly from the prefix cache), streamed.
+    let mut streamed = sampled.clone();
+    streamed["stream"] = json!(true);
+    let (status, sse) = call(addr, "POST", "/v1/chat/completions", &streamed.to_string()).await;
+    assert_eq!(status, 200);
+    let mut again = vec![String::new(); 4];
+    for c in chunks(&sse) {
+        let Some(choice) = c["choices"].get(0) else {
+            continue;
+        };
+        let i = choice["index"].as_u64().expect("index") as usize;
+        again[i].push_str(choice["delta"]["content"].as_str().unwrap_or_default());
+    }
+    assert_eq!(again, texts);
+
+    // Completions best_of: the kept sample is one of the generated.
+    let (status, v) = call_json(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL_NAME, "prompt": "Once upon a time", "temperature": 1.0, "seed": 5, "n": 1, "best_of": 3, "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(1));
+    assert!(v["choices"][0]["logprobs"].is_null(), "not asked for");
+    let (status, v) = call_json(
+        addr,
+        "/v1/completions",
+        json!({"model": MODEL_NAME, "prompt": "x", "n": 2, "best_of": 1}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "best_of");
 }

@@ -129,6 +129,7 @@ pub async fn generate(
             stop_token_ids: Vec::new(),
             namespace: namespace.to_vec(),
             return_logits: true,
+            forks: Vec::new(),
             events: tx,
         })
         .await

@@ -34,6 +34,9 @@ pub(super) struct Shape {
     pub tokenizer: Arc<Tokenizer>,
     /// Report logprobs (the generations were started with them).
     pub logprobs: bool,
+    /// Choices to return: with `best_of` more samples than this, the
+    /// `keep` with the highest total logprob (non-streamed only).
+    pub keep: usize,
     /// Completions `echo`: the prompt text, put before each choice's text.
     pub echo: Option<String>,
     /// Streaming: a last chunk with `usage`.
@@ -100,13 +103,23 @@ pub(super) async fn collect(
     shape: Shape,
 ) -> Result<Response, ApiError> {
     let outs = futures::future::join_all(generations.into_iter().map(collect_one)).await;
-    let mut choices = Vec::with_capacity(outs.len());
     let mut usage = None;
     let mut transfer = None;
-    for (index, out) in outs.into_iter().enumerate() {
+    let mut samples = Vec::with_capacity(outs.len());
+    for out in outs {
         let (sample, finish_reason, u, t) = out?;
         add_usage(&mut usage, u);
         transfer = transfer.or(t);
+        samples.push((sample, finish_reason));
+    }
+    if samples.len() > shape.keep {
+        // best_of: the most likely samples, in sample order among equals.
+        let total = |s: &Sample| -> f64 { s.logprobs.iter().map(|t| t.logprob).sum() };
+        samples.sort_by(|a, b| total(&b.0).total_cmp(&total(&a.0)));
+        samples.truncate(shape.keep);
+    }
+    let mut choices = Vec::with_capacity(samples.len());
+    for (index, (sample, finish_reason)) in samples.into_iter().enumerate() {
         let echo = shape.echo.as_deref().unwrap_or_default();
         let text = format!("{echo}{}", sample.text);
         let logprobs = shape.logprobs_json(&sample.logprobs, echo.len());
@@ -316,6 +329,7 @@ mod tests {
             meta: meta(api),
             tokenizer: Arc::new(byte_tokenizer()),
             logprobs: false,
+            keep: 1,
             echo: None,
             include_usage,
             tools: ToolMode::Off,
@@ -413,9 +427,11 @@ mod tests {
             Arc::new(byte_tokenizer()),
             crate::http::EngineMetrics::new(),
             plan,
+            1,
         )
         .await
         .expect("submitted")
+        .remove(0)
     }
 
     async fn sse_events(response: Response) -> Vec<Value> {

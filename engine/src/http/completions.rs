@@ -110,6 +110,14 @@ async fn run(
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let salt = cache_salt(req.cache_salt.take())?;
     let echo = echo_text(state, &req);
+    let samples = samples(&req)?;
+    let stream_best_of = stream && samples.best_of > samples.n;
+    if stream_best_of {
+        return Err(ApiError::invalid(
+            "best_of greater than n cannot be streamed",
+            Some("best_of"),
+        ));
+    }
     let mut plan = plan(state, req, meta.api, arrived)?;
     plan.namespace = who.namespace(salt.as_deref());
     plan.tenant = Some(TenantUsage {
@@ -120,18 +128,23 @@ async fn run(
         meta,
         tokenizer: state.tokenizer.clone(),
         logprobs: plan.top_logprobs.is_some(),
+        keep: samples.n,
         echo,
         include_usage,
         tools: ToolMode::Off,
     };
-    let generation = Generation::start(
+    if samples.best_of > samples.n {
+        // Ranking the samples needs every token's logprob.
+        plan.top_logprobs.get_or_insert(0);
+    }
+    let generations = Generation::start(
         &state.engine,
         state.tokenizer.clone(),
         state.metrics.clone(),
         plan,
+        samples.best_of,
     )
     .await?;
-    let generations = vec![generation];
     if stream {
         Ok(answer::sse(generations, shape))
     } else {
@@ -156,9 +169,6 @@ fn plan(
         )
         .with_status(StatusCode::NOT_FOUND)
         .with_code("model_not_found"));
-    }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("only n=1 is supported", Some("n")));
     }
     let sampling = sampling_params(&req)?;
     let top_logprobs = top_logprobs(&req, api)?;
@@ -214,6 +224,36 @@ fn plan(
         namespace: Vec::new(),
         tenant: None,
         top_logprobs,
+    })
+}
+
+/// Most samples per request (`n`, `best_of`).
+const MAX_SAMPLES: u64 = 16;
+
+/// How many samples to generate (`best_of`, default `n`) and return (`n`).
+struct Samples {
+    n: usize,
+    best_of: usize,
+}
+
+fn samples(req: &CompletionBody) -> Result<Samples, ApiError> {
+    let n = req.n.unwrap_or(1);
+    if !(1..=MAX_SAMPLES).contains(&n) {
+        return Err(ApiError::invalid(
+            format!("n must be between 1 and {MAX_SAMPLES}"),
+            Some("n"),
+        ));
+    }
+    let best_of = req.best_of.unwrap_or(n);
+    if best_of < n || best_of > MAX_SAMPLES {
+        return Err(ApiError::invalid(
+            format!("best_of must be between n and {MAX_SAMPLES}"),
+            Some("best_of"),
+        ));
+    }
+    Ok(Samples {
+        n: n as usize,
+        best_of: best_of as usize,
     })
 }
 

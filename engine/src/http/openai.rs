@@ -132,6 +132,8 @@ pub struct CompletionBody {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u64>,
+    /// Completions: generate this many, return the `n` most likely.
+    pub best_of: Option<u64>,
     /// Disaggregated serving (vLLM's field): a JSON object the router adds.
     /// A prefill engine gets `{"do_remote_decode": true}`; a decode engine
     /// gets the prefill response's `kv_transfer_params`. Only logged: a

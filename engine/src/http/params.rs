@@ -37,10 +37,6 @@ fn empty_object(v: &Value) -> bool {
     v.as_object().is_some_and(|o| o.is_empty())
 }
 
-fn one(v: &Value) -> bool {
-    v.as_u64() == Some(1)
-}
-
 /// Keys both endpoints share.
 const COMMON: &[(&str, Support)] = &[
     ("model", Support::Yes),
@@ -52,7 +48,7 @@ const COMMON: &[(&str, Support)] = &[
     ("stop", Support::Yes),
     ("stream", Support::Yes),
     ("stream_options", Support::Yes),
-    ("n", Support::Neutral(one)),
+    ("n", Support::Yes),
     ("logprobs", Support::Yes),
     ("kv_transfer_params", Support::Yes),
     ("cache_salt", Support::Yes),
@@ -80,7 +76,7 @@ const CHAT: &[(&str, Support)] = &[
 const COMPLETION: &[(&str, Support)] = &[
     ("prompt", Support::Yes),
     ("echo", Support::Yes),
-    ("best_of", Support::Neutral(one)),
+    ("best_of", Support::Yes),
     ("suffix", Support::Neutral(|v| v.as_str() == Some(""))),
 ];
 
@@ -215,7 +211,11 @@ mod tests {
             Some("echo"),
             "completions only"
         );
-        assert_eq!(chat(json!({"best_of": 2})).as_deref(), Some("best_of"));
+        assert_eq!(
+            chat(json!({"best_of": 2})).as_deref(),
+            Some("best_of"),
+            "completions only"
+        );
         let completion = |extra: Value| {
             let mut b = json!({"model": "m", "prompt": "hi"});
             for (k, v) in extra.as_object().expect("object") {

@@ -162,6 +162,20 @@ impl KvPool {
         unsafe { self.floats().add(off) }
     }
 
+    /// Copy the whole of block `src` into block `dst` (every layer, K and
+    /// V): a sample forked from a prompt gets its own copy of the prompt's
+    /// partial last block, which it is about to write into.
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+        let (from, to) = (self.block_range(src), self.block_range(dst));
+        assert!(src != dst && from.len() == to.len());
+        // SAFETY: both ranges are whole blocks inside the region and do not
+        // overlap (distinct blocks); `dst` belongs to the new sample only.
+        unsafe {
+            let base = self.region.as_ptr() as *mut u8;
+            std::ptr::copy_nonoverlapping(base.add(from.start), base.add(to.start), from.len());
+        }
+    }
+
     /// Copy one token's K and V (each `kv_heads*head_dim`) into a block slot.
     pub fn write_token(&mut self, block: BlockId, layer: usize, slot: usize, k: &[f32], v: &[f32]) {
         let row = (self.layout.kv_heads * self.layout.head_dim) as usize;

@@ -47,6 +47,7 @@ fn submit(s: &mut Scheduler, len: usize, max_tokens: usize) -> mpsc::Receiver<Ge
         stop_token_ids: vec![],
         namespace: b"blocks".to_vec(),
         return_logits: false,
+        forks: Vec::new(),
         events,
     });
     rx
