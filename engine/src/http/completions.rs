@@ -28,7 +28,7 @@ use super::logprobs::{MAX_TOP_LOGPROBS_CHAT, MAX_TOP_LOGPROBS_COMPLETION};
 use super::openai::{convert_messages, from_value, parse_json, ApiError, CompletionBody, PromptIn};
 use super::params;
 use super::response::{Api, ResponseMeta};
-use super::tools::ToolMode;
+use super::tools::{self, fallback_messages, ToolMode, ToolRequest};
 use super::{unix_now, HttpState};
 use crate::request::SamplingParams;
 use crate::EngineError;
@@ -118,20 +118,25 @@ async fn run(
             Some("best_of"),
         ));
     }
-    let mut plan = plan(state, req, meta.api, arrived)?;
+    let tools = tools::parse_request(
+        req.tools.take(),
+        req.tool_choice.take(),
+        req.parallel_tool_calls,
+    )?;
+    let mut plan = plan(state, req, meta.api, arrived, tools.as_ref())?;
     plan.namespace = who.namespace(salt.as_deref());
     plan.tenant = Some(TenantUsage {
         gate: state.tenants.clone(),
         who,
     });
     let shape = Shape {
-        meta,
         tokenizer: state.tokenizer.clone(),
         logprobs: plan.top_logprobs.is_some(),
         keep: samples.n,
         echo,
         include_usage,
-        tools: ToolMode::Off,
+        tools: tools.map_or(ToolMode::Off, |t| t.mode(&meta.id)),
+        meta,
     };
     if samples.best_of > samples.n {
         // Ranking the samples needs every token's logprob.
@@ -158,6 +163,7 @@ fn plan(
     req: CompletionBody,
     api: Api,
     arrived: Instant,
+    tools: Option<&ToolRequest>,
 ) -> Result<GenerationPlan, ApiError> {
     if req.model != state.model_name {
         return Err(ApiError::invalid(
@@ -180,7 +186,7 @@ fn plan(
         ));
     }
     let (prompt, prompt_param) = match api {
-        Api::Chat => (chat_prompt(state, req.messages)?, "messages"),
+        Api::Chat => (chat_prompt(state, req.messages, tools)?, "messages"),
         Api::Completion => (completion_prompt(state, req.prompt)?, "prompt"),
     };
     if prompt.is_empty() {
@@ -370,6 +376,7 @@ fn sampling_params(req: &CompletionBody) -> Result<SamplingParams, ApiError> {
 fn chat_prompt(
     state: &HttpState,
     messages: Option<Vec<super::openai::MessageIn>>,
+    tools: Option<&ToolRequest>,
 ) -> Result<Vec<u32>, ApiError> {
     let messages =
         messages.ok_or_else(|| ApiError::invalid("messages is required", Some("messages")))?;
@@ -379,14 +386,23 @@ fn chat_prompt(
             Some("messages"),
         ));
     }
-    let messages = convert_messages(messages)?;
-    let text = state
-        .chat_template
-        .render(&messages, true)
+    let mut messages = convert_messages(messages)?;
+    let template = &state.chat_template;
+    let defs = tools.map(ToolRequest::tools);
+    let native = template.has_tools();
+    if !native {
+        // Hermes-style fallback: tools in the system text, calls in content.
+        messages = fallback_messages(messages, defs);
+    }
+    let mut text = template
+        .render_with_tools(&messages, defs.filter(|_| native), true)
         .map_err(|e| match e {
             EngineError::InvalidRequest(m) => ApiError::invalid(m, Some("messages")),
             other => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         })?;
+    if let Some(t) = tools {
+        text.push_str(&t.forced_prefix());
+    }
     Ok(state.tokenizer.encode_prompt(&text))
 }
 

@@ -119,6 +119,12 @@ pub struct CompletionBody {
     pub top_logprobs: Option<u64>,
     /// An end-user id (OpenAI's abuse tracking): logged only.
     pub user: Option<String>,
+    /// Chat: function definitions (see `http/tools.rs`).
+    pub tools: Option<serde_json::Value>,
+    /// Chat: `none`, `auto`, `required` or `{"type": "function", "function": {"name": ..}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Chat: false keeps only the first call.
+    pub parallel_tool_calls: Option<bool>,
     pub max_tokens: Option<u64>,
     /// The chat API's newer name for `max_tokens`.
     pub max_completion_tokens: Option<u64>,
@@ -151,6 +157,10 @@ pub struct MessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<ContentIn>,
+    /// An assistant turn's calls (OpenAI shape).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn: the call it answers (required for `role: "tool"`).
+    pub tool_call_id: Option<String>,
 }
 
 /// Message content forms.
@@ -245,7 +255,16 @@ pub fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Ap
             } else {
                 m.role
             };
-            Ok(ChatMessage::new(role, content))
+            if role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::invalid(
+                    "a tool message needs the tool_call_id it answers",
+                    Some(&format!("messages[{i}].tool_call_id")),
+                ));
+            }
+            let mut message = ChatMessage::new(role, content);
+            message.tool_calls = m.tool_calls.filter(|c| !c.is_empty());
+            message.tool_call_id = m.tool_call_id;
+            Ok(message)
         })
         .collect()
 }

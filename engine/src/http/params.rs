@@ -64,9 +64,9 @@ const CHAT: &[(&str, Support)] = &[
     ("messages", Support::Yes),
     ("max_completion_tokens", Support::Yes),
     ("top_logprobs", Support::Yes),
-    ("tools", Support::Neutral(|_| false)),
-    ("tool_choice", Support::Neutral(|_| false)),
-    ("parallel_tool_calls", Support::Neutral(|_| false)),
+    ("tools", Support::Yes),
+    ("tool_choice", Support::Yes),
+    ("parallel_tool_calls", Support::Yes),
     ("response_format", Support::Neutral(|_| false)),
     ("store", Support::Neutral(is_false)),
     ("metadata", Support::Neutral(empty_object)),
@@ -84,8 +84,8 @@ const COMPLETION: &[(&str, Support)] = &[
 const MESSAGE: &[(&str, Support)] = &[
     ("role", Support::Yes),
     ("content", Support::Yes),
-    ("tool_calls", Support::Neutral(|_| false)),
-    ("tool_call_id", Support::Neutral(|_| false)),
+    ("tool_calls", Support::Yes),
+    ("tool_call_id", Support::Yes),
     ("name", Support::Neutral(|_| false)),
     ("refusal", Support::Neutral(|_| false)),
 ];
