@@ -171,7 +171,7 @@ impl KvPool {
         // SAFETY: both ranges are whole blocks inside the region and do not
         // overlap (distinct blocks); `dst` belongs to the new sample only.
         unsafe {
-            let base = self.region.as_ptr() as *mut u8;
+            let base = self.region.as_ptr();
             std::ptr::copy_nonoverlapping(base.add(from.start), base.add(to.start), from.len());
         }
     }

@@ -27,7 +27,7 @@ impl Scheduler {
             let parent = &self.running[i];
             let full = parent.computed / bt;
             let mut table = parent.table.share(0..full);
-            if parent.computed % bt != 0 {
+            if !parent.computed.is_multiple_of(bt) {
                 if !table.grow() {
                     let _ = fork.events.blocking_send(GenerationEvent::Error(
                         "no KV block left for another sample".into(),
