@@ -10,7 +10,8 @@
 //! like any sequence; preempted, it recomputes from the prefix cache like
 //! any other. `prompt_tokens_computed` counts the prompt once for all `n`.
 
-use super::{take_token, Role, Scheduler, Seq};
+use super::token::take_token;
+use super::{Role, Scheduler, Seq};
 use crate::request::GenerationEvent;
 use crate::sampling::Sampler;
 
