@@ -46,6 +46,14 @@ if ! "$PYENV/bin/python" -c "import gguf, numpy" 2>/dev/null; then
   "$PYENV/bin/python" -m pip install --quiet --disable-pip-version-check "gguf==0.19.0" "numpy>=1.26"
 fi
 
+# Python venv with the official openai client (engine/tests/openai_client.rs).
+OPENAI_VENV="${KVFABRIC_OPENAI_VENV:-$HOME/.cache/kvfabric/openai-venv}"
+if ! "$OPENAI_VENV/bin/python" -c "import openai" 2>/dev/null; then
+  echo "install-deps: creating the openai client venv in $OPENAI_VENV"
+  python3 -m venv "$OPENAI_VENV"
+  "$OPENAI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.50,<3"
+fi
+
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo not found; installing the Rust toolchain with rustup" >&2
   curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy

@@ -16,5 +16,7 @@ KVFABRIC_MODEL_PATH="$(cargo run --quiet --bin kvfabric -- model path)"
 
 # The engine's numpy oracle runs in the venv install-deps.sh made.
 export KVFABRIC_ORACLE_PYTHON="${KVFABRIC_PYENV:-$HOME/.cache/kvfabric/pyenv}/bin/python"
+# The official openai client (engine/tests/openai_client.rs), same script.
+export KVFABRIC_OPENAI_PYTHON="${KVFABRIC_OPENAI_VENV:-$HOME/.cache/kvfabric/openai-venv}/bin/python"
 
 cargo test --workspace --no-fail-fast "$@"

@@ -6,6 +6,12 @@
 //! so the prompt is token-for-token what the model was trained on. SmolLM2's
 //! template inserts its default system prompt when the first message is not a
 //! system message.
+//!
+//! Tools: a template that reads `tools` (Hugging Face's convention: a list
+//! of `{"type": "function", "function": {...}}`) gets them in its context,
+//! and assistant `tool_calls` / tool `tool_call_id` on the messages.
+//! [`ChatTemplate::has_tools`] says whether it does; the HTTP layer uses a
+//! Hermes-style fallback for templates that do not (see `http/tools.rs`).
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{Environment, ErrorKind};
@@ -20,9 +26,15 @@ const TEMPLATE_NAME: &str = "chat";
 /// One chat turn.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant` (or what the template accepts).
+    /// `system`, `user`, `assistant`, `tool` (or what the template accepts).
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls (OpenAI shape), for templates with tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn: the call it answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -30,6 +42,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -40,11 +54,14 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    has_tools: bool,
 }
 
 #[derive(Serialize)]
 struct RenderContext<'a> {
     messages: &'a [ChatMessage],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [serde_json::Value]>,
     add_generation_prompt: bool,
     bos_token: &'a str,
     eos_token: &'a str,
@@ -77,6 +94,7 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
+            has_tools: source.contains("tools"),
         })
     }
 
@@ -101,6 +119,21 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template reads `tools` (else tools need a fallback).
+    pub fn has_tools(&self) -> bool {
+        self.has_tools
+    }
+
+    /// [`render`](Self::render) with tool definitions in the context.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -108,6 +141,7 @@ impl ChatTemplate {
         template
             .render(minijinja::value::Serde(RenderContext {
                 messages,
+                tools,
                 add_generation_prompt,
                 bos_token: &self.bos_token,
                 eos_token: &self.eos_token,
@@ -156,6 +190,25 @@ mod tests {
             matches!(&err, EngineError::InvalidRequest(m) if m.contains("bad role tool")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_template_with_tools_gets_them_and_the_calls() {
+        let src = "{% if tools %}T:{% for t in tools %}{{ t.function.name }};{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}{% endif %}{{ m.tool_call_id or '' }}{{ m.content }}|{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").expect("compiles");
+        assert!(t.has_tools());
+        assert!(!ChatTemplate::new(SMOLLM2, "", "")
+            .expect("compiles")
+            .has_tools());
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "add"}})];
+        let mut call = ChatMessage::new("assistant", "");
+        call.tool_calls = Some(vec![serde_json::json!({"function": {"name": "add"}})]);
+        let mut answer = ChatMessage::new("tool", "4");
+        answer.tool_call_id = Some("c1".into());
+        let out = t
+            .render_with_tools(&[call, answer], Some(&tools), false)
+            .expect("renders");
+        assert_eq!(out, "T:add;assistant:add|tool:c14|");
     }
 
     #[test]

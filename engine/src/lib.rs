@@ -24,6 +24,6 @@ pub use engine::{EngineBuilder, RunningEngine};
 pub use error::EngineError;
 pub use metrics::EngineMetrics;
 pub use request::{
-    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
-    Usage,
+    EngineHandle, FinishReason, Fork, GenerationEvent, GenerationRequest, SamplingParams,
+    TransferParams, Usage,
 };

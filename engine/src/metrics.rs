@@ -43,6 +43,9 @@ pub struct EngineMetrics {
     pub generation_tokens: Counter,
     /// Prompt tokens whose KV was reused (local prefix cache or fabric).
     pub prefix_cache_hit_tokens: Counter,
+    /// Prompt tokens run through a forward pass (scheduler); `n` samples
+    /// of one prompt count it once.
+    pub prompt_tokens_computed: Counter,
     /// Finished requests by outcome.
     pub requests: Family<RequestOutcomeLabels, Counter>,
     /// Sequences per forward step (scheduler).
@@ -79,6 +82,7 @@ impl EngineMetrics {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             prefix_cache_hit_tokens: Counter::default(),
+            prompt_tokens_computed: Counter::default(),
             requests: Family::default(),
             // 1 .. 512
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
@@ -118,6 +122,11 @@ impl EngineMetrics {
             "prefix_cache_hit_tokens",
             "Prompt tokens whose KV was reused instead of computed",
             self.prefix_cache_hit_tokens.clone(),
+        );
+        r.register(
+            "prompt_tokens_computed",
+            "Prompt tokens run through a forward pass (n samples of one prompt count it once)",
+            self.prompt_tokens_computed.clone(),
         );
         r.register(
             "requests",

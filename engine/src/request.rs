@@ -46,9 +46,22 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
     /// Tenant cache salt: requests in different namespaces never share KV.
     pub namespace: Vec<u8>,
-    /// Send the full logits row with every token (tests and bit-exactness checks).
+    /// Send the full logits row with every token (logprobs, tests and
+    /// bit-exactness checks).
     pub return_logits: bool,
+    /// More samples of the same prompt (OpenAI `n`): the prompt is computed
+    /// once, then each fork takes its own first token from the same logits
+    /// and decodes on its own, sharing the prompt's full KV blocks.
+    pub forks: Vec<Fork>,
     /// Where the scheduler streams events.
+    pub events: mpsc::Sender<GenerationEvent>,
+}
+
+/// One more sample of a request's prompt: its own sampling (seed) and its
+/// own event channel, which behaves exactly as the request's own.
+#[derive(Debug)]
+pub struct Fork {
+    pub sampling: SamplingParams,
     pub events: mpsc::Sender<GenerationEvent>,
 }
 

@@ -196,3 +196,103 @@ async fn max_tokens_ends_with_length_and_sampling_params_pass_through() {
         }
     );
 }
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+}
+
+/// Tools through the Hermes fallback (the test template has no tool
+/// section): definitions and earlier calls reach the prompt, the reply's
+/// `<tool_call>` blocks come back as `tool_calls`, streamed and not.
+#[tokio::test]
+async fn tool_calls_render_parse_and_stream() {
+    let mut server = start().await;
+    let a = server.addr;
+    let body = json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "user", "content": "TOOLCALL weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "-3C"},
+        ],
+        "tools": tools(),
+    });
+    let (s, v) = call_json(a, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    let prompt = tokenizer().decode(&next_seen(&mut server).await.prompt);
+    assert!(
+        prompt.contains("<tools>\n{\"function\":{\"description\":\"Weather in a city\""),
+        "{prompt}"
+    );
+    assert!(prompt.contains("<tool_call>\n{\"arguments\":{\"city\":\"Oslo\"},\"name\":\"get_weather\"}\n</tool_call>"), "{prompt}");
+    assert!(
+        prompt.contains("<tool_response>\n-3C\n</tool_response>"),
+        "{prompt}"
+    );
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], "Checking.");
+    let calls = choice["message"]["tool_calls"]
+        .as_array()
+        .expect("tool_calls");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (s, sse) = call(a, "POST", "/v1/chat/completions", &streamed.to_string()).await;
+    assert_eq!(s, 200);
+    let chunks: Vec<Value> = sse_data(&sse)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("chunk"))
+        .collect();
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .flat_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(deltas.len(), 2, "{sse}");
+    assert_eq!(deltas[1]["index"], 1);
+    assert_eq!(deltas[1]["function"]["arguments"], "{\"city\":\"Rome\"}");
+    assert_eq!(
+        chunks.last().expect("chunks")["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    // parallel_tool_calls false keeps one; tool_choice none leaves tools out.
+    let mut one = body.clone();
+    one["parallel_tool_calls"] = json!(false);
+    let (_, v) = call_json(a, "/v1/chat/completions", one).await;
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    let _ = next_seen(&mut server).await;
+    let _ = next_seen(&mut server).await;
+    let mut none = body.clone();
+    none["tool_choice"] = json!("none");
+    let (_, v) = call_json(a, "/v1/chat/completions", none).await;
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+    let prompt = tokenizer().decode(&next_seen(&mut server).await.prompt);
+    assert!(!prompt.contains("<tools>"), "{prompt}");
+    // A named function: the prompt ends inside its call.
+    let mut named = body.clone();
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let _ = call_json(a, "/v1/chat/completions", named).await;
+    let prompt = tokenizer().decode(&next_seen(&mut server).await.prompt);
+    assert!(
+        prompt.ends_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "),
+        "{prompt}"
+    );
+    // A tool message without its call id is refused, by name.
+    let mut bad = body;
+    bad["messages"][2] = json!({"role": "tool", "content": "x"});
+    let (s, v) = call_json(a, "/v1/chat/completions", bad).await;
+    assert_openai_error(s, &v, 400, Some("messages[2].tool_call_id"));
+}

@@ -74,6 +74,43 @@ async fn bad_requests_get_openai_json_errors() {
     assert_openai_error(s, &v, 404, None);
 }
 
+/// Nothing is silently ignored: an unknown role, an unknown key and a
+/// known-but-unimplemented parameter are 400s naming the field (the old
+/// server answered all three 200 as if they were absent).
+#[tokio::test]
+async fn ignored_parameters_and_unknown_roles_are_400s() {
+    let server = start().await;
+    let a = server.addr;
+    let (s, v) = call_json(
+        a,
+        "/v1/chat/completions",
+        json!({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}),
+    )
+    .await;
+    assert_openai_error(s, &v, 400, Some("messages[0].role"));
+    let mut body = chat_body("hi");
+    body["logit_bias"] = json!({"42": 5});
+    let (s, v) = call_json(a, "/v1/chat/completions", body).await;
+    assert_openai_error(s, &v, 400, Some("logit_bias"));
+    let mut body = chat_body("hi");
+    body["no_such_thing"] = json!(1);
+    let (s, v) = call_json(a, "/v1/chat/completions", body).await;
+    assert_openai_error(s, &v, 400, Some("no_such_thing"));
+    let (s, v) = call_json(
+        a,
+        "/v1/completions",
+        json!({"model": MODEL, "prompt": "hi", "suffix": "end"}),
+    )
+    .await;
+    assert_openai_error(s, &v, 400, Some("suffix"));
+    // Neutral values and nulls pass.
+    let mut body = chat_body("hi");
+    body["presence_penalty"] = json!(0);
+    body["frequency_penalty"] = Value::Null;
+    let (s, _) = call_json(a, "/v1/chat/completions", body).await;
+    assert_eq!(s, 200);
+}
+
 #[tokio::test]
 async fn client_disconnect_cancels_the_request() {
     let mut server = start().await;

@@ -243,6 +243,7 @@ fn run(e: &RunningEngine, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<V
         stop_token_ids: vec![],
         namespace: b"layerwise".to_vec(),
         return_logits: true,
+        forks: Vec::new(),
         events: tx,
     };
     let h = e.handle.clone();

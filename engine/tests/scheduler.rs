@@ -49,6 +49,7 @@ fn submit(e: &RunningEngine, prompt: &[u32], max_tokens: usize) -> mpsc::Receive
         stop_token_ids: vec![],
         namespace: b"test".to_vec(),
         return_logits: true,
+        forks: Vec::new(),
         events: tx,
     };
     let h = e.handle.clone();

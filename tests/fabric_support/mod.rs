@@ -138,6 +138,7 @@ pub async fn generate(
             stop_token_ids: Vec::new(),
             namespace: namespace.to_vec(),
             return_logits: true,
+            forks: Vec::new(),
             events: tx,
         })
         .await

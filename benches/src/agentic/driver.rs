@@ -45,6 +45,7 @@ pub async fn generate(
             stop_token_ids: Vec::new(),
             namespace: Vec::new(),
             return_logits,
+            forks: Vec::new(),
             events: tx,
         })
         .await?;

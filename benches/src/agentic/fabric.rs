@@ -256,6 +256,7 @@ async fn token_times(
             stop_token_ids: Vec::new(),
             namespace: Vec::new(),
             return_logits: false,
+            forks: Vec::new(),
             events: tx,
         })
         .await?;

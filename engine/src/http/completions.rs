@@ -10,8 +10,6 @@
 //! object or on the last chunk before `[DONE]`; a request's own
 //! `kv_transfer_params` is accepted and only logged.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,15 +17,18 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use kvfabric_tenants::Identity;
 
-use super::generate::{Generation, GenerationPlan, Step, TenantUsage};
-use super::openai::{convert_messages, parse_body, ApiError, CompletionBody, PromptIn};
-use super::response::{attach_transfer, Api, ResponseMeta};
+use super::answer::{self, Shape};
+use super::generate::{Generation, GenerationPlan, TenantUsage};
+use super::logprobs::{MAX_TOP_LOGPROBS_CHAT, MAX_TOP_LOGPROBS_COMPLETION};
+use super::openai::{convert_messages, from_value, parse_json, ApiError, CompletionBody, PromptIn};
+use super::params;
+use super::response::{Api, ResponseMeta};
+use super::tools::{self, fallback_messages, ToolMode, ToolRequest};
 use super::{unix_now, HttpState};
 use crate::request::SamplingParams;
 use crate::EngineError;
@@ -97,7 +98,9 @@ async fn run(
         ApiError::invalid(format!("could not read the request body: {e}"), None)
             .with_status(e.status())
     })?;
-    let mut req: CompletionBody = parse_body(&body)?;
+    let value = parse_json(&body)?;
+    params::check(&value, meta.api)?;
+    let mut req: CompletionBody = from_value(value)?;
     if let Some(params) = &req.kv_transfer_params {
         // A hint from the router: the decode side finds saved blocks by itself.
         let params = Value::Object(params.clone());
@@ -106,23 +109,51 @@ async fn run(
     let stream = req.stream;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let salt = cache_salt(req.cache_salt.take())?;
-    let mut plan = plan(state, req, meta.api, arrived)?;
+    let echo = echo_text(state, &req);
+    let samples = samples(&req)?;
+    let stream_best_of = stream && samples.best_of > samples.n;
+    if stream_best_of {
+        return Err(ApiError::invalid(
+            "best_of greater than n cannot be streamed",
+            Some("best_of"),
+        ));
+    }
+    let tools = tools::parse_request(
+        req.tools.take(),
+        req.tool_choice.take(),
+        req.parallel_tool_calls,
+    )?;
+    let mut plan = plan(state, req, meta.api, arrived, tools.as_ref())?;
     plan.namespace = who.namespace(salt.as_deref());
     plan.tenant = Some(TenantUsage {
         gate: state.tenants.clone(),
         who,
     });
-    let generation = Generation::start(
+    let shape = Shape {
+        tokenizer: state.tokenizer.clone(),
+        logprobs: plan.top_logprobs.is_some(),
+        keep: samples.n,
+        echo,
+        include_usage,
+        tools: tools.map_or(ToolMode::Off, |t| t.mode(&meta.id)),
+        meta,
+    };
+    if samples.best_of > samples.n {
+        // Ranking the samples needs every token's logprob.
+        plan.top_logprobs.get_or_insert(0);
+    }
+    let generations = Generation::start(
         &state.engine,
         state.tokenizer.clone(),
         state.metrics.clone(),
         plan,
+        samples.best_of,
     )
     .await?;
     if stream {
-        Ok(sse_response(generation, meta, include_usage))
+        Ok(answer::sse(generations, shape))
     } else {
-        collect_response(generation, meta).await
+        answer::collect(generations, shape).await
     }
 }
 
@@ -132,6 +163,7 @@ fn plan(
     req: CompletionBody,
     api: Api,
     arrived: Instant,
+    tools: Option<&ToolRequest>,
 ) -> Result<GenerationPlan, ApiError> {
     if req.model != state.model_name {
         return Err(ApiError::invalid(
@@ -144,10 +176,8 @@ fn plan(
         .with_status(StatusCode::NOT_FOUND)
         .with_code("model_not_found"));
     }
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("only n=1 is supported", Some("n")));
-    }
     let sampling = sampling_params(&req)?;
+    let top_logprobs = top_logprobs(&req, api)?;
     let stop_strings = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     if stop_strings.len() > MAX_STOP_STRINGS {
         return Err(ApiError::invalid(
@@ -156,13 +186,8 @@ fn plan(
         ));
     }
     let (prompt, prompt_param) = match api {
-        Api::Chat => (chat_prompt(state, req.messages)?, "messages"),
-        Api::Completion => {
-            if req.echo {
-                return Err(ApiError::invalid("echo is not supported", Some("echo")));
-            }
-            (completion_prompt(state, req.prompt)?, "prompt")
-        }
+        Api::Chat => (chat_prompt(state, req.messages, tools)?, "messages"),
+        Api::Completion => (completion_prompt(state, req.prompt)?, "prompt"),
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
@@ -204,7 +229,98 @@ fn plan(
         arrived,
         namespace: Vec::new(),
         tenant: None,
+        top_logprobs,
     })
+}
+
+/// Most samples per request (`n`, `best_of`).
+const MAX_SAMPLES: u64 = 16;
+
+/// How many samples to generate (`best_of`, default `n`) and return (`n`).
+struct Samples {
+    n: usize,
+    best_of: usize,
+}
+
+fn samples(req: &CompletionBody) -> Result<Samples, ApiError> {
+    let n = req.n.unwrap_or(1);
+    if !(1..=MAX_SAMPLES).contains(&n) {
+        return Err(ApiError::invalid(
+            format!("n must be between 1 and {MAX_SAMPLES}"),
+            Some("n"),
+        ));
+    }
+    let best_of = req.best_of.unwrap_or(n);
+    if best_of < n || best_of > MAX_SAMPLES {
+        return Err(ApiError::invalid(
+            format!("best_of must be between n and {MAX_SAMPLES}"),
+            Some("best_of"),
+        ));
+    }
+    Ok(Samples {
+        n: n as usize,
+        best_of: best_of as usize,
+    })
+}
+
+/// Completions `echo`: the prompt as text (decoded when sent as token ids).
+fn echo_text(state: &HttpState, req: &CompletionBody) -> Option<String> {
+    if !req.echo {
+        return None;
+    }
+    match &req.prompt {
+        Some(PromptIn::Text(t)) => Some(t.clone()),
+        Some(PromptIn::Texts(t)) => t.first().cloned(),
+        Some(PromptIn::Tokens(ids)) => Some(state.tokenizer.decode(ids)),
+        None => None,
+    }
+}
+
+/// How many alternatives to report per token (None: no logprobs). Chat:
+/// `logprobs: true` and `top_logprobs` 0..=20; completions: `logprobs` 0..=5.
+fn top_logprobs(req: &CompletionBody, api: Api) -> Result<Option<usize>, ApiError> {
+    let logprobs = req.logprobs.as_ref().filter(|v| !v.is_null());
+    match api {
+        Api::Chat => {
+            let on = match logprobs {
+                None => false,
+                Some(v) => v.as_bool().ok_or_else(|| {
+                    ApiError::invalid("logprobs must be a boolean", Some("logprobs"))
+                })?,
+            };
+            match req.top_logprobs {
+                Some(k) if k as usize > MAX_TOP_LOGPROBS_CHAT => Err(ApiError::invalid(
+                    format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS_CHAT}"),
+                    Some("top_logprobs"),
+                )),
+                Some(_) if !on => Err(ApiError::invalid(
+                    "top_logprobs requires logprobs to be true",
+                    Some("top_logprobs"),
+                )),
+                k => Ok(on.then_some(k.unwrap_or(0) as usize)),
+            }
+        }
+        Api::Completion => {
+            let Some(v) = logprobs else { return Ok(None) };
+            let k = v
+                .as_u64()
+                .filter(|&k| k as usize <= MAX_TOP_LOGPROBS_COMPLETION)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("logprobs must be an integer between 0 and {MAX_TOP_LOGPROBS_COMPLETION}"),
+                        Some("logprobs"),
+                    )
+                })?;
+            if req.echo {
+                return Err(ApiError::invalid(
+                    "logprobs with echo needs the prompt's logprobs, which this server does not compute",
+                    Some("echo"),
+                )
+                .with_code("unsupported_parameter"));
+            }
+            Ok(Some(k as usize))
+        }
+    }
 }
 
 /// `cache_salt`: absent, or a non-empty string of at most [`MAX_CACHE_SALT`] bytes.
@@ -260,6 +376,7 @@ fn sampling_params(req: &CompletionBody) -> Result<SamplingParams, ApiError> {
 fn chat_prompt(
     state: &HttpState,
     messages: Option<Vec<super::openai::MessageIn>>,
+    tools: Option<&ToolRequest>,
 ) -> Result<Vec<u32>, ApiError> {
     let messages =
         messages.ok_or_else(|| ApiError::invalid("messages is required", Some("messages")))?;
@@ -269,14 +386,23 @@ fn chat_prompt(
             Some("messages"),
         ));
     }
-    let messages = convert_messages(messages)?;
-    let text = state
-        .chat_template
-        .render(&messages, true)
+    let mut messages = convert_messages(messages)?;
+    let template = &state.chat_template;
+    let defs = tools.map(ToolRequest::tools);
+    let native = template.has_tools();
+    if !native {
+        // Hermes-style fallback: tools in the system text, calls in content.
+        messages = fallback_messages(messages, defs);
+    }
+    let mut text = template
+        .render_with_tools(&messages, defs.filter(|_| native), true)
         .map_err(|e| match e {
             EngineError::InvalidRequest(m) => ApiError::invalid(m, Some("messages")),
             other => ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, other.to_string()),
         })?;
+    if let Some(t) = tools {
+        text.push_str(&t.forced_prefix());
+    }
     Ok(state.tokenizer.encode_prompt(&text))
 }
 
@@ -301,271 +427,5 @@ fn completion_prompt(state: &HttpState, prompt: Option<PromptIn>) -> Result<Vec<
             }
             Ok(ids)
         }
-    }
-}
-
-async fn collect_response(
-    mut generation: Generation,
-    meta: ResponseMeta,
-) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    while let Some(step) = generation.next().await {
-        match step {
-            Step::Text(t) => text.push_str(&t),
-            Step::Done {
-                finish_reason,
-                usage,
-            } => {
-                let mut v = meta.full_response(&text, finish_reason, &usage);
-                attach_transfer(&mut v, generation.transfer_params(), &usage);
-                return Ok(axum::Json(v).into_response());
-            }
-            Step::Failed(message) => {
-                return Err(ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, message))
-            }
-        }
-    }
-    Err(ApiError::server(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "generation ended without a result",
-    ))
-}
-
-/// State of one SSE response; dropping it drops the generation (cancel).
-struct SseState {
-    generation: Generation,
-    meta: ResponseMeta,
-    include_usage: bool,
-    outbox: VecDeque<Event>,
-    ended: bool,
-}
-
-fn data(v: &Value) -> Event {
-    Event::default().data(v.to_string())
-}
-
-fn sse_response(generation: Generation, meta: ResponseMeta, include_usage: bool) -> Response {
-    let mut outbox = VecDeque::new();
-    if meta.api == Api::Chat {
-        let mut first = meta.text_chunk("");
-        first["choices"][0]["delta"] = json!({"role": "assistant", "content": ""});
-        outbox.push_back(data(&first));
-    }
-    let state = SseState {
-        generation,
-        meta,
-        include_usage,
-        outbox,
-        ended: false,
-    };
-    let stream = futures::stream::unfold(state, |mut s| async move {
-        loop {
-            if let Some(event) = s.outbox.pop_front() {
-                return Some((Ok::<Event, Infallible>(event), s));
-            }
-            if s.ended {
-                return None;
-            }
-            match s.generation.next().await {
-                Some(Step::Text(t)) => s.outbox.push_back(data(&s.meta.text_chunk(&t))),
-                Some(Step::Done {
-                    finish_reason,
-                    usage,
-                }) => {
-                    // The last chunk before [DONE] carries kv_transfer_params.
-                    let transfer = s.generation.transfer_params();
-                    let mut last = s.meta.final_chunk(finish_reason);
-                    if s.include_usage {
-                        s.outbox.push_back(data(&last));
-                        last = s.meta.usage_chunk(&usage);
-                    }
-                    attach_transfer(&mut last, transfer, &usage);
-                    s.outbox.push_back(data(&last));
-                    s.outbox.push_back(Event::default().data("[DONE]"));
-                    s.ended = true;
-                }
-                Some(Step::Failed(message)) => {
-                    let err = ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, message);
-                    s.outbox.push_back(data(&err.body()));
-                    s.outbox.push_back(Event::default().data("[DONE]"));
-                    s.ended = true;
-                }
-                None => {
-                    let err = ApiError::server(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "generation ended without a result",
-                    );
-                    s.outbox.push_back(data(&err.body()));
-                    s.outbox.push_back(Event::default().data("[DONE]"));
-                    s.ended = true;
-                }
-            }
-        }
-    });
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::request::{EngineHandle, FinishReason, GenerationEvent, TransferParams, Usage};
-    use crate::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerSpec};
-    use kvfabric_types::BlockKey;
-    use tokio::sync::mpsc;
-
-    fn meta(api: Api) -> ResponseMeta {
-        ResponseMeta {
-            api,
-            id: "cmpl-1".into(),
-            created: 1,
-            model: "m".into(),
-        }
-    }
-
-    fn params() -> TransferParams {
-        TransferParams {
-            holder: "node-a".into(),
-            block_keys: vec![BlockKey([0xab; 32]), BlockKey([0x01; 32])],
-            block_tokens: 64,
-        }
-    }
-
-    const USAGE: Usage = Usage {
-        prompt_tokens: 130,
-        completion_tokens: 1,
-        cached_tokens: 64,
-    };
-
-    fn expected_params() -> Value {
-        json!({
-            "holder": "node-a",
-            "block_keys": ["ab".repeat(32), "01".repeat(32)],
-            "block_tokens": 64,
-            "cached_tokens": 64,
-        })
-    }
-
-    /// Every byte one token (ids 0..256), enough to decode what the fake scheduler sends.
-    fn byte_tokenizer() -> Tokenizer {
-        let mut tokens = Vec::new();
-        let mut n = 0u32;
-        for b in 0u32..256 {
-            let printable = (0x21..=0x7E).contains(&b)
-                || (0xA1..=0xAC).contains(&b)
-                || (0xAE..=0xFF).contains(&b);
-            let c = if printable {
-                b
-            } else {
-                n += 1;
-                255 + n
-            };
-            tokens.push(char::from_u32(c).map(String::from).unwrap_or_default());
-        }
-        Tokenizer::from_spec(TokenizerSpec {
-            token_types: vec![1; tokens.len()],
-            tokens,
-            merges: Vec::new(),
-            pre: Some(PreTokenizerKind::Smollm),
-            bos_id: None,
-            eos_id: None,
-            unknown_id: None,
-            add_bos: false,
-        })
-        .expect("byte tokenizer")
-    }
-
-    /// A generation served by a fake prefill scheduler: one token `A`, then
-    /// `Saved`, then `Finished`.
-    async fn prefill_generation() -> Generation {
-        let (submit, mut intake) = mpsc::channel::<crate::request::GenerationRequest>(1);
-        tokio::spawn(async move {
-            if let Some(req) = intake.recv().await {
-                let _ = req
-                    .events
-                    .send(GenerationEvent::Token {
-                        id: u32::from(b'A'),
-                        logits: None,
-                    })
-                    .await;
-                let _ = req.events.send(GenerationEvent::Saved(params())).await;
-                let _ = req
-                    .events
-                    .send(GenerationEvent::Finished {
-                        reason: FinishReason::Length,
-                        usage: USAGE,
-                    })
-                    .await;
-            }
-        });
-        let plan = GenerationPlan {
-            prompt: vec![u32::from(b'x'); 130],
-            max_tokens: 1,
-            sampling: SamplingParams::default(),
-            stop_strings: Vec::new(),
-            stop_token_ids: Vec::new(),
-            arrived: Instant::now(),
-            namespace: Vec::new(),
-            tenant: None,
-        };
-        Generation::start(
-            &EngineHandle::new(submit),
-            Arc::new(byte_tokenizer()),
-            crate::http::EngineMetrics::new(),
-            plan,
-        )
-        .await
-        .expect("submitted")
-    }
-
-    async fn sse_events(response: Response) -> Vec<Value> {
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .expect("body");
-        let text = String::from_utf8(bytes.to_vec()).expect("utf8");
-        let data: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .collect();
-        assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
-        data[..data.len() - 1]
-            .iter()
-            .map(|d| serde_json::from_str(d).expect("json chunk"))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn saved_blocks_reach_the_non_streamed_answer() {
-        let response = collect_response(prefill_generation().await, meta(Api::Completion))
-            .await
-            .expect("answer");
-        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .expect("body");
-        let v: Value = serde_json::from_slice(&bytes).expect("json");
-        assert_eq!(v["choices"][0]["text"], "A");
-        assert_eq!(v["kv_transfer_params"], expected_params());
-    }
-
-    #[tokio::test]
-    async fn saved_blocks_ride_on_the_last_streamed_chunk() {
-        // With include_usage: the usage chunk is last and carries them.
-        let response = sse_response(prefill_generation().await, meta(Api::Chat), true);
-        let events = sse_events(response).await;
-        let last = events.last().expect("chunks");
-        assert_eq!(last["usage"]["prompt_tokens"], 130);
-        assert_eq!(last["kv_transfer_params"], expected_params());
-        let carrying = events
-            .iter()
-            .filter(|e| e.get("kv_transfer_params").is_some())
-            .count();
-        assert_eq!(carrying, 1);
-        // Without: the finish_reason chunk is last and carries them.
-        let response = sse_response(prefill_generation().await, meta(Api::Completion), false);
-        let events = sse_events(response).await;
-        let last = events.last().expect("chunks");
-        assert_eq!(last["choices"][0]["finish_reason"], "length");
-        assert_eq!(last["kv_transfer_params"], expected_params());
     }
 }

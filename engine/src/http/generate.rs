@@ -16,12 +16,13 @@ use tokio::sync::mpsc;
 
 use kvfabric_tenants::{Identity, TenantGate};
 
+use super::logprobs::{token_logprob, TokenLogprob};
 use super::openai::ApiError;
 use super::stop::StopMatcher;
 use crate::metrics::EngineMetrics;
 use crate::request::{
-    EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, TransferParams,
-    Usage,
+    EngineHandle, FinishReason, Fork, GenerationEvent, GenerationRequest, SamplingParams,
+    TransferParams, Usage,
 };
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
@@ -42,6 +43,8 @@ pub(crate) struct GenerationPlan {
     pub namespace: Vec<u8>,
     /// Where the finished request's usage is counted per tenant.
     pub tenant: Option<TenantUsage>,
+    /// Report each token's logprob and this many alternatives (None: no logprobs).
+    pub top_logprobs: Option<usize>,
 }
 
 /// A tenant's gate and identity, to count its usage at the end.
@@ -56,6 +59,9 @@ pub(crate) struct TenantUsage {
 pub(crate) enum Step {
     /// More text (never empty).
     Text(String),
+    /// The logprob of the next generated token (before its text, which
+    /// may be held back by the stop matcher); only when asked for.
+    Logprob(TokenLogprob),
     /// Generation is over.
     Done {
         finish_reason: &'static str,
@@ -83,20 +89,53 @@ pub(crate) struct Generation {
     /// Prompt tokens reused, known once the scheduler admitted the request.
     cached_tokens: usize,
     tenant: Option<TenantUsage>,
+    top_logprobs: Option<usize>,
+    /// The request's first sample: it alone counts the prompt, TTFT and
+    /// the outcome (the others share its prompt).
+    primary: bool,
+}
+
+/// The seed of sample `k` of a request seeded with `seed`: sample 0 uses
+/// the seed itself (so `n: 1` is unchanged), the others a SplitMix64 step
+/// of seed + k, so a seeded request repeats all its samples exactly.
+pub(crate) fn sample_seed(seed: u64, k: usize) -> u64 {
+    if k == 0 {
+        return seed;
+    }
+    let mut z = seed.wrapping_add((k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl Generation {
-    /// Submit `plan` to the engine.
+    /// Submit `plan` to the engine as `n` samples (one prefill; see
+    /// [`sample_seed`] for their seeds); one generation per sample.
     pub(crate) async fn start(
         engine: &EngineHandle,
         tokenizer: Arc<Tokenizer>,
         metrics: EngineMetrics,
         plan: GenerationPlan,
-    ) -> Result<Generation, ApiError> {
+        n: usize,
+    ) -> Result<Vec<Generation>, ApiError> {
         // Room for every event the request can produce, so the scheduler (which
         // sends with `blocking_send`) never blocks its whole batch on one slow
         // client. tokio allocates the channel lazily, so this reserves nothing.
-        let (events_tx, events_rx) = mpsc::channel(plan.max_tokens + EVENT_CHANNEL_SLACK);
+        let capacity = plan.max_tokens + EVENT_CHANNEL_SLACK;
+        let mut receivers = Vec::with_capacity(n.max(1));
+        let mut forks = Vec::new();
+        let (events_tx, events_rx) = mpsc::channel(capacity);
+        receivers.push(events_rx);
+        for k in 1..n.max(1) {
+            let (tx, rx) = mpsc::channel(capacity);
+            let mut sampling = plan.sampling.clone();
+            sampling.seed = plan.sampling.seed.map(|s| sample_seed(s, k));
+            forks.push(Fork {
+                sampling,
+                events: tx,
+            });
+            receivers.push(rx);
+        }
         let prompt_tokens = plan.prompt.len();
         engine
             .submit(GenerationRequest {
@@ -105,27 +144,37 @@ impl Generation {
                 sampling: plan.sampling,
                 stop_token_ids: plan.stop_token_ids,
                 namespace: plan.namespace,
-                return_logits: false,
+                // The row the sampler used rides with each token.
+                return_logits: plan.top_logprobs.is_some(),
+                forks,
                 events: events_tx,
             })
             .await
             .map_err(|e| ApiError::server(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
-        Ok(Generation {
-            events: Some(events_rx),
-            decoder: Some(StreamDecoder::new(true)),
-            stop: Some(StopMatcher::new(plan.stop_strings)),
-            tokenizer,
-            metrics,
-            arrived: plan.arrived,
-            last_token_at: None,
-            prompt_tokens,
-            completion_tokens: 0,
-            queue: VecDeque::new(),
-            outcome_recorded: false,
-            transfer: None,
-            cached_tokens: 0,
-            tenant: plan.tenant,
-        })
+        let mut tenant = plan.tenant;
+        Ok(receivers
+            .into_iter()
+            .enumerate()
+            .map(|(k, rx)| Generation {
+                events: Some(rx),
+                decoder: Some(StreamDecoder::new(true)),
+                stop: Some(StopMatcher::new(plan.stop_strings.clone())),
+                tokenizer: tokenizer.clone(),
+                metrics: metrics.clone(),
+                arrived: plan.arrived,
+                last_token_at: None,
+                prompt_tokens,
+                completion_tokens: 0,
+                queue: VecDeque::new(),
+                primary: k == 0,
+                // Only the first sample records the request's outcome.
+                outcome_recorded: k != 0,
+                transfer: None,
+                cached_tokens: 0,
+                tenant: tenant.take(),
+                top_logprobs: plan.top_logprobs,
+            })
+            .collect())
     }
 
     /// The next step; `None` after `Done` or `Failed` was returned.
@@ -136,7 +185,7 @@ impl Generation {
             }
             let events = self.events.as_mut()?;
             match events.recv().await {
-                Some(GenerationEvent::Token { id, .. }) => self.on_token(id),
+                Some(GenerationEvent::Token { id, logits }) => self.on_token(id, logits),
                 Some(GenerationEvent::Finished { reason, usage }) => {
                     self.on_finished(reason, usage)
                 }
@@ -155,9 +204,10 @@ impl Generation {
         self.transfer.as_ref()
     }
 
-    fn on_token(&mut self, id: u32) {
+    fn on_token(&mut self, id: u32, logits: Option<Vec<f32>>) {
         let now = Instant::now();
         match self.last_token_at {
+            None if !self.primary => {}
             None => self
                 .metrics
                 .time_to_first_token_seconds
@@ -170,6 +220,10 @@ impl Generation {
         self.last_token_at = Some(now);
         self.metrics.generation_tokens.inc();
         self.completion_tokens += 1;
+        if let (Some(top), Some(row)) = (self.top_logprobs, logits.as_deref()) {
+            self.queue
+                .push_back(Step::Logprob(token_logprob(row, id, top)));
+        }
         let (Some(decoder), Some(stop)) = (self.decoder.as_mut(), self.stop.as_mut()) else {
             return;
         };
@@ -218,6 +272,13 @@ impl Generation {
     }
 
     fn finish(&mut self, finish_reason: &'static str, usage: Usage) {
+        if !self.primary {
+            self.queue.push_back(Step::Done {
+                finish_reason,
+                usage,
+            });
+            return;
+        }
         self.metrics
             .prompt_tokens
             .inc_by(usage.prompt_tokens as u64);

@@ -7,12 +7,16 @@
 //! first ([`tenancy`]: API key, per-tenant limits); `/health` and
 //! `/metrics` do not.
 
+mod answer;
 mod completions;
 pub mod generate;
+mod logprobs;
 pub mod openai;
+mod params;
 mod response;
 pub mod stop;
 mod tenancy;
+mod tools;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};

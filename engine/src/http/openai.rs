@@ -110,9 +110,21 @@ pub struct CompletionBody {
     pub messages: Option<Vec<MessageIn>>,
     /// Completions endpoint: the prompt.
     pub prompt: Option<PromptIn>,
-    /// Completions endpoint: echo the prompt (not supported).
+    /// Completions endpoint: put the prompt before the generated text.
     #[serde(default)]
     pub echo: bool,
+    /// Chat: a boolean; completions: how many alternatives per token (0..=5).
+    pub logprobs: Option<serde_json::Value>,
+    /// Chat: alternatives per token (0..=20), with `logprobs: true`.
+    pub top_logprobs: Option<u64>,
+    /// An end-user id (OpenAI's abuse tracking): logged only.
+    pub user: Option<String>,
+    /// Chat: function definitions (see `http/tools.rs`).
+    pub tools: Option<serde_json::Value>,
+    /// Chat: `none`, `auto`, `required` or `{"type": "function", "function": {"name": ..}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Chat: false keeps only the first call.
+    pub parallel_tool_calls: Option<bool>,
     pub max_tokens: Option<u64>,
     /// The chat API's newer name for `max_tokens`.
     pub max_completion_tokens: Option<u64>,
@@ -126,6 +138,8 @@ pub struct CompletionBody {
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub n: Option<u64>,
+    /// Completions: generate this many, return the `n` most likely.
+    pub best_of: Option<u64>,
     /// Disaggregated serving (vLLM's field): a JSON object the router adds.
     /// A prefill engine gets `{"do_remote_decode": true}`; a decode engine
     /// gets the prefill response's `kv_transfer_params`. Only logged: a
@@ -143,6 +157,10 @@ pub struct MessageIn {
     pub role: String,
     #[serde(default)]
     pub content: Option<ContentIn>,
+    /// An assistant turn's calls (OpenAI shape).
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn: the call it answers (required for `role: "tool"`).
+    pub tool_call_id: Option<String>,
 }
 
 /// Message content forms.
@@ -173,6 +191,11 @@ pub enum PromptIn {
 
 /// Parse a JSON body into `T`; malformed JSON and type errors become 400s.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    from_value(parse_json(body)?)
+}
+
+/// Parse a body into a JSON object; malformed JSON and non-objects are 400s.
+pub fn parse_json(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::invalid(
             format!("We could not parse the JSON body of your request: {e}"),
@@ -186,6 +209,11 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             None,
         ));
     }
+    Ok(value)
+}
+
+/// Deserialize a parsed body; a type error names its path in `param`.
+pub fn from_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
@@ -221,7 +249,22 @@ pub fn convert_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, Ap
                     text
                 }
             };
-            Ok(ChatMessage::new(m.role, content))
+            // OpenAI's newer name for the system role; templates know `system`.
+            let role = if m.role == "developer" {
+                "system".to_owned()
+            } else {
+                m.role
+            };
+            if role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::invalid(
+                    "a tool message needs the tool_call_id it answers",
+                    Some(&format!("messages[{i}].tool_call_id")),
+                ));
+            }
+            let mut message = ChatMessage::new(role, content);
+            message.tool_calls = m.tool_calls.filter(|c| !c.is_empty());
+            message.tool_call_id = m.tool_call_id;
+            Ok(message)
         })
         .collect()
 }

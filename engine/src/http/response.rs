@@ -43,30 +43,39 @@ impl ResponseMeta {
         })
     }
 
-    /// One streamed chunk carrying `text` (chat: a content delta).
-    pub(super) fn text_chunk(&self, text: &str) -> Value {
+    /// One streamed chunk of choice `index` carrying `text` (chat: a content
+    /// delta) and the logprobs of its tokens (`null` when not asked for).
+    pub(super) fn text_chunk(&self, index: usize, text: &str, logprobs: Value) -> Value {
         match self.api {
             Api::Chat => self.envelope(
                 "chat.completion.chunk",
-                json!([{"index": 0, "delta": {"content": text}, "logprobs": null, "finish_reason": null}]),
+                json!([{"index": index, "delta": {"content": text}, "logprobs": logprobs, "finish_reason": null}]),
             ),
             Api::Completion => self.envelope(
                 "text_completion",
-                json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": null}]),
+                json!([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": null}]),
             ),
         }
     }
 
-    /// The chunk that carries the finish reason.
-    pub(super) fn final_chunk(&self, finish_reason: &str) -> Value {
+    /// A chat chunk of choice `index` with this `delta`.
+    pub(super) fn delta_chunk(&self, index: usize, delta: Value) -> Value {
+        self.envelope(
+            "chat.completion.chunk",
+            json!([{"index": index, "delta": delta, "logprobs": null, "finish_reason": null}]),
+        )
+    }
+
+    /// The chunk of choice `index` that carries its finish reason.
+    pub(super) fn final_chunk(&self, index: usize, finish_reason: &str) -> Value {
         match self.api {
             Api::Chat => self.envelope(
                 "chat.completion.chunk",
-                json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason}]),
+                json!([{"index": index, "delta": {}, "logprobs": null, "finish_reason": finish_reason}]),
             ),
             Api::Completion => self.envelope(
                 "text_completion",
-                json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": finish_reason}]),
+                json!([{"index": index, "text": "", "logprobs": null, "finish_reason": finish_reason}]),
             ),
         }
     }
@@ -82,19 +91,33 @@ impl ResponseMeta {
         v
     }
 
+    /// One choice of a non-streamed response; `message` is the chat
+    /// message object (ignored for completions, which carry `text`).
+    pub(super) fn choice(
+        &self,
+        index: usize,
+        text: &str,
+        message: Value,
+        finish_reason: &str,
+        logprobs: Value,
+    ) -> Value {
+        match self.api {
+            Api::Chat => {
+                json!({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
+            }
+            Api::Completion => {
+                json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason})
+            }
+        }
+    }
+
     /// The whole non-streamed response.
-    pub(super) fn full_response(&self, text: &str, finish_reason: &str, usage: &Usage) -> Value {
-        let (object, choice) = match self.api {
-            Api::Chat => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason}),
-            ),
-            Api::Completion => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
-            ),
+    pub(super) fn full_response(&self, choices: Vec<Value>, usage: &Usage) -> Value {
+        let object = match self.api {
+            Api::Chat => "chat.completion",
+            Api::Completion => "text_completion",
         };
-        let mut v = self.envelope(object, json!([choice]));
+        let mut v = self.envelope(object, Value::Array(choices));
         v["usage"] = usage_json(usage);
         v
     }
@@ -153,7 +176,14 @@ mod tests {
                 created: 1,
                 model: "m".into(),
             };
-            let mut v = meta.full_response("x", "length", &usage);
+            let choice = meta.choice(
+                0,
+                "x",
+                json!({"role": "assistant", "content": "x"}),
+                "length",
+                Value::Null,
+            );
+            let mut v = meta.full_response(vec![choice.clone()], &usage);
             attach_transfer(&mut v, Some(&params), &usage);
             assert_eq!(
                 v["kv_transfer_params"],
@@ -168,7 +198,7 @@ mod tests {
             let mut chunk = meta.usage_chunk(&usage);
             attach_transfer(&mut chunk, Some(&params), &usage);
             assert_eq!(chunk["kv_transfer_params"]["block_tokens"], 64);
-            let mut v = meta.full_response("x", "length", &usage);
+            let mut v = meta.full_response(vec![choice], &usage);
             attach_transfer(&mut v, None, &usage);
             assert!(
                 v.get("kv_transfer_params").is_none(),

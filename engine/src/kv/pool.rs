@@ -150,6 +150,20 @@ impl KvPool {
         unsafe { self.region.as_ptr().add(self.half_offset(block, layer, v)) }
     }
 
+    /// Copy the whole of block `src` into block `dst` (every layer, K and
+    /// V): a sample forked from a prompt gets its own copy of the prompt's
+    /// partial last block, which it is about to write into.
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) {
+        let (from, to) = (self.block_range(src), self.block_range(dst));
+        assert!(src != dst && from.len() == to.len());
+        // SAFETY: both ranges are whole blocks inside the region and do not
+        // overlap (distinct blocks); `dst` belongs to the new sample only.
+        unsafe {
+            let base = self.region.as_ptr();
+            std::ptr::copy_nonoverlapping(base.add(from.start), base.add(to.start), from.len());
+        }
+    }
+
     /// Round one token's K and V (each `kv_heads*head_dim` f32) to the pool's
     /// dtype into a block slot (`isa`: one this CPU runs; the bits do not
     /// depend on it).

@@ -26,8 +26,10 @@
 //! queued for saving.
 
 mod fabric;
+mod fork;
 #[cfg(test)]
 mod tests;
+mod token;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -37,13 +39,14 @@ use kvfabric_types::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
 use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
+use token::take_token;
 
 use crate::config::Role;
 use crate::kernels::Compute;
 use crate::kv::{BlockPool, BlockTable, KvPool};
 use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, SeqChunk};
-use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
+use crate::request::{FinishReason, Fork, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
 use crate::{EngineError, EngineHandle};
 
@@ -89,6 +92,8 @@ struct Seq {
     finished: Option<(FinishReason, Usage)>,
     /// A load still streaming into this sequence's table.
     stream: Option<Streaming>,
+    /// More samples to start from this prompt's logits (`n`; see `fork.rs`).
+    forks: Vec<Fork>,
 }
 
 impl Seq {
@@ -289,6 +294,7 @@ impl Scheduler {
             fabric: Vec::new(),
             finished: None,
             stream: None,
+            forks: r.forks,
         });
     }
 
@@ -532,6 +538,13 @@ impl Scheduler {
         let role = self.cfg.role;
         let ctx = self.model.config.context_length;
         let s = &mut self.running[i];
+        let prompt_part = (s.computed + n)
+            .min(s.prompt_len)
+            .saturating_sub(s.computed);
+        self.cfg
+            .metrics
+            .prompt_tokens_computed
+            .inc_by(prompt_part as u64);
         s.computed += n;
         while (s.registered + 1) * bt <= s.computed {
             let r = s.registered;
@@ -546,45 +559,11 @@ impl Scheduler {
             }
         }
         let Some(logits) = logits else { return false };
-        let tok = s.sampler.sample(&logits);
-        let usage = |s: &Seq| Usage {
-            prompt_tokens: s.prompt_len,
-            completion_tokens: s.generated,
-            cached_tokens: s.cached_tokens.unwrap_or(0),
-        };
-        // A prefill-role engine with a fabric answers once its saves are done.
+        if !s.forks.is_empty() {
+            // The prompt is in: start the other samples from these logits.
+            self.spawn_forks(i, &logits);
+        }
         let flush = role == Role::Prefill && self.connector.is_some();
-        if s.stop.contains(&tok) {
-            if flush {
-                s.finished = Some((FinishReason::Stop, usage(s)));
-            } else {
-                let _ = s.events.blocking_send(GenerationEvent::Finished {
-                    reason: FinishReason::Stop,
-                    usage: usage(s),
-                });
-            }
-            return true;
-        }
-        let ev = GenerationEvent::Token {
-            id: tok,
-            logits: s.return_logits.then_some(logits),
-        };
-        if s.events.blocking_send(ev).is_err() {
-            return true;
-        }
-        s.tokens.push(tok);
-        s.generated += 1;
-        if s.generated >= s.max_tokens || s.tokens.len() >= ctx || role == Role::Prefill {
-            if flush {
-                s.finished = Some((FinishReason::Length, usage(s)));
-            } else {
-                let _ = s.events.blocking_send(GenerationEvent::Finished {
-                    reason: FinishReason::Length,
-                    usage: usage(s),
-                });
-            }
-            return true;
-        }
-        false
+        take_token(&mut self.running[i], logits, role, flush, ctx)
     }
 }

@@ -47,6 +47,7 @@ fn submit(s: &mut Scheduler, len: usize, max_tokens: usize) -> mpsc::Receiver<Ge
         stop_token_ids: vec![],
         namespace: b"blocks".to_vec(),
         return_logits: false,
+        forks: Vec::new(),
         events,
     });
     rx
@@ -242,4 +243,60 @@ fn a_load_dropped_mid_flight_keeps_its_blocks_until_the_load_ends() {
     assert_eq!(load.wait(Duration::ZERO), Some(2));
     drop(load);
     assert_eq!((pool.available(), pool.parked()), (BLOCKS, 0));
+}
+
+/// `n` samples: forks share the prompt's full blocks and copy its partial
+/// one; every block comes back when they end or are cancelled, and a fork
+/// that finds no block left gets an error instead of corrupting another's.
+#[test]
+fn forks_share_the_prompt_and_give_every_block_back() {
+    let mut s = scheduler(256, None);
+    let fork = |s: &mut Scheduler, n: usize| {
+        let (rxs, forks): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| {
+                let (events, rx) = mpsc::channel(1024);
+                (
+                    rx,
+                    Fork {
+                        sampling: SamplingParams::default(),
+                        events,
+                    },
+                )
+            })
+            .unzip();
+        let (events, rx) = mpsc::channel(1024);
+        s.accept(GenerationRequest {
+            prompt: (0..40u32).map(|i| i * 7 + 300).collect(),
+            max_tokens: 4,
+            sampling: SamplingParams::default(),
+            stop_token_ids: vec![],
+            namespace: b"forks".to_vec(),
+            return_logits: false,
+            forks,
+            events,
+        });
+        (rx, rxs)
+    };
+    // 40 tokens = 2 full blocks + 1 partial: 3 forks need 3 copies, 6 in all.
+    let (mut rx, mut rxs) = fork(&mut s, 3);
+    s.step();
+    assert_eq!(s.running.len(), 4, "the forks run after one prefill");
+    assert_eq!(s.blocks.available(), BLOCKS - 6);
+    drop(rxs.pop());
+    settle(&mut s);
+    assert!(finished(&mut rx) && rxs.iter_mut().all(finished));
+    assert_eq!(s.blocks.available(), BLOCKS);
+    // 6 forks: the pool has 8 blocks, 3 for the prompt, so one fork fails.
+    let (mut rx, mut rxs) = fork(&mut s, 6);
+    s.step();
+    let mut failed = 0;
+    for r in rxs.iter_mut() {
+        if let Ok(GenerationEvent::Error(_)) = r.try_recv() {
+            failed += 1;
+        }
+    }
+    assert_eq!(failed, 1);
+    settle(&mut s);
+    assert!(finished(&mut rx));
+    assert_eq!(s.blocks.available(), BLOCKS);
 }

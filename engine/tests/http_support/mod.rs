@@ -5,7 +5,8 @@
 //! scheduler does (token events, then `Finished`) and reports what it received
 //! and whether the request was cancelled (its event receiver dropped). Markers
 //! in the prompt pick the script: `FAIL` -> an error event, `SLOW` -> a token
-//! every 10 ms until cancelled or `max_tokens`.
+//! every 10 ms until cancelled or `max_tokens`, `TOOLCALL` -> a reply
+//! with two Hermes-style tool calls.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -26,8 +27,10 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 pub const MODEL: &str = "smol-test";
-pub const CONTEXT: usize = 512;
+pub const CONTEXT: usize = 2048;
 pub const REPLY: &str = "The capital of France is Paris. 🚀 END tail";
+/// The reply to a prompt containing `TOOLCALL`: text, then two calls.
+pub const TOOL_REPLY: &str = "Checking.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}</tool_call>";
 pub const SMOLLM2_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// What the stand-in saw for one request.
@@ -105,7 +108,11 @@ pub async fn stand_in(
                 return;
             }
             let slow = prompt_text.contains("SLOW");
-            let reply = tokenizer.encode(REPLY, false);
+            let reply = if prompt_text.contains("TOOLCALL") {
+                tokenizer.encode(TOOL_REPLY, false)
+            } else {
+                tokenizer.encode(REPLY, false)
+            };
             let mut sent = 0;
             loop {
                 if sent == req.max_tokens || (!slow && sent == reply.len()) {
