@@ -3,6 +3,7 @@
 //! Subcommands are added as their capability exists. Each resolves its typed
 //! config through [`config::load`] (defaults < file < env < flags).
 
+mod certs;
 mod config;
 mod ctl;
 mod engine;
@@ -46,6 +47,8 @@ enum Command {
     Router(router::RouterFlags),
     /// Run a benchmark; each reports ratios against a peer measured in the same run.
     Bench(BenchCmd),
+    /// Make a cluster CA and node certificates (`certs init DIR --nodes a,b,c`).
+    Certs(certs::CertsCmd),
 }
 
 #[derive(Args, Debug)]
@@ -148,6 +151,7 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;
         }
         Command::Ctl(cmd) => ctl::run(cmd)?,
+        Command::Certs(cmd) => certs::run(cmd)?,
         Command::Engine(cmd) => {
             let cfg: kvfabric_engine::EngineConfig =
                 config::load("engine", cli.config.as_deref(), &cmd.flags)?;
