@@ -140,7 +140,7 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
     // A member's cross-node read works: put on a, get from b (b leases at
     // a, shows the capability over an authenticated transfer connection).
     let mut ca = secure_client(&a, &ida).await;
-    let mut cb = secure_client(&b, &ida).await;
+    let cb = secure_client(&b, &ida).await;
     let key = keys(1, 1)[0];
     let bytes = data(&key, 4096);
     client::put_block(&mut ca, &key, &layout(), &bytes, false)
