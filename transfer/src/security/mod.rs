@@ -14,6 +14,7 @@
 //! (the store's gRPC side reads the same identities through it).
 
 mod capability;
+pub mod certs;
 mod config;
 mod grants;
 mod identity;

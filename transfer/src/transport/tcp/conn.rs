@@ -110,7 +110,8 @@ pub(crate) async fn send_frame<W: AsyncWrite + Unpin>(
     if let Some(mac) = mac {
         w.write_all(&mac.seal(head, body)).await?;
     }
-    Ok(())
+    // TLS (encrypt) holds records until flushed; plain tcp flushes for free.
+    w.flush().await
 }
 
 /// Read the tag after a received frame and check it (true without a MAC).

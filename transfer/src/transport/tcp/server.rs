@@ -236,14 +236,10 @@ impl Served<'_> {
                 // The bytes never go near a segment; the tag keeps the
                 // counters in step.
                 bounded(peer, timeout, discard(rd, req.slice_len)).await?;
-                if self.mac.is_some() {
-                    bounded(
-                        peer,
-                        timeout,
-                        discard(rd, crate::security::TAG_BYTES as u64),
-                    )
-                    .await?;
-                    self.mac.map(|m| m.skip_received());
+                if let Some(mac) = self.mac {
+                    let tag = crate::security::TAG_BYTES as u64;
+                    bounded(peer, timeout, discard(rd, tag)).await?;
+                    mac.skip_received();
                 }
                 return self.refuse(wr, &refusal).await;
             }
