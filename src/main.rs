@@ -3,6 +3,7 @@
 //! Subcommands are added as their capability exists. Each resolves its typed
 //! config through [`config::load`] (defaults < file < env < flags).
 
+mod certs;
 mod config;
 mod ctl;
 mod engine;
@@ -49,6 +50,8 @@ enum Command {
     Bench(BenchCmd),
     /// API keys for the tenants file: `new-key` makes one, `hash-key` hashes one.
     Tenants(tenants::TenantsCmd),
+    /// Make a cluster CA and node certificates (`certs init DIR --nodes a,b,c`).
+    Certs(certs::CertsCmd),
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +166,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Ctl(cmd) => ctl::run(cmd)?,
         Command::Tenants(cmd) => tenants::run(cmd)?,
+        Command::Certs(cmd) => certs::run(cmd)?,
         Command::Engine(cmd) => {
             let cfg: kvfabric_engine::EngineConfig =
                 config::load("engine", cli.config.as_deref(), &cmd.flags)?;

@@ -73,6 +73,37 @@ pub struct ClusterFlags {
     #[arg(long, value_name = "ADDR")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise_transfer: Option<String>,
+    #[command(flatten)]
+    #[serde(skip_serializing_if = "SecurityFlags::is_empty")]
+    pub security: SecurityFlags,
+}
+
+/// Flags of `[cluster.security]`; unset flags leave the file/env values alone.
+#[derive(Args, Debug, Serialize, Default)]
+pub struct SecurityFlags {
+    /// Security mode: none, authenticate or encrypt [default: authenticate once
+    /// --tls-cert/--tls-key/--tls-ca are set, else none].
+    #[arg(long = "security", value_name = "MODE")]
+    #[serde(rename = "mode", skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// This node's certificate (PEM, from `kvfabric certs init`) [default: none].
+    #[arg(long = "tls-cert", value_name = "PATH")]
+    #[serde(rename = "cert", skip_serializing_if = "Option::is_none")]
+    pub cert: Option<std::path::PathBuf>,
+    /// This node's private key (PEM) [default: none].
+    #[arg(long = "tls-key", value_name = "PATH")]
+    #[serde(rename = "key", skip_serializing_if = "Option::is_none")]
+    pub key: Option<std::path::PathBuf>,
+    /// The cluster CA certificate (PEM) [default: none].
+    #[arg(long = "tls-ca", value_name = "PATH")]
+    #[serde(rename = "ca", skip_serializing_if = "Option::is_none")]
+    pub ca: Option<std::path::PathBuf>,
+}
+
+impl SecurityFlags {
+    fn is_empty(&self) -> bool {
+        self.mode.is_none() && self.cert.is_none() && self.key.is_none() && self.ca.is_none()
+    }
 }
 
 /// Run the node until a shutdown signal.

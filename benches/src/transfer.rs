@@ -6,6 +6,11 @@
 //! sweep per transport. The remote peer is this same executable started with
 //! `bench transfer --peer-listen ADDR` (hidden flag).
 //!
+//! With `--security authenticate|encrypt` the tcp throughput is measured
+//! again between two engines in that mode (certificates made for the run,
+//! a peer of its own, READs showing the peer's capability) and reported as
+//! a ratio to the `none` figure of the same run.
+//!
 //! Bandwidths are in GB/s (1e9 bytes/s); iperf3's bits are converted.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -15,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use kvfabric_transfer::security::{Capability, NodeIdentity, SecurityConfig, SecurityMode};
 use kvfabric_transfer::{
     SegmentId, SharedRegion, TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice,
 };
@@ -53,9 +59,37 @@ pub struct TransferArgs {
     /// Override the engine's connections per peer.
     #[arg(long)]
     pub connections: Option<usize>,
+    /// Also measure tcp throughput in this security mode: none, authenticate or encrypt.
+    #[arg(long, default_value = "none")]
+    pub security: String,
     /// Act as the bench's remote peer, listening here (used by the bench itself).
     #[arg(long, hide = true)]
     pub peer_listen: Option<String>,
+    /// The peer's certificates (with `--security`; used by the bench itself).
+    #[arg(long, hide = true)]
+    pub certs_dir: Option<std::path::PathBuf>,
+}
+
+/// The identity of `node` in `--certs-dir` under `--security`, if secured.
+fn identity(args: &TransferArgs, node: &str) -> anyhow::Result<Option<Arc<NodeIdentity>>> {
+    let mode = SecurityMode::parse(&args.security)?;
+    match (&args.certs_dir, mode) {
+        (Some(dir), m) if m != SecurityMode::None => {
+            Ok(NodeIdentity::load(&SecurityConfig::from_dir(dir, node, m))?)
+        }
+        _ => Ok(None),
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
 }
 
 /// Run the bench (or, with `--peer-listen`, serve as its peer until stdin closes).
@@ -89,7 +123,12 @@ fn config(args: &TransferArgs, transport: TransportChoice, listen: &str) -> Tran
 /// The peer: an engine with one segment and a plain TCP ping-pong server.
 async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
-    let engine = TransferEngine::start(config(args, TransportChoice::Auto, listen), &mut registry)
+    let cfg = TransferConfig {
+        identity: identity(args, "peer")?,
+        ..config(args, TransportChoice::Auto, listen)
+    };
+    let secured = cfg.identity.is_some();
+    let engine = TransferEngine::start(cfg, &mut registry)
         .await
         .context("starting the peer engine")?;
     let region = Arc::new(SharedRegion::create(
@@ -98,7 +137,15 @@ async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
     )?);
     // SAFETY: nothing else uses the region yet. Fault its pages in up front.
     unsafe { region.slice_mut(0, region.len())? }.fill(3);
+    let len = region.len() as u64;
     let segment = engine.register(region);
+    // Secured: the bench reads the whole segment on one capability.
+    let cap = if secured {
+        let c = engine.issue_capability(1, segment, 0, len, Duration::from_secs(3600), "bench");
+        hex(&c.encode())
+    } else {
+        "-".into()
+    };
     let pingpong = TcpListener::bind("127.0.0.1:0")?;
     let pingpong_addr = pingpong.local_addr()?;
     std::thread::spawn(move || {
@@ -107,7 +154,7 @@ async fn serve_peer(args: &TransferArgs, listen: &str) -> anyhow::Result<()> {
         }
     });
     println!(
-        "READY {} {} {}",
+        "READY {} {} {} {cap}",
         engine.local_addr(),
         segment.0,
         pingpong_addr
@@ -141,6 +188,8 @@ struct PeerProcess {
     addr: String,
     segment: SegmentId,
     pingpong: String,
+    /// Secured peers: the capability READs show.
+    cap: Option<Capability>,
 }
 
 impl Drop for PeerProcess {
@@ -158,11 +207,18 @@ impl Drop for PeerProcess {
     }
 }
 
-fn spawn_peer(args: &TransferArgs) -> anyhow::Result<PeerProcess> {
+/// Start the peer; `secured` = (mode, certificates directory).
+fn spawn_peer(
+    args: &TransferArgs,
+    secured: Option<(&str, &std::path::Path)>,
+) -> anyhow::Result<PeerProcess> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
     cmd.args(["bench", "transfer", "--peer-listen", "127.0.0.1:0"])
         .args(["--segment-bytes", &args.segment_bytes.to_string()]);
+    if let Some((mode, dir)) = secured {
+        cmd.args(["--security", mode, "--certs-dir"]).arg(dir);
+    }
     if let Some(s) = args.slice_bytes {
         cmd.args(["--slice-bytes", &s.to_string()]);
     }
@@ -178,7 +234,7 @@ fn spawn_peer(args: &TransferArgs) -> anyhow::Result<PeerProcess> {
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
     let parts: Vec<&str> = line.split_whitespace().collect();
-    if parts.len() != 4 || parts[0] != "READY" {
+    if parts.len() != 5 || parts[0] != "READY" {
         let _ = child.kill();
         bail!("bench peer did not start: {line:?}");
     }
@@ -186,6 +242,7 @@ fn spawn_peer(args: &TransferArgs) -> anyhow::Result<PeerProcess> {
         addr: parts[1].to_string(),
         segment: SegmentId(parts[2].parse()?),
         pingpong: parts[3].to_string(),
+        cap: unhex(parts[4]).and_then(|b| Capability::decode(&b)),
         child,
     })
 }
@@ -208,7 +265,11 @@ async fn read_throughput(
             .map(|_| {
                 let at = (*next % slots) * op_bytes;
                 *next += 1;
-                TransferOp::read(local, at, peer.segment, at, op_bytes)
+                let op = TransferOp::read(local, at, peer.segment, at, op_bytes);
+                match peer.cap {
+                    Some(c) => op.with_capability(c),
+                    None => op,
+                }
             })
             .collect()
     };
@@ -341,7 +402,7 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
     if args.op_bytes == 0 || args.op_bytes > args.segment_bytes {
         bail!("--op-bytes must be in 1..=--segment-bytes");
     }
-    let peer = spawn_peer(args)?;
+    let peer = spawn_peer(args, None)?;
     let mut registry = prometheus_client::registry::Registry::default();
     let tcp = TransferEngine::start(
         config(args, TransportChoice::Tcp, "127.0.0.1:0"),
@@ -376,6 +437,7 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
         secs,
     )
     .await?;
+    let security = secured_throughput(args, tcp_gbps).await?;
     let (small_p50_us, small_p99_us) =
         small_latency(&tcp, &peer, tcp_local, args.small_iters).await?;
     let (pingpong_p50_us, pingpong_p99_us) = pingpong_latency(&peer.pingpong, args.small_iters)?;
@@ -422,6 +484,52 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
         "memcpy_gbps": memcpy_gbps,
         "shm_ratio": ratio(shm_gbps, Some(memcpy_gbps)),
         "sweep": sweep,
+        "security": security,
+    }))
+}
+
+/// `--security MODE`: tcp throughput between two engines in MODE, and its
+/// ratio to `none_gbps` (this run's plain tcp figure).
+async fn secured_throughput(args: &TransferArgs, none_gbps: f64) -> anyhow::Result<Value> {
+    let mode = SecurityMode::parse(&args.security)?;
+    if mode == SecurityMode::None {
+        return Ok(json!({ "mode": "none" }));
+    }
+    let dir = tempfile::tempdir()?;
+    kvfabric_transfer::security::certs::init(dir.path(), &["bench".into(), "peer".into()], 1)?;
+    let peer = spawn_peer(args, Some((mode.as_str(), dir.path())))?;
+    let with_certs = TransferArgs {
+        certs_dir: Some(dir.path().to_path_buf()),
+        ..args.clone()
+    };
+    let cfg = TransferConfig {
+        identity: identity(&with_certs, "bench")?,
+        ..config(args, TransportChoice::Tcp, "127.0.0.1:0")
+    };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let engine = TransferEngine::start(cfg, &mut registry).await?;
+    let region = Arc::new(SharedRegion::create(
+        "bench-secured",
+        args.segment_bytes as usize,
+    )?);
+    // SAFETY: nothing else uses the region yet. Fault its pages in before timing.
+    unsafe { region.slice_mut(0, region.len())? }.fill(1);
+    let local = engine.register(region);
+    let secs = Duration::from_secs(args.seconds);
+    let gbps = read_throughput(
+        &engine,
+        &peer,
+        local,
+        args.segment_bytes,
+        args.op_bytes,
+        args.batch_ops,
+        secs,
+    )
+    .await?;
+    Ok(json!({
+        "mode": mode.as_str(),
+        "tcp_gbps": gbps,
+        "tcp_ratio_to_none": ratio(gbps, Some(none_gbps)),
     }))
 }
 
@@ -463,6 +571,18 @@ fn print_table(r: &Value) {
         f("memcpy_gbps"),
         f("shm_ratio")
     );
+    let sec = &r["security"];
+    if let Some(gbps) = sec["tcp_gbps"].as_f64() {
+        let mode = sec["mode"].as_str().unwrap_or("?");
+        let ratio = sec["tcp_ratio_to_none"].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<34} {:>10.2} {:>12} {:>8.2}",
+            format!("tcp 4 MiB READ GB/s, {mode} vs none"),
+            gbps,
+            f("tcp_gbps"),
+            ratio
+        );
+    }
     println!();
     println!("{:>10} {:>10} {:>10}", "op bytes", "tcp GB/s", "shm GB/s");
     if let Some(sweep) = r["sweep"].as_object() {

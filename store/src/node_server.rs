@@ -165,7 +165,13 @@ impl NodeServer {
         };
 
         let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
-        let router = grpc_builder().add_service(reflection_service()?);
+        let mut builder = match node.as_ref().and_then(|n| n.identity()) {
+            Some(id) => grpc_builder()
+                .tls_config(crate::cluster::security::server_tls(id))
+                .map_err(|e| StoreError::Server(format!("grpc tls: {e}")))?,
+            None => grpc_builder(),
+        };
+        let router = builder.add_service(reflection_service()?);
         let router = match &node {
             None => {
                 let local = CacheServer::new(store.clone(), grpc_addr.to_string());

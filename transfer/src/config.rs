@@ -3,9 +3,12 @@
 //! Deserialized from the node's layered config (figment); every field has a
 //! default so an empty section is a working engine.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::security::NodeIdentity;
 
 /// Which transport carries a peer's batches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -50,6 +53,10 @@ pub struct TransferConfig {
     /// Node name reported in segment metadata. Default: the listen address
     /// actually bound.
     pub node_name: Option<String>,
+    /// This node's identity and security mode (loaded by the node from its
+    /// `[cluster.security]` files; not a config key). None: mode `none`.
+    #[serde(skip)]
+    pub identity: Option<Arc<NodeIdentity>>,
 }
 
 impl Default for TransferConfig {
@@ -62,6 +69,7 @@ impl Default for TransferConfig {
             op_timeout_ms: 5000,
             transport: TransportChoice::Auto,
             node_name: None,
+            identity: None,
         }
     }
 }

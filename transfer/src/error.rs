@@ -27,6 +27,10 @@ pub enum TransferError {
     /// The peer refused an op (its own range check) with this reason.
     #[error("peer {peer} refused the op: {reason}")]
     Refused { peer: String, reason: String },
+    /// The peer refused an op its caller has no right to (no or a wrong
+    /// capability, a WRITE outside the ranges it granted).
+    #[error("peer {peer} forbade the op: {reason}")]
+    Forbidden { peer: String, reason: String },
     /// A payload did not match the checksum its sender computed.
     #[error("checksum mismatch on {segment}@{offset}+{len}")]
     Checksum { segment: u64, offset: u64, len: u64 },

@@ -17,6 +17,7 @@ use crate::core::{Inner, OpResult};
 use crate::hello::{boot_id, Hello};
 use crate::metrics::TransferMetrics;
 use crate::op::{BatchReport, Notification, TransferOp, MAX_NOTIFY_BYTES};
+use crate::security::{Capability, CapabilityKey, GrantId, SecurityMode};
 use crate::segment::{SegmentId, SegmentMeta, TransportKeys};
 use crate::transport::{Listeners, Transport, Transports};
 use crate::{SharedRegion, TransferError};
@@ -52,7 +53,8 @@ impl TransferEngine {
             .clone()
             .unwrap_or_else(|| local_addr.to_string());
         let metrics = TransferMetrics::register(registry);
-        let inner = Arc::new(Inner::new(config, metrics, hello, node));
+        let caps = CapabilityKey::random()?;
+        let inner = Arc::new(Inner::new(config, metrics, hello, node, caps));
         let transports = Transports::serve(inner.clone(), listeners);
         tracing::info!(addr = %local_addr, "transfer engine listening");
         Ok(TransferEngine {
@@ -109,6 +111,57 @@ impl TransferEngine {
                 rdma: self.transports.nic().key(id),
             },
         })
+    }
+
+    /// The security mode of this engine's connections.
+    pub fn security_mode(&self) -> SecurityMode {
+        self.inner
+            .config
+            .identity
+            .as_ref()
+            .map_or(SecurityMode::None, |i| i.mode)
+    }
+
+    /// A capability letting the peer `reader` (its node id) READ
+    /// `segment[offset..offset+len]` of this engine for `ttl` or until
+    /// [`Self::revoke_capability`]`(id)`; a holder hands it out with a lease.
+    pub fn issue_capability(
+        &self,
+        id: u64,
+        segment: SegmentId,
+        offset: u64,
+        len: u64,
+        ttl: std::time::Duration,
+        reader: &str,
+    ) -> Capability {
+        crate::core::lock(&self.inner.live_caps).insert(id);
+        self.inner
+            .caps
+            .issue(id, segment.0, offset, len, ttl, reader)
+    }
+
+    /// End capability `id` before its expiry (its lease was released):
+    /// every later READ showing it is refused.
+    pub fn revoke_capability(&self, id: u64) {
+        crate::core::lock(&self.inner.live_caps).remove(&id);
+    }
+
+    /// Let the peer `writer` (its node id) WRITE `segment[offset..offset+len]`
+    /// for `ttl` (secured modes refuse every other remote WRITE).
+    pub fn grant_write(
+        &self,
+        segment: SegmentId,
+        offset: u64,
+        len: u64,
+        writer: &str,
+        ttl: std::time::Duration,
+    ) -> GrantId {
+        self.inner.grants.grant(segment.0, offset, len, writer, ttl)
+    }
+
+    /// End a write grant early.
+    pub fn revoke_write(&self, grant: GrantId) {
+        self.inner.grants.revoke(grant);
     }
 
     /// Notifications delivered by peers (see [`Self::batch_then_notify`]).

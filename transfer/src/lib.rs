@@ -23,6 +23,7 @@ mod hello;
 pub mod memory;
 mod metrics;
 mod op;
+pub mod security;
 mod segment;
 #[doc(hidden)]
 pub mod testdata;

@@ -60,6 +60,9 @@ pub struct TransferMetrics {
     /// queue pairs. A pool that works keeps this flat under steady load.
     pub links_opened: Family<TransportLabels, Counter>,
     pub in_flight_ops: Gauge,
+    /// Incoming connections refused before any op (no, a wrong or an
+    /// unverifiable certificate; a bad hello).
+    pub handshakes_refused: Counter,
 }
 
 impl TransferMetrics {
@@ -88,7 +91,17 @@ impl TransferMetrics {
             "Ops submitted and not yet completed",
             m.in_flight_ops.clone(),
         );
+        sub.register(
+            "handshakes_refused",
+            "Incoming transfer connections refused at the handshake (certificate, hello)",
+            m.handshakes_refused.clone(),
+        );
         m
+    }
+
+    /// Count one incoming connection refused at its handshake.
+    pub fn handshake_refused(&self) {
+        self.handshakes_refused.inc();
     }
 
     /// Count one successful op of `bytes`.

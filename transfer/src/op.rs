@@ -1,5 +1,6 @@
 //! The ops a batch is made of, and what a batch reports.
 
+use crate::security::Capability;
 use crate::{SegmentId, TransferError};
 
 /// Largest notification payload accepted (by every transport).
@@ -24,6 +25,9 @@ pub struct TransferOp {
     /// The sender computes an xxh3 checksum of every slice and the receiver
     /// verifies it before the op can succeed.
     pub checksum: bool,
+    /// READ in a secured mode: the holder's grant for the remote range,
+    /// shown with every slice.
+    pub capability: Option<Capability>,
 }
 
 impl TransferOp {
@@ -44,6 +48,7 @@ impl TransferOp {
             remote_offset,
             len,
             checksum: false,
+            capability: None,
         }
     }
 
@@ -59,6 +64,14 @@ impl TransferOp {
         TransferOp {
             kind: OpKind::Write,
             ..Self::read(local, local_offset, remote, remote_offset, len)
+        }
+    }
+
+    /// The same op carrying the holder's capability for its remote range.
+    pub fn with_capability(self, capability: Capability) -> Self {
+        TransferOp {
+            capability: Some(capability),
+            ..self
         }
     }
 

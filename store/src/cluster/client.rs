@@ -9,6 +9,8 @@ use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
 use tonic::transport::{Channel, Endpoint};
 
+use kvfabric_transfer::security::NodeIdentity;
+
 use crate::cache_service::chunks;
 use crate::keys::{BlockKey, KvLayout};
 use crate::StoreError;
@@ -18,7 +20,23 @@ pub type CacheClient = CacheServiceClient<Channel>;
 
 /// Connect to the node at `addr` (`host:port` or `http://host:port`).
 pub async fn connect(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
-    let ch = endpoint(addr, timeout)?
+    connect_with(addr, timeout, None).await
+}
+
+/// Connect to the node at `addr`, over mutual TLS with `identity` when
+/// given (a secured cluster refuses a client without a certificate of its CA).
+pub async fn connect_with(
+    addr: &str,
+    timeout: Duration,
+    identity: Option<&NodeIdentity>,
+) -> Result<CacheClient, StoreError> {
+    let mut e = endpoint(addr, timeout, identity.is_some())?;
+    if let Some(id) = identity {
+        e = e
+            .tls_config(crate::cluster::security::client_tls(id))
+            .map_err(|e| StoreError::Config(format!("tls: {e}")))?;
+    }
+    let ch = e
         .connect()
         .await
         .map_err(|e| StoreError::Server(format!("connect {addr}: {e}")))?;
@@ -28,14 +46,14 @@ pub async fn connect(addr: &str, timeout: Duration) -> Result<CacheClient, Store
 /// A client of the node at `addr` that connects on first use (so a caller
 /// can start before the node does); every call is bounded by `timeout`.
 pub fn connect_lazy(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
-    Ok(client(endpoint(addr, timeout)?.connect_lazy()))
+    Ok(client(endpoint(addr, timeout, false)?.connect_lazy()))
 }
 
-fn endpoint(addr: &str, timeout: Duration) -> Result<Endpoint, StoreError> {
-    let url = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
+fn endpoint(addr: &str, timeout: Duration, tls: bool) -> Result<Endpoint, StoreError> {
+    let url = match (addr.contains("://"), tls) {
+        (true, _) => addr.to_string(),
+        (false, true) => format!("https://{addr}"),
+        (false, false) => format!("http://{addr}"),
     };
     let e = Endpoint::from_shared(url)
         .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?

@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use bytesize::ByteSize;
+use kvfabric_transfer::security::{NodeIdentity, SecurityConfig};
 use kvfabric_transfer::TransferConfig;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +61,9 @@ pub struct ClusterConfig {
     pub refresh_chunks_per_period: usize,
     /// Size of the staging region remote reads land in. Default: 64MiB.
     pub staging_capacity: ByteSize,
+    /// Node identity and the data plane (`[cluster.security]`: mode, cert,
+    /// key, ca; see docs/CONFIG.md and docs/SECURITY.md). Default: mode none.
+    pub security: SecurityConfig,
 }
 
 impl Default for ClusterConfig {
@@ -84,6 +88,7 @@ impl Default for ClusterConfig {
             refresh_chunk_blocks: 4096,
             refresh_chunks_per_period: 16,
             staging_capacity: ByteSize::mib(64),
+            security: SecurityConfig::default(),
         }
     }
 }
@@ -125,6 +130,9 @@ impl ClusterConfig {
             }
         }
         self.transport()?;
+        self.security
+            .validate()
+            .map_err(|e| StoreError::Config(e.to_string()))?;
         if self.staging_capacity.as_u64() < 4096 {
             return bad("staging_capacity is below one page".into());
         }
@@ -147,8 +155,13 @@ impl ClusterConfig {
 
     /// The transfer engine settings of node `node_id`: listen address,
     /// transport, per-peer connections, slice size and pipeline depth from
-    /// this section; the op timeout is the remote read timeout.
-    pub fn transfer_config(&self, node_id: &str) -> Result<TransferConfig, StoreError> {
+    /// this section; the op timeout is the remote read timeout; `identity`
+    /// as loaded from `security` (see [`crate::cluster::security::load`]).
+    pub fn transfer_config(
+        &self,
+        node_id: &str,
+        identity: Option<std::sync::Arc<NodeIdentity>>,
+    ) -> Result<TransferConfig, StoreError> {
         Ok(TransferConfig {
             listen: self.transfer_listen.clone(),
             transport: self.transport()?,
@@ -157,6 +170,7 @@ impl ClusterConfig {
             connections_per_peer: self.transfer_connections_per_peer,
             slice_bytes: self.transfer_slice_bytes.as_u64() as usize,
             pipeline_depth: self.transfer_pipeline_depth,
+            identity,
         })
     }
 
@@ -257,7 +271,9 @@ mod tests {
     #[test]
     fn transfer_settings_default_to_the_engine_defaults_and_are_settable() {
         let engine = TransferConfig::default();
-        let t = ClusterConfig::default().transfer_config("n1").unwrap();
+        let t = ClusterConfig::default()
+            .transfer_config("n1", None)
+            .unwrap();
         assert_eq!(t.connections_per_peer, engine.connections_per_peer);
         assert_eq!(t.slice_bytes, engine.slice_bytes);
         assert_eq!(t.pipeline_depth, engine.pipeline_depth);
@@ -266,7 +282,7 @@ mod tests {
             r#"{"transfer_connections_per_peer":8,"transfer_slice_bytes":"256KiB","transfer_pipeline_depth":2}"#,
         )
         .unwrap();
-        let t = c.transfer_config("n1").unwrap();
+        let t = c.transfer_config("n1", None).unwrap();
         assert_eq!(
             (t.connections_per_peer, t.slice_bytes, t.pipeline_depth),
             (8, 256 << 10, 2)

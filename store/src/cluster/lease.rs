@@ -59,6 +59,8 @@ pub(super) struct RemoteLease {
     pub(super) transfer_addr: String,
     pub(super) segment: SegmentId,
     pub(super) offset: u64,
+    /// Secured modes: the holder's grant, shown with every READ.
+    pub(super) capability: Option<kvfabric_transfer::security::Capability>,
     lease_id: u64,
     releases: mpsc::UnboundedSender<Release>,
 }
@@ -261,6 +263,7 @@ impl ClusterNode {
         let req = LeaseManyRequest {
             keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
             ttl_ms: READ_LEASE_TTL.as_millis() as u64,
+            reader: self.me.node_id.clone(),
         };
         let call = async {
             let mut c = self.holder_client(peer)?;
@@ -310,6 +313,7 @@ impl ClusterNode {
             transfer_addr: peer.transfer_addr.clone(),
             segment: SegmentId(l.segment_id),
             offset: l.offset,
+            capability: kvfabric_transfer::security::Capability::decode(&l.capability),
             lease_id: l.lease_id,
             releases: self.releases.clone(),
         };

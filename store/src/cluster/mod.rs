@@ -8,6 +8,7 @@
 //! - [`node`]: a node's cluster side (announce, locate, remote reads);
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
 //!   [`ClusterNode::read_leased`] of [`RangeRead`]s (or [`ClusterNode::get_many_into`]).
+//! - [`security`]: node identity on the gRPC side (mutual TLS, claimed ids).
 //! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
 //!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
 
@@ -26,6 +27,7 @@ pub mod read_staging;
 mod refresh;
 pub mod rendezvous;
 pub mod rpc;
+pub mod security;
 
 pub use announce::RefreshStatus;
 pub use cluster_cache_service::{ClusterCacheService, LOCAL_ONLY_HEADER};

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::LocateRequest;
 use kvfabric_proto::v1::{Holder, Tier};
+use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
@@ -43,7 +44,7 @@ use crate::store::Store;
 use crate::StoreError;
 
 /// Longest a holder keeps a block leased for a reader.
-const MAX_LEASE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(60);
 
 /// A lease a holder keeps for a remote reader until Release or expiry.
 pub(super) struct HeldLease {
@@ -55,6 +56,8 @@ pub(super) struct HeldLease {
 pub struct ClusterNode {
     pub(super) me: NodeInfo,
     pub(super) cfg: ClusterConfig,
+    /// Secured modes: this node's certificate identity (gRPC and transfer).
+    pub(super) identity: Option<Arc<NodeIdentity>>,
     pub(super) store: Store,
     pub(super) membership: Mutex<Option<Membership>>,
     pub(super) view_rx: watch::Receiver<Arc<MembershipView>>,
@@ -140,7 +143,10 @@ impl ClusterNode {
     ) -> Result<Arc<Self>, StoreError> {
         cfg.validate()?;
         let node_id = store.config().node_id.clone();
-        let transfer = TransferEngine::start(cfg.transfer_config(&node_id)?, registry).await?;
+        let identity = crate::cluster::security::load(&cfg, &node_id)?;
+        let transfer =
+            TransferEngine::start(cfg.transfer_config(&node_id, identity.clone())?, registry)
+                .await?;
         let ram_segment = transfer.register(store.region().clone());
         let staging_region = Arc::new(SharedRegion::create(
             "kvfabric-staging",
@@ -179,6 +185,7 @@ impl ClusterNode {
         let node = Arc::new(ClusterNode {
             me,
             cfg,
+            identity,
             store,
             membership: Mutex::new(Some(membership)),
             view_rx,
@@ -216,6 +223,11 @@ impl ClusterNode {
     /// The local store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// This node's certificate identity (None in security mode `none`).
+    pub fn identity(&self) -> Option<&NodeIdentity> {
+        self.identity.as_deref()
     }
 
     /// The cluster settings.
@@ -265,10 +277,20 @@ impl ClusterNode {
         if let Some(c) = self.channels.lock().get(addr) {
             return Ok(c.clone());
         }
-        let ep = Endpoint::from_shared(format!("http://{addr}"))
+        let scheme = if self.identity.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(|e| StoreError::Config(format!("peer address {addr:?}: {e}")))?
             .connect_timeout(self.cfg.rpc_timeout())
             .tcp_nodelay(true);
+        if let Some(id) = &self.identity {
+            ep = ep
+                .tls_config(crate::cluster::security::client_tls(id))
+                .map_err(|e| StoreError::Config(format!("peer channel tls: {e}")))?;
+        }
         let ch = ep.connect_lazy();
         self.channels.lock().insert(addr.to_string(), ch.clone());
         Ok(ch)
@@ -529,12 +551,21 @@ impl ClusterNode {
             let mut held = self.leases.lock();
             ids.iter().filter_map(|id| held.remove(id)).collect()
         };
+        for id in ids {
+            self.transfer.revoke_capability(*id);
+        }
         // Store leases end outside the lease-table lock.
         drop(released);
     }
 
     pub(super) fn reap_leases(&self) {
         let now = Instant::now();
-        self.leases.lock().retain(|_, l| l.deadline > now);
+        self.leases.lock().retain(|id, l| {
+            let live = l.deadline > now;
+            if !live {
+                self.transfer.revoke_capability(*id);
+            }
+            live
+        });
     }
 }

@@ -151,13 +151,17 @@ impl ClusterNode {
                         .entry(l.transfer_addr.as_str())
                         .or_insert_with(|| (r.block.holder(), Vec::new(), Vec::new()));
                     g.1.push(i);
-                    g.2.push(TransferOp::read(
+                    let op = TransferOp::read(
                         r.target.segment,
                         r.target.offset,
                         l.segment,
                         l.offset + r.offset,
                         r.len,
-                    ));
+                    );
+                    g.2.push(match l.capability {
+                        Some(cap) => op.with_capability(cap),
+                        None => op,
+                    });
                 }
             }
         }

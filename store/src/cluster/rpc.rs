@@ -15,7 +15,8 @@ use kvfabric_proto::internal::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::cluster::node::{holder_entry, holder_pb, ClusterNode};
+use crate::cluster::node::{holder_entry, holder_pb, ClusterNode, MAX_LEASE};
+use crate::cluster::security::authorize;
 use crate::keys::BlockKey;
 
 fn parse_keys(keys: &[Vec<u8>]) -> Result<Vec<BlockKey>, Status> {
@@ -33,6 +34,7 @@ impl DirectoryService for DirectoryRpc {
         &self,
         req: Request<AnnounceRequest>,
     ) -> Result<Response<AnnounceResponse>, Status> {
+        authorize(self.0.identity(), &req, &req.get_ref().node_id)?;
         let req = req.into_inner();
         let mut entries = Vec::with_capacity(req.entries.len());
         for e in &req.entries {
@@ -65,6 +67,7 @@ impl DirectoryService for DirectoryRpc {
         &self,
         req: Request<WithdrawRequest>,
     ) -> Result<Response<WithdrawResponse>, Status> {
+        authorize(self.0.identity(), &req, &req.get_ref().node_id)?;
         let req = req.into_inner();
         let keys = parse_keys(&req.keys)?;
         let removed = self.0.shard_withdraw(&req.node_id, &keys) as u32;
@@ -75,6 +78,7 @@ impl DirectoryService for DirectoryRpc {
         &self,
         req: Request<LocateRequest>,
     ) -> Result<Response<LocateResponse>, Status> {
+        authorize(self.0.identity(), &req, "")?;
         let keys = parse_keys(&req.into_inner().keys)?;
         let located = self
             .0
@@ -91,6 +95,8 @@ impl DirectoryService for DirectoryRpc {
         &self,
         req: Request<StaleRequest>,
     ) -> Result<Response<StaleResponse>, Status> {
+        // Any member may report another's entry stale (it failed to read it).
+        authorize(self.0.identity(), &req, "")?;
         let req = req.into_inner();
         let keys = parse_keys(&req.keys)?;
         let n = self.0.shard_withdraw(&req.node_id, &keys);
@@ -103,14 +109,17 @@ impl DirectoryService for DirectoryRpc {
 pub struct HolderRpc(pub Arc<ClusterNode>);
 
 impl HolderRpc {
+    /// Lease `keys` for `reader` (secured: with a capability issued to it).
     async fn lease_keys(
         &self,
         keys: &[Vec<u8>],
         ttl_ms: u64,
+        reader: Option<&str>,
     ) -> Result<Vec<LeaseResponse>, Status> {
         let keys = parse_keys(keys)?;
-        let ttl = Duration::from_millis(ttl_ms.max(1));
+        let ttl = Duration::from_millis(ttl_ms.max(1)).min(MAX_LEASE);
         let leased = self.0.lease_for_peer(&keys, ttl).await;
+        let transfer = self.0.transfer();
         Ok(leased
             .into_iter()
             .map(|l| match l {
@@ -122,17 +131,32 @@ impl HolderRpc {
                     size: info.len,
                     checksum: info.checksum,
                     layout: Some((&info.layout).into()),
+                    capability: reader.map_or_else(Vec::new, |r| {
+                        let cap =
+                            transfer.issue_capability(lease_id, segment, offset, info.len, ttl, r);
+                        cap.encode().to_vec()
+                    }),
                 },
             })
             .collect())
+    }
+
+    /// The reader a lease request is for: secured, the caller's certificate
+    /// id (a request claiming another is refused); mode none, nobody.
+    fn reader<T>(&self, req: &Request<T>, claimed: &str) -> Result<Option<String>, Status> {
+        let id = authorize(self.0.identity(), req, claimed)?;
+        Ok(self.0.identity().map(|_| id))
     }
 }
 
 #[tonic::async_trait]
 impl HolderService for HolderRpc {
     async fn lease(&self, req: Request<LeaseRequest>) -> Result<Response<LeaseResponse>, Status> {
+        let reader = self.reader(&req, &req.get_ref().reader)?;
         let req = req.into_inner();
-        let mut leases = self.lease_keys(&[req.key], req.ttl_ms).await?;
+        let mut leases = self
+            .lease_keys(&[req.key], req.ttl_ms, reader.as_deref())
+            .await?;
         Ok(Response::new(leases.pop().unwrap_or_default()))
     }
 
@@ -140,6 +164,7 @@ impl HolderService for HolderRpc {
         &self,
         req: Request<ReleaseRequest>,
     ) -> Result<Response<ReleaseResponse>, Status> {
+        authorize(self.0.identity(), &req, "")?;
         self.0.release_leases(&[req.into_inner().lease_id]);
         Ok(Response::new(ReleaseResponse {}))
     }
@@ -148,8 +173,11 @@ impl HolderService for HolderRpc {
         &self,
         req: Request<LeaseManyRequest>,
     ) -> Result<Response<LeaseManyResponse>, Status> {
+        let reader = self.reader(&req, &req.get_ref().reader)?;
         let req = req.into_inner();
-        let leases = self.lease_keys(&req.keys, req.ttl_ms).await?;
+        let leases = self
+            .lease_keys(&req.keys, req.ttl_ms, reader.as_deref())
+            .await?;
         Ok(Response::new(LeaseManyResponse { leases }))
     }
 
@@ -157,6 +185,7 @@ impl HolderService for HolderRpc {
         &self,
         req: Request<ReleaseManyRequest>,
     ) -> Result<Response<ReleaseManyResponse>, Status> {
+        authorize(self.0.identity(), &req, "")?;
         self.0.release_leases(&req.into_inner().lease_ids);
         Ok(Response::new(ReleaseManyResponse {}))
     }

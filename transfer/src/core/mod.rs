@@ -20,6 +20,7 @@ use crate::config::TransferConfig;
 use crate::hello::Hello;
 use crate::metrics::TransferMetrics;
 use crate::op::{Notification, TransferOp};
+use crate::security::{CapabilityKey, WriteGrants};
 use crate::segment::{check_range, SegmentTable};
 use crate::{SharedRegion, TransferError};
 
@@ -46,6 +47,12 @@ pub(crate) struct Inner {
     pub node: String,
     pub corrupt: AtomicU32,
     pub notify_tx: broadcast::Sender<Notification>,
+    /// The key this engine MACs the read capabilities it issues with.
+    pub caps: CapabilityKey,
+    /// Ids of the capabilities issued and not yet revoked (their leases live).
+    pub live_caps: Mutex<std::collections::HashSet<u64>>,
+    /// The ranges peers may WRITE into (secured modes).
+    pub grants: WriteGrants,
 }
 
 impl Inner {
@@ -54,6 +61,7 @@ impl Inner {
         metrics: TransferMetrics,
         hello: Hello,
         node: String,
+        caps: CapabilityKey,
     ) -> Self {
         let (notify_tx, _) = broadcast::channel(1024);
         Inner {
@@ -64,6 +72,9 @@ impl Inner {
             node,
             corrupt: AtomicU32::new(0),
             notify_tx,
+            caps,
+            live_caps: Mutex::new(Default::default()),
+            grants: WriteGrants::default(),
         }
     }
 

@@ -218,6 +218,15 @@ impl PeerLinks {
                 "shm to {peer}: peer is on another host"
             )));
         }
+        if tcp::conn::secured(inner).is_some() {
+            // One-sided verbs cannot show a capability: secured modes use tcp.
+            return match choice {
+                TransportChoice::Rdma => Err(TransferError::Unsupported(
+                    "rdma is off in secured modes".into(),
+                )),
+                _ => Ok(Transport::Tcp),
+            };
+        }
         match self.rdma.open(inner, peer, &hello).await {
             Ok(()) => Ok(Transport::Rdma),
             Err(e) if choice == TransportChoice::Rdma => Err(e),

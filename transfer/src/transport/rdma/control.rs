@@ -4,8 +4,8 @@
 //! checksum of the range when asked (before a checksummed READ, and after a
 //! checksummed WRITE landed).
 
+use crate::transport::tcp::conn::Conn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::core::{Inner, PreparedOp};
 use crate::segment::RdmaKey;
@@ -29,7 +29,7 @@ pub(super) struct RangeReply {
 pub(super) async fn ranges(
     inner: &Inner,
     peer: &str,
-    conn: &mut TcpStream,
+    conn: &mut Conn,
     ops: &[PreparedOp],
     asks: &[(usize, bool)],
 ) -> Result<Vec<Result<RangeReply, TransferError>>, TransferError> {

@@ -11,8 +11,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::transport::tcp::conn::Conn;
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
 
 use super::nic::Nic;
 use super::verbs::RcQueuePair;
@@ -28,7 +28,7 @@ use crate::TransferError;
 
 /// A control connection and the queue pair set up over it.
 pub(crate) struct RdmaLink {
-    pub(crate) conn: TcpStream,
+    pub(crate) conn: Conn,
     pub(crate) qp: RcQueuePair,
     /// The pool this link was opened for (see [`RdmaPeer::put_back`]).
     pool: Arc<()>,
@@ -170,7 +170,8 @@ async fn open_link(
 ) -> Result<RdmaLink, TransferError> {
     let device = nic.device("no local RDMA device")?;
     let timeout = inner.config.op_timeout();
-    let (mut conn, _) = client::connect(inner, peer).await?;
+    let (link, _) = client::connect(inner, peer).await?;
+    let mut conn = link.conn;
     let mut qp = RcQueuePair::create(device)?;
     let req = Request::control(RequestKind::RdmaConnect, RDMA_ENDPOINT_BYTES as u64);
     let ours = qp.endpoint().encode();

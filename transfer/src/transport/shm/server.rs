@@ -51,6 +51,20 @@ pub(crate) async fn accept_loop(listener: UnixListener, inner: Arc<Inner>) {
 }
 
 async fn serve(mut s: UnixStream, inner: &Inner) -> Result<(), TransferError> {
+    // Secured modes: only processes of this user (who could ptrace this one
+    // anyway) are handed memory; anyone else is refused before any op.
+    if crate::transport::tcp::conn::secured(inner).is_some() {
+        let uid = s.peer_cred()?.uid();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let ours = unsafe { libc::geteuid() };
+        if uid != ours {
+            inner.metrics.handshake_refused();
+            return Err(TransferError::Forbidden {
+                peer: format!("uid {uid}"),
+                reason: "shm is served to this user's processes only".into(),
+            });
+        }
+    }
     let peer_pid = s.peer_cred().ok().and_then(|c| c.pid()).unwrap_or(0) as u32;
     let timeout = inner.config.op_timeout();
     loop {

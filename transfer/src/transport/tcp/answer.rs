@@ -6,6 +6,8 @@
 use std::sync::Arc;
 
 use super::protocol::{Request, Response, Status, RESPONSE_BYTES};
+use crate::core::Inner;
+use crate::security::Capability;
 use crate::segment::SegmentTable;
 use crate::{SharedRegion, TransferError};
 
@@ -42,6 +44,32 @@ impl Refusal {
         .encode();
         (head, msg)
     }
+}
+
+/// Secured modes (`peer` is the connection's authenticated node id): a READ
+/// must show a capability this engine issued to that peer, unexpired and
+/// covering the whole op range. Mode `none` (`peer` None) checks nothing.
+pub(crate) fn authorize(
+    inner: &Inner,
+    peer: Option<&str>,
+    req: &Request,
+    capability: Option<&[u8]>,
+) -> Result<(), Refusal> {
+    let Some(peer) = peer else {
+        return Ok(());
+    };
+    let forbid = |why: &str| Refusal::new(Status::Forbidden, 0, why.to_string());
+    let cap = capability
+        .and_then(Capability::decode)
+        .ok_or_else(|| forbid("a READ needs the holder's capability"))?;
+    inner
+        .caps
+        .check(&cap, peer, req.segment, req.op_offset, req.op_len)
+        .map_err(forbid)?;
+    if !crate::core::lock(&inner.live_caps).contains(&cap.id) {
+        return Err(forbid("capability revoked (its lease ended)"));
+    }
+    Ok(())
 }
 
 /// The region a request addresses, after checking the whole op range and

@@ -11,28 +11,26 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::protocol::{Request, RequestKind, Response, Status, FLAG_CHECKSUM, RESPONSE_BYTES};
+use super::conn::{frame_ok, open, send_frame, Link};
+use super::protocol::{
+    Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM, RESPONSE_BYTES,
+};
 use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
-use crate::hello::{Hello, HELLO_BYTES};
+use crate::hello::Hello;
 use crate::metrics::TransportLabel;
 use crate::op::{OpKind, TransferOp};
-use crate::transport::io::{bounded, read_message, write_all_2};
+use crate::security::ConnMac;
+use crate::transport::io::{bounded, read_message};
 use crate::TransferError;
 
-/// Open a connection and exchange hellos.
-pub(crate) async fn connect(
-    inner: &Inner,
-    addr: &str,
-) -> Result<(TcpStream, Hello), TransferError> {
+/// Open a connection, authenticate it (secured modes) and exchange hellos.
+pub(crate) async fn connect(inner: &Inner, addr: &str) -> Result<(Link, Hello), TransferError> {
     let timeout = inner.config.op_timeout();
-    let mut stream = bounded(addr, timeout, TcpStream::connect(addr)).await?;
+    let stream = bounded(addr, timeout, TcpStream::connect(addr)).await?;
     inner.metrics.link_opened(TransportLabel::Tcp);
     stream.set_nodelay(true)?;
-    bounded(addr, timeout, stream.write_all(&inner.hello.encode())).await?;
-    let mut buf = [0u8; HELLO_BYTES];
-    bounded(addr, timeout, stream.read_exact(&mut buf)).await?;
-    Ok((stream, Hello::decode(&buf)?))
+    open(inner, addr, stream).await
 }
 
 /// One slice of one op.
@@ -66,8 +64,8 @@ pub(crate) async fn run_batch(
     inner: &Arc<Inner>,
     peer: &str,
     ops: Vec<PreparedOp>,
-    mut conns: Vec<TcpStream>,
-) -> (Vec<OpResult>, Vec<TcpStream>) {
+    mut conns: Vec<Link>,
+) -> (Vec<OpResult>, Vec<Link>) {
     let (jobs, tallies) = slice_jobs(&ops, inner.config.slice_bytes.max(4096) as u64);
     conns.truncate(jobs.len().max(1));
     let shared = Arc::new(BatchShared {
@@ -125,8 +123,8 @@ fn slice_jobs(ops: &[PreparedOp], slice: u64) -> (Vec<SliceJob>, Vec<Tally>) {
 /// finished cleanly, and the last connection error.
 async fn drive_all(
     shared: &Arc<BatchShared>,
-    conns: Vec<TcpStream>,
-) -> (Vec<TcpStream>, Option<TransferError>) {
+    conns: Vec<Link>,
+) -> (Vec<Link>, Option<TransferError>) {
     let mut healthy = Vec::new();
     let mut conn_error = None;
     if shared.jobs.len() == 1 && conns.len() == 1 {
@@ -134,9 +132,11 @@ async fn drive_all(
         // channel, no join, no spawn on the latency path.
         for mut c in conns {
             let timeout = shared.inner.config.op_timeout();
-            let (mut rd, mut wr) = c.split();
-            let outcome = match send_request(shared, &mut wr, 0, timeout).await {
-                Ok(()) => receive_reply(shared, &mut rd, 0, timeout).await,
+            let mac = c.mac.clone();
+            let (mut rd, mut wr) = c.conn.split();
+            let mac = mac.as_deref();
+            let outcome = match send_request(shared, &mut wr, mac, 0, timeout).await {
+                Ok(()) => receive_reply(shared, &mut rd, mac, 0, timeout).await,
                 Err(e) => Err(e),
             };
             match outcome {
@@ -176,10 +176,12 @@ async fn drive_all(
 
 /// Pump slices through one connection: a writer sends requests (at most
 /// `pipeline_depth` ahead of the replies), a reader consumes replies in order.
-async fn drive_connection(shared: &BatchShared, conn: &mut TcpStream) -> Result<(), TransferError> {
+async fn drive_connection(shared: &BatchShared, link: &mut Link) -> Result<(), TransferError> {
     let depth = shared.inner.config.pipeline_depth.max(1);
     let timeout = shared.inner.config.op_timeout();
-    let (mut rd, mut wr) = conn.split();
+    let mac = link.mac.clone();
+    let mac = mac.as_deref();
+    let (mut rd, mut wr) = link.conn.split();
     let (tx, mut rx) = mpsc::channel::<usize>(depth);
     let writer = async {
         loop {
@@ -193,7 +195,7 @@ async fn drive_connection(shared: &BatchShared, conn: &mut TcpStream) -> Result<
             if i >= shared.jobs.len() {
                 break;
             }
-            if let Err(e) = send_request(shared, &mut wr, i, timeout).await {
+            if let Err(e) = send_request(shared, &mut wr, mac, i, timeout).await {
                 shared.abort.store(true, Ordering::Relaxed);
                 return Err(e);
             }
@@ -204,7 +206,7 @@ async fn drive_connection(shared: &BatchShared, conn: &mut TcpStream) -> Result<
     };
     let reader = async {
         while let Some(i) = rx.recv().await {
-            if let Err(e) = receive_reply(shared, &mut rd, i, timeout).await {
+            if let Err(e) = receive_reply(shared, &mut rd, mac, i, timeout).await {
                 shared.abort.store(true, Ordering::Relaxed);
                 return Err(e);
             }
@@ -217,6 +219,7 @@ async fn drive_connection(shared: &BatchShared, conn: &mut TcpStream) -> Result<
 async fn send_request<W: AsyncWrite + Unpin>(
     shared: &BatchShared,
     wr: &mut W,
+    mac: Option<&ConnMac>,
     i: usize,
     timeout: Duration,
 ) -> Result<(), TransferError> {
@@ -226,9 +229,12 @@ async fn send_request<W: AsyncWrite + Unpin>(
         OpKind::Read => RequestKind::Read,
         OpKind::Write => RequestKind::Write,
     };
+    let cap = p.op.capability.map(|c| c.encode());
+    let flags = if p.op.checksum { FLAG_CHECKSUM } else { 0 }
+        | if cap.is_some() { FLAG_CAPABILITY } else { 0 };
     let mut req = Request {
         kind,
-        flags: if p.op.checksum { FLAG_CHECKSUM } else { 0 },
+        flags,
         segment: p.op.remote.0,
         op_offset: p.op.remote_offset,
         op_len: p.op.len,
@@ -237,7 +243,15 @@ async fn send_request<W: AsyncWrite + Unpin>(
         checksum: 0,
     };
     match p.op.kind {
-        OpKind::Read => bounded(&shared.peer, timeout, wr.write_all(&req.encode())).await,
+        OpKind::Read => {
+            let cap = cap.as_ref().map_or(&[][..], |c| &c[..]);
+            bounded(
+                &shared.peer,
+                timeout,
+                send_frame(wr, mac, &req.encode(), cap),
+            )
+            .await
+        }
         OpKind::Write => {
             // SAFETY: the local range was checked when the op was prepared;
             // the caller owns it for the duration of the batch.
@@ -245,18 +259,24 @@ async fn send_request<W: AsyncWrite + Unpin>(
                 p.local
                     .slice((p.op.local_offset + job.at) as usize, job.len as usize)?
             };
-            if p.op.checksum {
+            if p.op.checksum && mac.is_none() {
                 req.checksum = checksum(data);
             }
             let head = req.encode();
             if shared.inner.take_corruption() {
+                // In flight: the tag is the sender's, over the bytes it meant.
+                let tag = mac.map(|m| m.seal(&head, data));
                 let mut bad = data.to_vec();
                 if let Some(b) = bad.first_mut() {
                     *b ^= 0xff;
                 }
-                bounded(&shared.peer, timeout, write_all_2(wr, &head, &bad)).await
+                bounded(&shared.peer, timeout, send_frame(wr, None, &head, &bad)).await?;
+                match tag {
+                    Some(t) => bounded(&shared.peer, timeout, wr.write_all(&t)).await,
+                    None => Ok(()),
+                }
             } else {
-                bounded(&shared.peer, timeout, write_all_2(wr, &head, data)).await
+                bounded(&shared.peer, timeout, send_frame(wr, mac, &head, data)).await
             }
         }
     }
@@ -265,6 +285,7 @@ async fn send_request<W: AsyncWrite + Unpin>(
 async fn receive_reply<R: AsyncRead + Unpin>(
     shared: &BatchShared,
     rd: &mut R,
+    mac: Option<&ConnMac>,
     i: usize,
     timeout: Duration,
 ) -> Result<(), TransferError> {
@@ -292,7 +313,9 @@ async fn receive_reply<R: AsyncRead + Unpin>(
                         .slice_mut((p.op.local_offset + job.at) as usize, job.len as usize)?
                 };
                 bounded(peer, timeout, rd.read_exact(dst)).await?;
-                if p.op.checksum && checksum(dst) != resp.checksum {
+                let tag_ok = bounded(peer, timeout, frame_ok(rd, mac, &head, dst)).await?;
+                let sum_bad = mac.is_none() && p.op.checksum && checksum(dst) != resp.checksum;
+                if !tag_ok || sum_bad {
                     Err(TransferError::Checksum {
                         segment: p.op.local.0,
                         offset: p.op.local_offset + job.at,
@@ -302,10 +325,19 @@ async fn receive_reply<R: AsyncRead + Unpin>(
                     Ok(())
                 }
             }
-            OpKind::Write => Ok(()),
+            OpKind::Write => {
+                if bounded(peer, timeout, frame_ok(rd, mac, &head, &[])).await? {
+                    Ok(())
+                } else {
+                    Err(altered(peer))
+                }
+            }
         },
         _ => {
             let reason = bounded(peer, timeout, read_message(rd, resp.message_len)).await?;
+            if !bounded(peer, timeout, frame_ok(rd, mac, &head, reason.as_bytes())).await? {
+                return Err(altered(peer));
+            }
             Err(refusal(peer, &resp, reason, &p.op, job.at, job.len))
         }
     };
@@ -344,6 +376,10 @@ pub(crate) fn refusal(
             len,
         },
         Status::Unsupported => TransferError::Unsupported(format!("{peer}: {reason}")),
+        Status::Forbidden => TransferError::Forbidden {
+            peer: peer.to_string(),
+            reason,
+        },
         Status::Ok | Status::BadRequest => TransferError::Refused {
             peer: peer.to_string(),
             reason,
@@ -351,23 +387,40 @@ pub(crate) fn refusal(
     }
 }
 
+/// A reply frame whose tag did not verify (the connection is dropped).
+fn altered(peer: &str) -> TransferError {
+    TransferError::Connection {
+        peer: peer.to_string(),
+        reason: "a reply frame failed its MAC (altered in flight?)".into(),
+    }
+}
+
 /// Deliver a notification over one connection.
 pub(crate) async fn notify(
     inner: &Inner,
     peer: &str,
-    conn: &mut TcpStream,
+    link: &mut Link,
     payload: &[u8],
 ) -> Result<(), TransferError> {
     let timeout = inner.config.op_timeout();
+    let mac = link.mac.clone();
+    let (mac, conn) = (mac.as_deref(), &mut link.conn);
     let req = Request::control(RequestKind::Notify, payload.len() as u64);
-    bounded(peer, timeout, write_all_2(conn, &req.encode(), payload)).await?;
+    bounded(peer, timeout, send_frame(conn, mac, &req.encode(), payload)).await?;
     let mut head = [0u8; RESPONSE_BYTES];
     bounded(peer, timeout, conn.read_exact(&mut head)).await?;
     let resp = Response::decode(&head)?;
+    let reason = if resp.status == Status::Ok {
+        String::new()
+    } else {
+        bounded(peer, timeout, read_message(conn, resp.message_len)).await?
+    };
+    if !bounded(peer, timeout, frame_ok(conn, mac, &head, reason.as_bytes())).await? {
+        return Err(altered(peer));
+    }
     if resp.status == Status::Ok {
         return Ok(());
     }
-    let reason = bounded(peer, timeout, read_message(conn, resp.message_len)).await?;
     Err(TransferError::Refused {
         peer: peer.to_string(),
         reason,

@@ -9,6 +9,7 @@
 
 mod answer;
 pub(crate) mod client;
+pub(crate) mod conn;
 mod pool;
 pub(crate) mod protocol;
 mod server;

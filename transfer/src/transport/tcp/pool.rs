@@ -4,9 +4,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::net::TcpStream;
-
 use super::client;
+use super::conn::Link;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
@@ -15,7 +14,7 @@ use crate::TransferError;
 /// The idle tcp connections to one peer.
 #[derive(Default)]
 pub(crate) struct TcpPeer {
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Link>>,
 }
 
 impl TcpPeer {
@@ -25,8 +24,8 @@ impl TcpPeer {
         inner: &Inner,
         peer: &str,
         want: usize,
-    ) -> Result<Vec<TcpStream>, TransferError> {
-        let mut conns: Vec<TcpStream> = {
+    ) -> Result<Vec<Link>, TransferError> {
+        let mut conns: Vec<Link> = {
             let mut idle = lock(&self.idle);
             let keep = idle.len().saturating_sub(want);
             idle.drain(keep..).collect()
@@ -40,7 +39,7 @@ impl TcpPeer {
 
     /// Return healthy connections; when one of the batch broke, the idle
     /// ones are closed too (the peer may have restarted).
-    pub fn put_back(&self, healthy: Vec<TcpStream>, one_broke: bool) {
+    pub fn put_back(&self, healthy: Vec<Link>, one_broke: bool) {
         let mut idle = lock(&self.idle);
         if one_broke {
             idle.clear();

@@ -43,6 +43,9 @@ pub enum RequestKind {
 
 /// Request flag: the payload carries an xxh3 checksum.
 pub const FLAG_CHECKSUM: u8 = 1;
+/// Request flag (READ): a [`crate::security::Capability`] of
+/// `CAPABILITY_BYTES` follows the header.
+pub const FLAG_CAPABILITY: u8 = 2;
 
 /// One slice of an op. The whole op range travels with every slice, so the
 /// server refuses an op whose tail is out of bounds before its first slice lands.
@@ -144,6 +147,8 @@ pub enum Status {
     BadRequest = 4,
     /// The server cannot serve this over rdma (no device, no NIC registration).
     Unsupported = 5,
+    /// The op is not allowed to this peer (capability, write grant).
+    Forbidden = 6,
 }
 
 /// Response header; an error status is followed by `message_len` bytes of
@@ -185,6 +190,7 @@ impl Response {
             3 => Status::Checksum,
             4 => Status::BadRequest,
             5 => Status::Unsupported,
+            6 => Status::Forbidden,
             s => {
                 return Err(TransferError::InvalidArgument(format!(
                     "unknown response status {s}"
@@ -353,7 +359,7 @@ mod tests {
         };
         assert_eq!(Response::decode(&s.encode()).unwrap(), s);
         let mut unknown = s.encode();
-        unknown[0] = 6;
+        unknown[0] = 7;
         assert!(Response::decode(&unknown).is_err());
     }
 }

@@ -8,20 +8,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::TcpListener;
 
-use super::answer::{check, Refusal};
+use super::answer::{authorize, check, Refusal};
+use super::conn::{accept, frame_ok, send_frame, Link};
 use super::protocol::{
-    RdmaEndpoint, Request, RequestKind, Response, Status, FLAG_CHECKSUM, RDMA_ENDPOINT_BYTES,
-    RDMA_KEY_BYTES, REQUEST_BYTES,
+    RdmaEndpoint, Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM,
+    RDMA_ENDPOINT_BYTES, RDMA_KEY_BYTES, REQUEST_BYTES,
 };
 use crate::checksum::checksum;
 use crate::core::Inner;
-use crate::hello::{Hello, HELLO_BYTES};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
-use crate::transport::io::{bounded, discard, write_all_2};
+use crate::security::{ConnMac, CAPABILITY_BYTES};
+use crate::transport::io::{bounded, discard};
 use crate::transport::rdma::{Nic, ServedQps};
 use crate::{SegmentId, TransferError};
 
@@ -46,7 +47,7 @@ pub(crate) async fn accept_loop(listener: TcpListener, inner: Arc<Inner>, nic: A
 }
 
 async fn serve_connection(
-    mut stream: TcpStream,
+    stream: tokio::net::TcpStream,
     inner: &Inner,
     nic: &Nic,
 ) -> Result<(), TransferError> {
@@ -56,17 +57,29 @@ async fn serve_connection(
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "peer".into());
-    let mut hello = [0u8; HELLO_BYTES];
-    bounded(&peer, timeout, stream.read_exact(&mut hello)).await?;
-    let theirs = Hello::decode(&hello)?;
-    bounded(&peer, timeout, stream.write_all(&inner.hello.encode())).await?;
-    let (mut rd, mut wr) = stream.split();
+    // Authenticated (secured modes) before any op is read.
+    let (link, theirs) = match accept(inner, &peer, stream).await {
+        Ok(l) => l,
+        Err(e) => {
+            inner.metrics.handshake_refused();
+            tracing::warn!(%peer, error = %e, "transfer connection refused at handshake");
+            return Err(e);
+        }
+    };
+    let Link {
+        mut conn,
+        mac,
+        peer_id,
+    } = link;
+    let (mut rd, mut wr) = conn.split();
     let conn = Served {
         inner,
         nic,
         peer,
         timeout,
         from_pid: theirs.pid,
+        mac: mac.as_deref(),
+        peer_id,
     };
     // Queue pairs this connection set up: the peer's one-sided ops land
     // through them until the connection closes.
@@ -79,9 +92,10 @@ async fn serve_connection(
         }
         let req = Request::decode(&head)?;
         match req.kind {
-            RequestKind::Read => conn.read(&req, &mut wr).await?,
-            RequestKind::Write => conn.write(&req, &mut rd, &mut wr).await?,
-            RequestKind::Notify => conn.notify(&req, &mut rd, &mut wr).await?,
+            RequestKind::Read => conn.read(&req, &head, &mut rd, &mut wr).await?,
+            RequestKind::Write => conn.write(&req, &head, &mut rd, &mut wr).await?,
+            RequestKind::Notify => conn.notify(&req, &head, &mut rd, &mut wr).await?,
+            _ if conn.peer_id.is_some() => conn.no_rdma(&req, &head, &mut rd, &mut wr).await?,
             RequestKind::RdmaConnect => conn.rdma_connect(&req, &mut qps, &mut rd, &mut wr).await?,
             RequestKind::RdmaRange => conn.rdma_range(&req, &mut wr).await?,
         }
@@ -96,23 +110,71 @@ struct Served<'a> {
     peer: String,
     timeout: Duration,
     from_pid: u32,
+    /// `authenticate` mode: every frame in and out carries a tag.
+    mac: Option<&'a ConnMac>,
+    /// Secured modes: the peer's node id, from its certificate.
+    peer_id: Option<String>,
+}
+
+/// A frame whose tag did not verify: the connection is closed.
+fn altered(peer: &str) -> TransferError {
+    TransferError::Connection {
+        peer: peer.to_string(),
+        reason: "a request frame failed its MAC (altered in flight?)".into(),
+    }
 }
 
 impl Served<'_> {
-    /// READ: the slice's bytes, straight from the segment.
-    async fn read<W: AsyncWrite + Unpin>(
+    /// Read the rest of a request (`extra` bytes after the header) and its
+    /// tag; Err (closing the connection) when the tag does not verify.
+    async fn rest<R: AsyncRead + Unpin>(
+        &self,
+        head: &[u8],
+        extra: &mut [u8],
+        rd: &mut R,
+    ) -> Result<(), TransferError> {
+        bounded(&self.peer, self.timeout, rd.read_exact(extra)).await?;
+        if bounded(
+            &self.peer,
+            self.timeout,
+            frame_ok(rd, self.mac, head, extra),
+        )
+        .await?
+        {
+            Ok(())
+        } else {
+            Err(altered(&self.peer))
+        }
+    }
+
+    /// READ: the slice's bytes, straight from the segment (secured modes:
+    /// only inside the capability the request shows).
+    async fn read<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &self,
         req: &Request,
+        head: &[u8],
+        rd: &mut R,
         wr: &mut W,
     ) -> Result<(), TransferError> {
-        let region = match check(&self.inner.segments, req) {
+        let mut cap = [0u8; CAPABILITY_BYTES];
+        let cap = if req.flags & FLAG_CAPABILITY != 0 {
+            self.rest(head, &mut cap, rd).await?;
+            Some(&cap[..])
+        } else {
+            self.rest(head, &mut [], rd).await?;
+            None
+        };
+        let region = match check(&self.inner.segments, req)
+            .and_then(|r| authorize(self.inner, self.peer_id.as_deref(), req, cap).map(|()| r))
+        {
             Ok(r) => r,
             Err(refusal) => return self.refuse(wr, &refusal).await,
         };
         // SAFETY: range checked; concurrent writers of the same range are
         // excluded by the segment owner's leases.
         let data = unsafe { region.slice(req.slice_offset as usize, req.slice_len as usize)? };
-        let sum = if req.flags & FLAG_CHECKSUM != 0 {
+        // With a MAC the tag covers the payload; the checksum would only cost.
+        let sum = if req.flags & FLAG_CHECKSUM != 0 && self.mac.is_none() {
             checksum(data)
         } else {
             0
@@ -120,13 +182,18 @@ impl Served<'_> {
         let head = Response::ok(sum, req.slice_len).encode();
         let (peer, timeout) = (&self.peer, self.timeout);
         if self.inner.take_corruption() {
+            // In flight: the tag is the sender's, over the bytes it meant.
+            let tag = self.mac.map(|m| m.seal(&head, data));
             let mut bad = data.to_vec();
             if let Some(b) = bad.first_mut() {
                 *b ^= 0xff;
             }
-            bounded(peer, timeout, write_all_2(wr, &head, &bad)).await?;
+            bounded(peer, timeout, send_frame(wr, None, &head, &bad)).await?;
+            if let Some(t) = tag {
+                bounded(peer, timeout, tokio::io::AsyncWriteExt::write_all(wr, &t)).await?;
+            }
         } else {
-            bounded(peer, timeout, write_all_2(wr, &head, data)).await?;
+            bounded(peer, timeout, send_frame(wr, self.mac, &head, data)).await?;
         }
         if req.ends_op() {
             let m = &self.inner.metrics;
@@ -135,25 +202,55 @@ impl Served<'_> {
         Ok(())
     }
 
-    /// WRITE: the payload straight into the segment, then its checksum.
+    /// WRITE: the payload straight into the segment (secured modes: only
+    /// inside a range this engine granted the peer), then its checksum or tag.
     async fn write<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &self,
         req: &Request,
+        head: &[u8],
         rd: &mut R,
         wr: &mut W,
     ) -> Result<(), TransferError> {
         let (peer, timeout) = (&self.peer, self.timeout);
-        let region = match check(&self.inner.segments, req) {
+        let granted = |r| match &self.peer_id {
+            Some(id)
+                if !self
+                    .inner
+                    .grants
+                    .allows(id, req.segment, req.op_offset, req.op_len) =>
+            {
+                Err(Refusal::new(
+                    Status::Forbidden,
+                    0,
+                    format!(
+                        "no write grant to {id} covers {}+{}",
+                        req.op_offset, req.op_len
+                    ),
+                ))
+            }
+            _ => Ok(r),
+        };
+        let region = match check(&self.inner.segments, req).and_then(granted) {
             Ok(r) => r,
             Err(refusal) => {
+                // The bytes never go near a segment; the tag keeps the
+                // counters in step.
                 bounded(peer, timeout, discard(rd, req.slice_len)).await?;
+                if let Some(mac) = self.mac {
+                    let tag = crate::security::TAG_BYTES as u64;
+                    bounded(peer, timeout, discard(rd, tag)).await?;
+                    mac.skip_received();
+                }
                 return self.refuse(wr, &refusal).await;
             }
         };
         // SAFETY: as for READ; the writer owns the range.
         let dst = unsafe { region.slice_mut(req.slice_offset as usize, req.slice_len as usize)? };
         bounded(peer, timeout, rd.read_exact(dst)).await?;
-        if req.flags & FLAG_CHECKSUM != 0 && checksum(dst) != req.checksum {
+        let tag_ok = bounded(peer, timeout, frame_ok(rd, self.mac, head, dst)).await?;
+        let sum_bad =
+            self.mac.is_none() && req.flags & FLAG_CHECKSUM != 0 && checksum(dst) != req.checksum;
+        if !tag_ok || sum_bad {
             let msg = format!(
                 "checksum mismatch at {}+{}",
                 req.slice_offset, req.slice_len
@@ -162,7 +259,8 @@ impl Served<'_> {
                 .refuse(wr, &Refusal::new(Status::Checksum, 0, msg))
                 .await;
         }
-        bounded(peer, timeout, wr.write_all(&Response::ok(0, 0).encode())).await?;
+        let ok = Response::ok(0, 0).encode();
+        bounded(peer, timeout, send_frame(wr, self.mac, &ok, &[])).await?;
         if req.ends_op() {
             let m = &self.inner.metrics;
             m.op_done(TransportLabel::Tcp, DirectionLabel::ServedWrite, req.op_len);
@@ -174,6 +272,7 @@ impl Served<'_> {
     async fn notify<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &self,
         req: &Request,
+        head: &[u8],
         rd: &mut R,
         wr: &mut W,
     ) -> Result<(), TransferError> {
@@ -184,14 +283,36 @@ impl Served<'_> {
             return Err(TransferError::InvalidArgument(msg));
         }
         let mut payload = vec![0u8; req.slice_len as usize];
-        bounded(&self.peer, self.timeout, rd.read_exact(&mut payload)).await?;
+        self.rest(head, &mut payload, rd).await?;
         // No receiver yet is fine: notifications are best effort.
         let _ = self.inner.notify_tx.send(Notification {
             from_pid: self.from_pid,
             payload,
         });
         let ok = Response::ok(0, 0).encode();
-        bounded(&self.peer, self.timeout, wr.write_all(&ok)).await
+        bounded(&self.peer, self.timeout, send_frame(wr, self.mac, &ok, &[])).await
+    }
+
+    /// Secured modes carry no rdma: one-sided verbs cannot show a capability.
+    async fn no_rdma<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+        &self,
+        req: &Request,
+        head: &[u8],
+        rd: &mut R,
+        wr: &mut W,
+    ) -> Result<(), TransferError> {
+        let n = match req.kind {
+            RequestKind::RdmaConnect if req.slice_len == RDMA_ENDPOINT_BYTES as u64 => {
+                req.slice_len
+            }
+            RequestKind::RdmaRange => 0,
+            _ => return Err(TransferError::InvalidArgument("bad rdma request".into())),
+        };
+        let mut extra = vec![0u8; n as usize];
+        self.rest(head, &mut extra, rd).await?;
+        let msg = "rdma is off in secured modes (one-sided verbs cannot be capability-checked)";
+        self.answer(wr, &Refusal::new(Status::Unsupported, 0, msg))
+            .await
     }
 
     /// rdma: a queue pair connected to the peer's endpoint, ours in return;
@@ -221,7 +342,12 @@ impl Served<'_> {
             Ok(ours) => {
                 let head = Response::ok(0, RDMA_ENDPOINT_BYTES as u64).encode();
                 let body = ours.encode();
-                bounded(&self.peer, self.timeout, write_all_2(wr, &head, &body)).await
+                bounded(
+                    &self.peer,
+                    self.timeout,
+                    send_frame(wr, self.mac, &head, &body),
+                )
+                .await
             }
             Err(refusal) => self.answer(wr, &refusal).await,
         }
@@ -252,7 +378,12 @@ impl Served<'_> {
         };
         let head = Response::ok(sum, RDMA_KEY_BYTES as u64).encode();
         let body = key.encode();
-        bounded(&self.peer, self.timeout, write_all_2(wr, &head, &body)).await
+        bounded(
+            &self.peer,
+            self.timeout,
+            send_frame(wr, self.mac, &head, &body),
+        )
+        .await
     }
 
     /// Refuse an op (counted as a failed op).
@@ -272,7 +403,12 @@ impl Served<'_> {
         refusal: &Refusal,
     ) -> Result<(), TransferError> {
         let (head, msg) = refusal.frame();
-        bounded(&self.peer, self.timeout, write_all_2(wr, &head, msg)).await
+        bounded(
+            &self.peer,
+            self.timeout,
+            send_frame(wr, self.mac, &head, msg),
+        )
+        .await
     }
 }
 
@@ -280,7 +416,10 @@ impl Served<'_> {
 mod tests {
     use super::super::protocol::RESPONSE_BYTES;
     use super::*;
+    use crate::hello::{Hello, HELLO_BYTES};
     use crate::{SharedRegion, TransferConfig, TransferEngine};
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
 
     async fn request(s: &mut TcpStream, req: Request, payload: &[u8]) -> (Response, Vec<u8>) {
         s.write_all(&req.encode()).await.unwrap();

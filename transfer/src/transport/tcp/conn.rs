@@ -1,0 +1,256 @@
+//! A transfer connection as the security mode makes it ([`Link`]): opened
+//! and accepted here, authenticated before any op. Mode `none`: plain tcp,
+//! then hellos. Secured modes: a mutual-TLS handshake first (both ends show
+//! a certificate of the cluster CA; the peer's node id is read from its
+//! certificate), the hellos inside TLS; then `encrypt` keeps TLS for every
+//! byte, while `authenticate` leaves TLS (no session tickets, nothing
+//! pipelined across the switch) and tags every frame with the keyed MAC
+//! exported from the session ([`ConnMac`]).
+
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{tcp, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
+
+use crate::core::Inner;
+use crate::hello::{Hello, HELLO_BYTES};
+use crate::security::{node_id_of, ConnMac, NodeIdentity, SecurityMode, TAG_BYTES};
+use crate::transport::io::{bounded, write_all_2};
+use crate::TransferError;
+
+/// The byte stream of a connection.
+pub(crate) enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// An authenticated (or, in mode `none`, plain) connection: its stream, the
+/// MAC every frame carries (`authenticate`), the peer's node id (secured modes).
+pub(crate) struct Link {
+    pub conn: Conn,
+    pub mac: Option<Arc<ConnMac>>,
+    pub peer_id: Option<String>,
+}
+
+/// Reading half of a [`Conn`].
+pub(crate) enum ConnRead<'a> {
+    Plain(tcp::ReadHalf<'a>),
+    Tls(tokio::io::ReadHalf<&'a mut TlsStream<TcpStream>>),
+}
+
+/// Writing half of a [`Conn`].
+pub(crate) enum ConnWrite<'a> {
+    Plain(tcp::WriteHalf<'a>),
+    Tls(tokio::io::WriteHalf<&'a mut TlsStream<TcpStream>>),
+}
+
+impl Conn {
+    /// Halves that can be driven concurrently (a TLS stream's share a lock).
+    pub fn split(&mut self) -> (ConnRead<'_>, ConnWrite<'_>) {
+        match self {
+            Conn::Plain(s) => {
+                let (r, w) = s.split();
+                (ConnRead::Plain(r), ConnWrite::Plain(w))
+            }
+            Conn::Tls(s) => {
+                let (r, w) = tokio::io::split(&mut **s);
+                (ConnRead::Tls(r), ConnWrite::Tls(w))
+            }
+        }
+    }
+}
+
+macro_rules! delegate_read {
+    ($t:ty, $($v:ident),+) => {
+        impl AsyncRead for $t {
+            fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_read(cx, buf)),+ }
+            }
+        }
+    };
+}
+macro_rules! delegate_write {
+    ($t:ty, $($v:ident),+) => {
+        impl AsyncWrite for $t {
+            fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_write(cx, buf)),+ }
+            }
+            fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_write_vectored(cx, bufs)),+ }
+            }
+            fn is_write_vectored(&self) -> bool {
+                match self { $(Self::$v(s) => s.is_write_vectored()),+ }
+            }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_flush(cx)),+ }
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+                match self.get_mut() { $(Self::$v(s) => Pin::new(s).poll_shutdown(cx)),+ }
+            }
+        }
+    };
+}
+delegate_read!(Conn, Plain, Tls);
+delegate_write!(Conn, Plain, Tls);
+delegate_read!(ConnRead<'_>, Plain, Tls);
+delegate_write!(ConnWrite<'_>, Plain, Tls);
+
+/// Write one frame (`head`, `body`), then its tag when the link MACs frames.
+pub(crate) async fn send_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mac: Option<&ConnMac>,
+    head: &[u8],
+    body: &[u8],
+) -> std::io::Result<()> {
+    write_all_2(w, head, body).await?;
+    if let Some(mac) = mac {
+        w.write_all(&mac.seal(head, body)).await?;
+    }
+    // TLS (encrypt) holds records until flushed; plain tcp flushes for free.
+    w.flush().await
+}
+
+/// Read the tag after a received frame and check it (true without a MAC).
+pub(crate) async fn frame_ok<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mac: Option<&ConnMac>,
+    head: &[u8],
+    body: &[u8],
+) -> std::io::Result<bool> {
+    let Some(mac) = mac else {
+        return Ok(true);
+    };
+    let mut tag = [0u8; TAG_BYTES];
+    r.read_exact(&mut tag).await?;
+    Ok(mac.open(head, body, &tag))
+}
+
+fn tls_error(peer: &str, e: impl std::fmt::Display) -> TransferError {
+    TransferError::Connection {
+        peer: peer.to_string(),
+        reason: format!("tls: {e}"),
+    }
+}
+
+/// Exchange hellos over `s`; the initiator speaks first.
+async fn hellos<S: AsyncRead + AsyncWrite + Unpin>(
+    inner: &Inner,
+    peer: &str,
+    s: &mut S,
+    initiator: bool,
+) -> Result<Hello, TransferError> {
+    let timeout = inner.config.op_timeout();
+    let mut buf = [0u8; HELLO_BYTES];
+    if initiator {
+        bounded(peer, timeout, s.write_all(&inner.hello.encode())).await?;
+        bounded(peer, timeout, s.flush()).await?;
+        bounded(peer, timeout, s.read_exact(&mut buf)).await?;
+    } else {
+        bounded(peer, timeout, s.read_exact(&mut buf)).await?;
+        bounded(peer, timeout, s.write_all(&inner.hello.encode())).await?;
+        bounded(peer, timeout, s.flush()).await?;
+    }
+    Hello::decode(&buf)
+}
+
+/// The peer's node id from a finished TLS session.
+fn peer_id<D>(peer: &str, tls: &rustls::ConnectionCommon<D>) -> Result<String, TransferError> {
+    tls.peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| node_id_of(c))
+        .ok_or_else(|| tls_error(peer, "peer certificate names no node"))
+}
+
+/// Open the initiating end of a connection to `peer` on `tcp`.
+pub(crate) async fn open(
+    inner: &Inner,
+    peer: &str,
+    mut tcp: TcpStream,
+) -> Result<(Link, Hello), TransferError> {
+    let Some(id) = secured(inner) else {
+        let hello = hellos(inner, peer, &mut tcp, true).await?;
+        let link = Link {
+            conn: Conn::Plain(tcp),
+            mac: None,
+            peer_id: None,
+        };
+        return Ok((link, hello));
+    };
+    let connector = TlsConnector::from(id.client.clone());
+    let timeout = inner.config.op_timeout();
+    let mut tls = bounded(
+        peer,
+        timeout,
+        connector.connect(NodeIdentity::server_name(), tcp),
+    )
+    .await?;
+    let hello = hellos(inner, peer, &mut tls, true).await?;
+    let peer_id = peer_id(peer, tls.get_ref().1)?;
+    let link = if id.mode == SecurityMode::Encrypt {
+        Link {
+            conn: Conn::Tls(Box::new(TlsStream::Client(tls))),
+            mac: None,
+            peer_id: Some(peer_id),
+        }
+    } else {
+        let mac = ConnMac::export(tls.get_ref().1, true)?;
+        let (tcp, _) = tls.into_inner();
+        Link {
+            conn: Conn::Plain(tcp),
+            mac: Some(Arc::new(mac)),
+            peer_id: Some(peer_id),
+        }
+    };
+    Ok((link, hello))
+}
+
+/// Accept the serving end of a connection from `peer` on `tcp`.
+pub(crate) async fn accept(
+    inner: &Inner,
+    peer: &str,
+    mut tcp: TcpStream,
+) -> Result<(Link, Hello), TransferError> {
+    let Some(id) = secured(inner) else {
+        let hello = hellos(inner, peer, &mut tcp, false).await?;
+        let link = Link {
+            conn: Conn::Plain(tcp),
+            mac: None,
+            peer_id: None,
+        };
+        return Ok((link, hello));
+    };
+    let acceptor = TlsAcceptor::from(id.server.clone());
+    let timeout = inner.config.op_timeout();
+    let mut tls = bounded(peer, timeout, acceptor.accept(tcp)).await?;
+    let hello = hellos(inner, peer, &mut tls, false).await?;
+    let peer_id = peer_id(peer, tls.get_ref().1)?;
+    let link = if id.mode == SecurityMode::Encrypt {
+        Link {
+            conn: Conn::Tls(Box::new(TlsStream::Server(tls))),
+            mac: None,
+            peer_id: Some(peer_id),
+        }
+    } else {
+        let mac = ConnMac::export(tls.get_ref().1, false)?;
+        let (tcp, _) = tls.into_inner();
+        Link {
+            conn: Conn::Plain(tcp),
+            mac: Some(Arc::new(mac)),
+            peer_id: Some(peer_id),
+        }
+    };
+    Ok((link, hello))
+}
+
+/// This engine's identity when its mode is a secured one.
+pub(crate) fn secured(inner: &Inner) -> Option<&Arc<NodeIdentity>> {
+    inner
+        .config
+        .identity
+        .as_ref()
+        .filter(|i| i.mode != SecurityMode::None)
+}
