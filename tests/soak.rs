@@ -12,7 +12,13 @@ use std::time::{Duration, Instant};
 
 use kvfabric_testbed::Testbed;
 
+// Not yet in the default suite: its first full run (2026-11-26, loaded
+// 2-vCPU machine) lost no request and changed no output, but the engines that
+// were not restarted held 3-4 more sockets after a peer's kill -9 + restart
+// (an fd-growth question still open, issue #23). Run it with
+// `cargo test -p kvfabric --test soak -- --ignored`.
 #[test]
+#[ignore = "fd growth after a peer restart is still open (issue #23); run with --ignored"]
 fn three_minute_soak_loses_no_request_and_changes_no_output() {
     // Probe: the soak makes its own test bed.
     if Testbed::up_or_skip(1, None).is_none() {
