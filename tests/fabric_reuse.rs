@@ -73,14 +73,16 @@ async fn reuse_bit_exact(kv_dtype: KvDtype) {
         "loaded from the fabric"
     );
     assert_eq!(cb.stats().streamed_loads, 1, "loaded layer by layer");
-    // A stored its blocks under this dtype's keys, each of this dtype's size
-    // (f16: half of f32's), and those are the blocks B loaded.
+    // A stored its blocks under this dtype's keys, each this dtype's KV bytes
+    // (f16: half of f32's) and the connector's per-layer checksum trailer,
+    // and those are the blocks B loaded.
     let layout = kv_layout(kv_dtype);
     let keys = kvfabric_store::KeyChain::new(b"", &model().fingerprint(), &layout).keys(&prompt);
     for info in a.node().store().block_infos(&keys) {
         let info = info.expect("A holds every block of the prompt");
         assert_eq!(info.layout, layout);
-        assert_eq!(info.len, layout.block_bytes() as u64);
+        let trailer = kvfabric_connector::trailer::trailer_len(&layout);
+        assert_eq!(info.len, (layout.block_bytes() + trailer) as u64);
     }
     assert_eq!(warm.tokens, cold.tokens);
     for (w, c) in warm.logits.iter().zip(&cold.logits) {
