@@ -5,10 +5,10 @@
 //! (the `bench agentic` workload: shared system prompt with tool
 //! definitions, then each session's own history) and every full block it
 //! computes is captured as the fabric connector would receive it
-//! ([`capture`]). The engine's pool is f32 today; the f16 and bf16 blocks
-//! are those f32 values rounded to nearest even ([`dtype`]), which is what a
-//! half-precision pool holds for the same K and V (`"source"` in the report
-//! says so).
+//! ([`capture`]). The engine runs once per KV dtype (`kv_dtype` f16, bf16,
+//! f32), so every dtype's blocks are the engine's own: K and V rounded once
+//! by the forward pass, and each later layer computed from the rounded
+//! cache (`"source": "engine kv_dtype=<dtype>"` in the report).
 //!
 //! Per dtype it reports bytes per token, the order-0 entropy of every byte
 //! plane (and of whole 16-bit elements) with the ratio it bounds, and for
@@ -20,7 +20,6 @@
 //! Targets (f16): codec ratio >= 1.15, decode >= 0.5 x memcpy.
 
 pub mod capture;
-pub mod dtype;
 pub mod peers;
 
 use std::path::PathBuf;
@@ -31,6 +30,8 @@ use anyhow::Context;
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::tokenizer::Tokenizer;
+use kvfabric_engine::KvDtype;
+use kvfabric_store::keys::KvLayout;
 use serde_json::{json, Value};
 
 use crate::agentic::trace::{Workload, WorkloadShape};
@@ -129,57 +130,49 @@ pub fn measure(args: &KvArgs) -> anyhow::Result<Value> {
             history_tokens: args.session_history_tokens,
         },
     );
-    let a = args.clone();
-    let captured = crate::on_own_runtime(move |rt| {
-        rt.block_on(capture::capture_blocks(
-            &model,
-            &workload,
-            a.threads,
-            a.kv_pool_mib,
-            a.blocks,
-        ))
-    })?;
-    let layout = captured
-        .layout
-        .context("the engine reported no KV layout")?;
-    let block_tokens = layout.block_tokens as usize;
-    let native = format!("{:?}", layout.dtype).to_lowercase();
-    let mut sets: Vec<(String, &'static str, usize, Vec<Vec<u8>>)> = Vec::new();
-    if layout.dtype == kvfabric_store::keys::DType::F32 {
-        let half = |round: fn(f32) -> u16| {
-            captured
-                .blocks
-                .iter()
-                .map(|b| dtype::narrow(b, round))
-                .collect::<Vec<_>>()
-        };
-        let f16 = half(dtype::f32_to_f16_bits);
-        let bf16 = half(dtype::f32_to_bf16_bits);
-        sets.push(("f16".into(), "f32 rounded to nearest even", 2, f16));
-        sets.push(("bf16".into(), "f32 rounded to nearest even", 2, bf16));
-        sets.push(("f32".into(), "engine", 4, captured.blocks));
-    } else {
-        let width = layout.dtype.size();
-        sets.push((native.clone(), "engine", width, captured.blocks));
+    let mut sets: Vec<(&'static str, KvLayout, Vec<Vec<u8>>)> = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+        let (a, model, workload) = (args.clone(), model.clone(), workload.clone());
+        let captured = crate::on_own_runtime(move |rt| {
+            rt.block_on(capture::capture_blocks(
+                &model,
+                &workload,
+                dtype,
+                a.threads,
+                a.kv_pool_mib,
+                a.blocks,
+            ))
+        })?;
+        let layout = captured
+            .layout
+            .context("the engine reported no KV layout")?;
+        let want = kvfabric_store::keys::DType::from(dtype);
+        anyhow::ensure!(
+            layout.dtype == want,
+            "the engine's pool holds {:?}, asked for {want:?}",
+            layout.dtype
+        );
+        sets.push((want.name(), layout, captured.blocks));
     }
     let mut dtypes = serde_json::Map::new();
-    for (name, source, width, blocks) in &sets {
+    for (name, layout, blocks) in &sets {
         if let Some(dir) = &args.dump_dir {
             std::fs::create_dir_all(dir)?;
             std::fs::write(dir.join(format!("{name}.bin")), blocks.concat())?;
         }
-        let segment = (layout.half_layer_bytes() / layout.dtype.size()) as u32;
-        let mut report = measure_set(blocks, *width, segment, args.rounds.max(1))?;
-        report["source"] = json!(source);
-        report["bytes_per_token"] = json!(blocks[0].len() / block_tokens);
+        let width = layout.dtype.size();
+        let segment = (layout.half_layer_bytes() / width) as u32;
+        let mut report = measure_set(blocks, width, segment, args.rounds.max(1))?;
+        report["source"] = json!(format!("engine kv_dtype={name}"));
+        report["bytes_per_token"] = json!(blocks[0].len() / layout.block_tokens as usize);
         report["block_bytes"] = json!(blocks[0].len());
-        dtypes.insert(name.clone(), report);
+        dtypes.insert(name.to_string(), report);
     }
+    let first = &sets[0];
     Ok(json!({
-        "blocks": sets.first().map_or(0, |s| s.3.len()),
-        "block_tokens": block_tokens,
-        "layout": format!("{layout:?}"),
-        "engine_dtype": native,
+        "blocks": first.2.len(),
+        "block_tokens": first.1.block_tokens,
+        "layout": format!("{:?}", first.1),
         "rounds": args.rounds.max(1),
         "dtypes": dtypes,
         "targets": { "f16_codec_ratio_min": 1.15, "f16_decode_vs_memcpy_min": 0.5 },
@@ -294,6 +287,7 @@ fn measure_set(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvfabric_engine::kernels::convert::f32_to_f16;
 
     #[test]
     fn a_missing_model_is_refused() {
@@ -327,7 +321,7 @@ mod tests {
         let blocks: Vec<Vec<u8>> = (0..2u16)
             .map(|b| {
                 (0..8192u16)
-                    .flat_map(|i| dtype::f32_to_f16_bits((i % 97 + b) as f32 * 0.01).to_le_bytes())
+                    .flat_map(|i| f32_to_f16((i % 97 + b) as f32 * 0.01).to_le_bytes())
                     .collect()
             })
             .collect();

@@ -29,6 +29,7 @@
 //! ```
 
 mod error;
+mod estimate;
 mod header;
 mod huffman;
 mod planes;
@@ -56,6 +57,14 @@ pub fn encode_segmented(
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
     planes::encode(src, width, segment, out)
+}
+
+/// Estimated encoded length of `src` (as [`encode_segmented`] would
+/// write it) from a sample of each segment's planes, at a small fraction of
+/// the encoder's cost: lets a caller skip encoding what would not shrink.
+/// It leans towards under-estimating (see `estimate`).
+pub fn estimate_encoded_len(src: &[u8], width: usize, segment: u32) -> usize {
+    estimate::encoded_len(src, width, segment)
 }
 
 /// Decode `enc` into `out`; the block must decode to exactly `out.len()`

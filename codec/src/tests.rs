@@ -224,3 +224,28 @@ fn lengths_are_refused_before_allocating() {
         Err(CodecError::UnknownFormat { .. })
     ));
 }
+
+#[test]
+fn the_estimate_tracks_the_encoder() {
+    // Random bytes: the estimate says no gain (>= raw, less a unit's noise),
+    // as the encoder finds. KV-like halves: within 3% of the encoder.
+    let mut r = Rng(99);
+    let random: Vec<u8> = (0..300_000).map(|_| r.next() as u8).collect();
+    let est = estimate_encoded_len(&random, 2, 12288);
+    assert!(
+        est + 1024 >= random.len(),
+        "random: {est} vs {}",
+        random.len()
+    );
+    let half = half_bytes(&kv_like(24 * 12288, 5));
+    let mut enc = Vec::new();
+    encode_segmented(&half, 2, 12288, &mut enc).unwrap();
+    let est = estimate_encoded_len(&half, 2, 12288) as f64;
+    let got = enc.len() as f64;
+    assert!(est < 0.95 * half.len() as f64, "kv-like: {est} vs {got}");
+    assert!((est / got - 1.0).abs() < 0.03, "kv-like: {est} vs {got}");
+    // Constant planes and odd widths estimate without panicking.
+    assert!(estimate_encoded_len(&[7u8; 10_001], 4, 100) < 1000);
+    assert_eq!(estimate_encoded_len(&[1, 2, 3], 9, 1), 3);
+    assert!(estimate_encoded_len(&[], 2, 12288) <= HEADER_LEN);
+}

@@ -41,19 +41,40 @@ impl DiskCodec {
     }
 }
 
+/// What [`compress`] did with a block.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Compressed {
+    /// Encoded; the encoding spares at least one disk unit.
+    Encoded(Vec<u8>),
+    /// Not encoded: the sampled estimate says it would not spare a unit.
+    Skipped,
+    /// Encoded, but it spared no unit (or the encoder refused it): raw.
+    NoGain,
+}
+
 /// `data` (a block of `layout`) encoded, when that spares at least one disk
-/// unit; None = store it raw.
-pub(crate) fn compress(data: &[u8], layout: &KvLayout) -> Option<Vec<u8>> {
+/// unit. The demotion path pays the encoder (~0.6 GB/s per core) on every
+/// block, so a sampled estimate of the encoded length
+/// (`kvfabric_codec::estimate_encoded_len`, a few percent of an encode)
+/// runs first and data that cannot spare a unit is not encoded at all.
+pub(crate) fn compress(data: &[u8], layout: &KvLayout) -> Compressed {
     let width = layout.dtype.size();
     // One segment (one code table) per layer's K or V.
     let segment = (layout.half_layer_bytes() / width).clamp(1, u32::MAX as usize) as u32;
+    let units = |n: usize| (n as u64).div_ceil(DISK_ALIGN);
+    if units(kvfabric_codec::estimate_encoded_len(data, width, segment)) >= units(data.len()) {
+        return Compressed::Skipped;
+    }
     let mut enc = Vec::new();
     if let Err(e) = kvfabric_codec::encode_segmented(data, width, segment, &mut enc) {
         tracing::warn!("block not compressed: {e}");
-        return None;
+        return Compressed::NoGain;
     }
-    let units = |n: usize| (n as u64).div_ceil(DISK_ALIGN);
-    (units(enc.len()) < units(data.len())).then_some(enc)
+    if units(enc.len()) < units(data.len()) {
+        Compressed::Encoded(enc)
+    } else {
+        Compressed::NoGain
+    }
 }
 
 /// The block's `len` bytes from its extent's bytes `stored`; None when they

@@ -193,3 +193,35 @@ fn blocks_read_back_whatever_codec_wrote_them() {
     assert_eq!(read(&s, 1).unwrap(), f16_block(1));
     assert_eq!(disk(&s).checksum_failures, 0);
 }
+
+/// The demotion path's pre-check: random bytes (nothing to spare) are not
+/// encoded at all, f16 K/V-like blocks are, and random blocks still go to
+/// disk raw and read back.
+#[test]
+fn incompressible_blocks_are_not_encoded() {
+    use crate::disk_codec::{compress, Compressed};
+    let mut s = 0x0123_4567_89AB_CDEFu64;
+    let random: Vec<u8> = (0..BLOCK)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect();
+    assert_eq!(compress(&random, &layout()), Compressed::Skipped);
+    assert!(matches!(
+        compress(&f16_block(3), &layout()),
+        Compressed::Encoded(_)
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let st = store(&dir, 8, DiskCompression::Auto);
+    st.put(key(9), layout(), &random, PutOptions::default())
+        .unwrap();
+    for i in 0..3 {
+        put(&st, i, false);
+    }
+    let mut buf = vec![0u8; BLOCK];
+    assert!(st.get_into(&key(9), 0, &mut buf).unwrap().is_some());
+    assert_eq!(buf, random);
+}

@@ -12,7 +12,7 @@ use std::time::Instant;
 use parking_lot::MutexGuard;
 
 use crate::disk::DiskRecord;
-use crate::disk_codec::{self, DiskCodec};
+use crate::disk_codec::{self, Compressed, DiskCodec};
 use crate::extent::Extent;
 use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
@@ -174,11 +174,11 @@ impl Shared {
         let data = data.get(..len as usize).unwrap_or(data);
         let encoded = match self.cfg.disk_compression {
             DiskCompression::Auto => disk_codec::compress(data, &layout),
-            DiskCompression::Off => None,
+            DiskCompression::Off => Compressed::Skipped,
         };
         let (bytes, codec) = match &encoded {
-            Some(e) => (e.as_slice(), DiskCodec::Planes),
-            None => (data, DiskCodec::Raw),
+            Compressed::Encoded(e) => (e.as_slice(), DiskCodec::Planes),
+            Compressed::Skipped | Compressed::NoGain => (data, DiskCodec::Raw),
         };
         let (dext, rec) = {
             let mut g = self.inner.lock();

@@ -15,6 +15,7 @@ use kvfabric_connector::{
     SaveBlock, SaveDone,
 };
 use kvfabric_engine::model::LlamaModel;
+use kvfabric_engine::{EngineConfig, KvDtype};
 use kvfabric_store::keys::{BlockKey, KvLayout};
 
 use crate::agentic::driver::generate;
@@ -100,10 +101,12 @@ impl KvConnector for CaptureConnector {
 }
 
 /// Prefill turn 0 of each session of `workload` (one generated token each)
-/// on one engine and return up to `most` distinct blocks it computed.
+/// on one engine whose KV pool holds `dtype`, and return up to `most`
+/// distinct blocks it computed (in that dtype, as the pool stores them).
 pub async fn capture_blocks(
     model: &Arc<LlamaModel>,
     workload: &Workload,
+    dtype: KvDtype,
     threads: usize,
     kv_pool_mib: u64,
     most: usize,
@@ -121,7 +124,10 @@ pub async fn capture_blocks(
         });
         Ok(c)
     });
-    let cfg = engine_config(threads, kv_pool_mib, true);
+    let cfg = EngineConfig {
+        kv_dtype: dtype,
+        ..engine_config(threads, kv_pool_mib, true)
+    };
     let engine = start_engine(model, &cfg, Some(connect))?;
     let mut result = Ok(());
     for session in 0..workload.users.len() {
