@@ -67,6 +67,8 @@ pub struct EngineConfig {
     /// `KVFABRIC_ISA`, flag `--isa`); one the CPU lacks is refused at start.
     /// Default: auto.
     pub isa: IsaChoice,
+    /// `[engine.spec]`: speculative decoding (see [`crate::spec::SpecConfig`]).
+    pub spec: crate::spec::SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +84,7 @@ impl Default for EngineConfig {
             model_name: "smollm2".into(),
             prefix_cache: true,
             isa: IsaChoice::Auto,
+            spec: crate::spec::SpecConfig::default(),
         }
     }
 }
@@ -102,6 +105,9 @@ impl EngineConfig {
         }
         if self.max_seqs == 0 {
             return bad("max_seqs must be > 0");
+        }
+        if self.spec.enabled && self.spec.max_draft == 0 {
+            return bad("spec.max_draft must be > 0 when spec.enabled");
         }
         Ok(())
     }
@@ -128,6 +134,10 @@ mod tests {
         assert!(serde_json::from_str::<EngineConfig>(r#"{"isa": "sse"}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"treads": 2}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"role": "both2"}"#).is_err());
+        let spec: EngineConfig =
+            serde_json::from_str(r#"{"spec": {"max_draft": 8}}"#).expect("spec");
+        assert_eq!((spec.spec.max_draft, spec.spec.enabled), (8, true));
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"spec": {"draft": 8}}"#).is_err());
         let bad = EngineConfig {
             max_batch_tokens: 8,
             ..EngineConfig::default()

@@ -26,6 +26,7 @@
 //! queued for saving.
 
 mod fabric;
+mod spec;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +46,8 @@ use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, SeqChunk};
 use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
+use crate::spec::shared::SharedContinuations;
+use crate::spec::{SpecConfig, SpecState};
 use crate::{EngineError, EngineHandle};
 
 /// Batching limits and role.
@@ -61,6 +64,8 @@ pub struct SchedulerConfig {
     pub metrics: EngineMetrics,
     /// Reuse blocks of earlier requests held in the pool.
     pub prefix_cache: bool,
+    /// Speculative decoding (see `spec.rs`).
+    pub spec: SpecConfig,
 }
 
 struct Seq {
@@ -89,6 +94,10 @@ struct Seq {
     finished: Option<(FinishReason, Usage)>,
     /// A load still streaming into this sequence's table.
     stream: Option<Streaming>,
+    /// Drafting state (speculative decoding).
+    spec: SpecState,
+    /// Draft tokens at the end of `tokens`, planned for verification this step.
+    drafted: usize,
 }
 
 impl Seq {
@@ -143,6 +152,10 @@ pub struct Scheduler {
     /// Blocks queued for saving, pinned until the connector is done.
     saves: SavePins,
     next_id: u64,
+    /// Finished requests' outputs to draft from.
+    shared: SharedContinuations,
+    /// Scratch for drafts.
+    draft_buf: Vec<u32>,
 }
 
 impl Scheduler {
@@ -161,7 +174,6 @@ impl Scheduler {
             cx,
             kv,
             blocks,
-            cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
             connector,
@@ -169,6 +181,13 @@ impl Scheduler {
             flushing: Vec::new(),
             saves: SavePins::default(),
             next_id: 0,
+            shared: SharedContinuations::new(if cfg.spec.enabled {
+                cfg.spec.shared_tokens
+            } else {
+                0
+            }),
+            draft_buf: Vec::new(),
+            cfg,
         }
     }
 
@@ -289,6 +308,8 @@ impl Scheduler {
             fabric: Vec::new(),
             finished: None,
             stream: None,
+            spec: SpecState::new(&r.namespace),
+            drafted: 0,
         });
     }
 
@@ -382,9 +403,20 @@ impl Scheduler {
                 }
             }
         };
+        // Logits of the last row, or of every verified row (draft + 1).
+        let tails: Vec<usize> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                match s.drafted {
+                    0 => usize::from(s.computed + n == s.tokens.len()),
+                    d => d + 1,
+                }
+            })
+            .collect();
         let result = self
             .model
-            .forward_gated(&self.cx, &mut self.kv, &chunks, &mut gate);
+            .forward_rows(&self.cx, &mut self.kv, &chunks, &tails, &mut gate);
         drop(chunks);
         drop(gated);
         if !late.is_empty() {
@@ -402,6 +434,7 @@ impl Scheduler {
         match result {
             Err(e) => {
                 for &(i, _) in &plan {
+                    self.running[i].take_drafts();
                     let _ = self.running[i]
                         .events
                         .blocking_send(GenerationEvent::Error(e.to_string()));
@@ -439,6 +472,8 @@ impl Scheduler {
             let s = self.running.remove(i);
             if s.finished.is_some() {
                 self.start_flush(s);
+            } else {
+                self.shared.record(s.spec.ns(), &s.tokens, s.prompt_len);
             }
         }
     }
@@ -452,6 +487,11 @@ impl Scheduler {
         order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut preempted = Vec::new();
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() - s.computed == 1)
+            .count();
         for i in order {
             if budget == 0 {
                 break;
@@ -496,6 +536,7 @@ impl Scheduler {
                 }
             }
             if ok {
+                let n = n + self.add_draft(i, budget - n, decoding);
                 plan.push((i, n));
                 budget -= n;
             } else if plan.is_empty() {
@@ -526,13 +567,41 @@ impl Scheduler {
         plan
     }
 
-    /// Account a computed chunk; returns true when the sequence is finished.
-    fn advance(&mut self, i: usize, n: usize, logits: Option<Vec<f32>>) -> bool {
+    /// Account a computed chunk and sample its logits rows (one, or one
+    /// per verified draft token and one more); returns true when the
+    /// sequence is finished.
+    fn advance(&mut self, i: usize, n: usize, rows: Vec<Vec<f32>>) -> bool {
+        let drafts = self.running[i].take_drafts();
+        self.running[i].computed += n - drafts.len();
+        self.register_full(i);
+        let mut accepted = 0;
+        let mut finished = false;
+        for (j, logits) in rows.into_iter().enumerate() {
+            match self.emit(i, logits) {
+                None => {
+                    finished = true;
+                    break;
+                }
+                // The drafted token is the sampled one: its KV row stands.
+                Some(tok) if drafts.get(j) == Some(&tok) => {
+                    accepted += 1;
+                    self.running[i].computed += 1;
+                    self.register_full(i);
+                }
+                Some(_) => break,
+            }
+        }
+        if !drafts.is_empty() {
+            self.verified(i, drafts.len(), accepted);
+        }
+        finished
+    }
+
+    /// Register (and queue for saving) every block of sequence `i` whose
+    /// tokens are all computed.
+    fn register_full(&mut self, i: usize) {
         let bt = self.kv.layout().block_tokens as usize;
-        let role = self.cfg.role;
-        let ctx = self.model.config.context_length;
         let s = &mut self.running[i];
-        s.computed += n;
         while (s.registered + 1) * bt <= s.computed {
             let r = s.registered;
             let key = s
@@ -545,7 +614,14 @@ impl Scheduler {
                 fabric::save_block(c.as_ref(), &mut self.saves, s, r, key, bt);
             }
         }
-        let Some(logits) = logits else { return false };
+    }
+
+    /// Sample the next token of sequence `i` from `logits` and send it;
+    /// None when the sequence finished (stop token, length, gone).
+    fn emit(&mut self, i: usize, logits: Vec<f32>) -> Option<u32> {
+        let role = self.cfg.role;
+        let ctx = self.model.config.context_length;
+        let s = &mut self.running[i];
         let tok = s.sampler.sample(&logits);
         let usage = |s: &Seq| Usage {
             prompt_tokens: s.prompt_len,
@@ -563,14 +639,14 @@ impl Scheduler {
                     usage: usage(s),
                 });
             }
-            return true;
+            return None;
         }
         let ev = GenerationEvent::Token {
             id: tok,
             logits: s.return_logits.then_some(logits),
         };
         if s.events.blocking_send(ev).is_err() {
-            return true;
+            return None;
         }
         s.tokens.push(tok);
         s.generated += 1;
@@ -583,8 +659,8 @@ impl Scheduler {
                     usage: usage(s),
                 });
             }
-            return true;
+            return None;
         }
-        false
+        Some(tok)
     }
 }

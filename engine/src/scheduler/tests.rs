@@ -31,6 +31,7 @@ fn scheduler(max_batch_tokens: usize, connector: Option<Arc<dyn KvConnector>>) -
         role: Role::Both,
         metrics: EngineMetrics::new(),
         prefix_cache: true,
+        spec: crate::spec::SpecConfig::default(),
     };
     Scheduler::new(m, Compute::new(2), kv, cfg, connector)
 }
