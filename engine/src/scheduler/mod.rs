@@ -28,6 +28,8 @@
 mod fabric;
 mod spec;
 #[cfg(test)]
+mod spec_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::VecDeque;
