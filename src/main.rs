@@ -83,6 +83,8 @@ enum BenchWhich {
     Reuse(kvfabric_benches::reuse::ReuseArgs),
     /// Agentic multi-turn workload on N engines: no cache vs local prefix cache vs kvfabric.
     Agentic(kvfabric_benches::agentic::AgenticArgs),
+    /// Speculative decoding at batch 1: off vs on vs llama.cpp prompt lookup, tool calling and free chat.
+    Spec(kvfabric_benches::spec::SpecArgs),
     /// RAM-tier eviction order (LRU vs S3-FIFO): token hit ratio replaying the agentic trace on small tiers.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
 }
@@ -192,6 +194,12 @@ fn main() -> anyhow::Result<()> {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::agentic::run(&a)?
+            }
+            BenchWhich::Spec(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::spec::run(&a)?
             }
             BenchWhich::Eviction(mut a) => {
                 if a.model.is_none() {

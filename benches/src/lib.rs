@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod engine;
 pub mod eviction;
 pub mod reuse;
+pub mod spec;
 pub mod store;
 pub mod transfer;
 
