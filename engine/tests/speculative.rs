@@ -145,7 +145,10 @@ fn tokens_and_logits_equal_decoding_without_speculation() {
         for (i, rx) in rxs.into_iter().enumerate() {
             let on = collect(rx);
             assert_eq!(on.0, off[i].0, "t={temperature} prompt {i} batched: tokens");
-            assert!(on.1 == off[i].1, "t={temperature} prompt {i} batched: logits");
+            assert!(
+                on.1 == off[i].1,
+                "t={temperature} prompt {i} batched: logits"
+            );
         }
         stop(e);
         let accepted = metrics.spec_accepted_tokens.get();

@@ -117,7 +117,13 @@ fn free_chat() -> Vec<(String, String, String)> {
         "Tell me a short story about a cat who wants to fly.",
     ]
     .iter()
-    .map(|u| ("You are a helpful assistant.".into(), u.to_string(), String::new()))
+    .map(|u| {
+        (
+            "You are a helpful assistant.".into(),
+            u.to_string(),
+            String::new(),
+        )
+    })
     .collect()
 }
 
@@ -130,7 +136,10 @@ pub fn workloads(
         set.into_iter()
             .map(|(system, user, answer)| {
                 let text = template.render(
-                    &[ChatMessage::new("system", system), ChatMessage::new("user", user)],
+                    &[
+                        ChatMessage::new("system", system),
+                        ChatMessage::new("user", user),
+                    ],
                     true,
                 )?;
                 Ok(tokenizer.encode(&format!("{text}{answer}"), true))

@@ -139,8 +139,14 @@ fn rejected_drafts_leave_no_trace_in_saves_prefix_cache_or_pool() {
         );
         assert_eq!(on.tokens, off.tokens, "t={temperature}: tokens");
         assert!(!off.saved.is_empty());
-        assert!(on.saved == off.saved, "t={temperature}: saved blocks differ");
-        assert!(on.cached == off.cached, "t={temperature}: prefix cache differs");
+        assert!(
+            on.saved == off.saved,
+            "t={temperature}: saved blocks differ"
+        );
+        assert!(
+            on.cached == off.cached,
+            "t={temperature}: prefix cache differs"
+        );
         assert_eq!(
             (on.cached_blocks, on.available),
             (off.cached_blocks, off.available),

@@ -108,7 +108,10 @@ mod tests {
         assert_eq!(out, [4, 5, 9]);
         // Only "2 3" matches: its latest occurrence is followed by 7.
         out.clear();
-        assert_eq!(ix.draft(&[1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 8, &mut out), 2);
+        assert_eq!(
+            ix.draft(&[1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 2, 3], 8, &mut out),
+            2
+        );
         assert_eq!(out, [7, 8, 2, 3], "the draft stops at the context's end");
     }
 

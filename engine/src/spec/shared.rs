@@ -130,8 +130,14 @@ mod tests {
         out.clear();
         assert!(s.draft(5, &first[..42], 8, &mut out));
         assert_eq!(out, [9, 10]);
-        assert!(!s.draft(6, &first[..40], 3, &mut Vec::new()), "other namespace");
-        assert!(!s.draft(5, &ctx(2, 40), 3, &mut Vec::new()), "other context");
+        assert!(
+            !s.draft(6, &first[..40], 3, &mut Vec::new()),
+            "other namespace"
+        );
+        assert!(
+            !s.draft(5, &ctx(2, 40), 3, &mut Vec::new()),
+            "other context"
+        );
     }
 
     #[test]
