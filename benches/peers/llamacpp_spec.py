@@ -43,6 +43,10 @@ def measure(job, draft):
         n_threads=job["threads"],
         n_threads_batch=job["threads"],
         draft_model=draft,
+        # 0.3.36 sizes its scores buffer by this argument (n_batch rows
+        # without it) although a draft model turns logits_all on: without
+        # it, drafting past position 512 fails with a shape error.
+        logits_all=draft is not None,
         verbose=False,
     )
     result = {}

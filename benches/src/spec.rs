@@ -162,7 +162,7 @@ async fn measure_ours(
     args: &SpecArgs,
     model: &Arc<LlamaModel>,
     stop: &[u32],
-    loads: &[(&'static str, Vec<Vec<u32>>)],
+    loads: &[workload::Workload],
     threads: usize,
 ) -> anyhow::Result<Vec<(Figures, Figures, Figures)>> {
     let mut out = Vec::new();
@@ -280,7 +280,7 @@ fn measure_peer(
     args: &SpecArgs,
     model: &std::path::Path,
     stop: &[u32],
-    loads: &[(&'static str, Vec<Vec<u32>>)],
+    loads: &[workload::Workload],
     threads: usize,
 ) -> anyhow::Result<Value> {
     let limits = PeerLimits {
@@ -306,9 +306,7 @@ fn measure_peer(
         "threads": threads,
         "repeats": args.repeats.max(1),
         "max_tokens": args.max_tokens,
-        // Headroom: llama-cpp-python 0.3.36's draft path overran a context
-        // sized to the longest prompt plus its answer (a scores-buffer shape error).
-        "n_ctx": (2 * (longest + args.max_tokens + 64)).next_power_of_two(),
+        "n_ctx": (longest + args.max_tokens + 64).next_power_of_two(),
         "stop": stop,
         "workloads": workloads,
     });

@@ -127,11 +127,11 @@ fn free_chat() -> Vec<(String, String, String)> {
     .collect()
 }
 
-/// The workloads by name, as token ids.
-pub fn workloads(
-    tokenizer: &Tokenizer,
-    template: &ChatTemplate,
-) -> anyhow::Result<Vec<(&'static str, Vec<Vec<u32>>)>> {
+/// A workload: its name and its prompts' token ids.
+pub type Workload = (&'static str, Vec<Vec<u32>>);
+
+/// The workloads, as token ids.
+pub fn workloads(tokenizer: &Tokenizer, template: &ChatTemplate) -> anyhow::Result<Vec<Workload>> {
     let encode = |set: Vec<(String, String, String)>| -> anyhow::Result<Vec<Vec<u32>>> {
         set.into_iter()
             .map(|(system, user, answer)| {
