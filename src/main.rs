@@ -91,6 +91,8 @@ enum BenchWhich {
     Agentic(kvfabric_benches::agentic::AgenticArgs),
     /// Chaos soak: 3 engine hosts, router and etcd under agentic load while seeded faults hit them (needs root).
     Soak(kvfabric_benches::soak::SoakArgs),
+    /// Speculative decoding at batch 1: off vs on vs llama.cpp prompt lookup, tool calling and free chat.
+    Spec(kvfabric_benches::spec::SpecArgs),
     /// RAM-tier eviction orders (LIRS, LRU, S3-FIFO) against Belady's MIN: token hit ratio on five traces (or --trace FILE) at 10-75% of their blocks.
     Eviction(kvfabric_benches::eviction::EvictionArgs),
     /// KV block size per dtype and the block codec against zstd-1 and lz4 on real engine blocks.
@@ -215,6 +217,12 @@ fn main() -> anyhow::Result<()> {
                     a.model = Some(fetched_model(cli.config.as_deref())?);
                 }
                 kvfabric_benches::agentic::run(&a)?
+            }
+            BenchWhich::Spec(mut a) => {
+                if a.model.is_none() {
+                    a.model = Some(fetched_model(cli.config.as_deref())?);
+                }
+                kvfabric_benches::spec::run(&a)?
             }
             BenchWhich::Soak(mut a) => {
                 if a.model.is_none() {

@@ -20,7 +20,7 @@
 
 #[cfg(feature = "candle-peer")]
 mod candle_peer;
-mod peers;
+pub(crate) mod peers;
 pub mod tokenize;
 
 use std::path::PathBuf;

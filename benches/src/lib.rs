@@ -15,6 +15,7 @@ pub mod hosts;
 pub mod kv;
 pub mod reuse;
 pub mod soak;
+pub mod spec;
 pub mod store;
 pub mod transfer;
 

@@ -116,6 +116,8 @@ pub struct EngineConfig {
     /// Element type of the KV pool's K and V: f16 | bf16 | f32 (env
     /// `KVFABRIC_KV_DTYPE`, flag `--kv-dtype`). Default: f16.
     pub kv_dtype: KvDtype,
+    /// `[engine.spec]`: speculative decoding (see [`crate::spec::SpecConfig`]).
+    pub spec: crate::spec::SpecConfig,
 }
 
 impl Default for EngineConfig {
@@ -134,6 +136,7 @@ impl Default for EngineConfig {
             tenants_file: None,
             tenants_reload_ms: 1000,
             kv_dtype: KvDtype::F16,
+            spec: crate::spec::SpecConfig::default(),
         }
     }
 }
@@ -154,6 +157,9 @@ impl EngineConfig {
         }
         if self.max_seqs == 0 {
             return bad("max_seqs must be > 0");
+        }
+        if self.spec.enabled && self.spec.max_draft == 0 {
+            return bad("spec.max_draft must be > 0 when spec.enabled");
         }
         Ok(())
     }
@@ -193,6 +199,10 @@ mod tests {
         }
         assert!(serde_json::from_str::<EngineConfig>(r#"{"treads": 2}"#).is_err());
         assert!(serde_json::from_str::<EngineConfig>(r#"{"role": "both2"}"#).is_err());
+        let spec: EngineConfig =
+            serde_json::from_str(r#"{"spec": {"max_draft": 8}}"#).expect("spec");
+        assert_eq!((spec.spec.max_draft, spec.spec.enabled), (8, true));
+        assert!(serde_json::from_str::<EngineConfig>(r#"{"spec": {"draft": 8}}"#).is_err());
         let bad = EngineConfig {
             max_batch_tokens: 8,
             ..EngineConfig::default()

@@ -198,6 +198,7 @@ impl EngineBuilder {
                 role: cfg.role,
                 metrics: self.metrics,
                 prefix_cache: cfg.prefix_cache,
+                spec: cfg.spec.clone(),
             },
             connector.clone(),
         );

@@ -17,6 +17,7 @@ pub mod model;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod spec;
 pub mod tokenizer;
 
 pub use config::{EngineConfig, IsaChoice, KvDtype, Role};

@@ -14,7 +14,8 @@
 //!   `prompt_tokens`, `generation_tokens`, `prefix_cache_hit_tokens`
 //!   (from `Usage::cached_tokens`), `requests{outcome}`.
 //! - Scheduler: `batch_size` (per step histogram), `running_requests`,
-//!   `waiting_requests`, `kv_blocks_used`, `kv_blocks_total`.
+//!   `waiting_requests`, `kv_blocks_used`, `kv_blocks_total`,
+//!   `spec_drafted_tokens`, `spec_accepted_tokens`, `spec_acceptance_length`.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -63,6 +64,12 @@ pub struct EngineMetrics {
     /// Layer-wise loads whose layer failed or came late: that step of the
     /// sequence was discarded and the load finished whole (scheduler).
     pub stream_fallbacks: Counter,
+    /// Draft tokens verified (scheduler).
+    pub spec_drafted_tokens: Counter,
+    /// Draft tokens accepted (scheduler).
+    pub spec_accepted_tokens: Counter,
+    /// Tokens one verification emitted: accepted drafts plus the sampled one (scheduler).
+    pub spec_acceptance_length: Histogram,
 }
 
 impl Default for EngineMetrics {
@@ -92,6 +99,10 @@ impl EngineMetrics {
             kv_blocks_total: Gauge::default(),
             streamed_steps: Counter::default(),
             stream_fallbacks: Counter::default(),
+            spec_drafted_tokens: Counter::default(),
+            spec_accepted_tokens: Counter::default(),
+            // 1 .. 32
+            spec_acceptance_length: Histogram::new(exponential_buckets(1.0, 2.0, 6)),
         }
     }
 
@@ -167,6 +178,21 @@ impl EngineMetrics {
             "stream_fallbacks",
             "Layer-wise loads that failed or came late in a forward pass (step discarded, load finished whole)",
             self.stream_fallbacks.clone(),
+        );
+        r.register(
+            "spec_drafted_tokens",
+            "Speculative draft tokens verified",
+            self.spec_drafted_tokens.clone(),
+        );
+        r.register(
+            "spec_accepted_tokens",
+            "Speculative draft tokens accepted",
+            self.spec_accepted_tokens.clone(),
+        );
+        r.register(
+            "spec_acceptance_length",
+            "Tokens emitted per speculative verification (accepted drafts + 1)",
+            self.spec_acceptance_length.clone(),
         );
     }
 

@@ -268,6 +268,31 @@ impl LlamaCppVenv {
         })
     }
 
+    /// Run `source` (a driver script) in the venv with `job` as JSON on
+    /// stdin: its JSON line, or why it failed.
+    pub(crate) fn run_json(
+        &self,
+        name: &str,
+        source: &str,
+        job: &Value,
+        limits: PeerLimits,
+    ) -> anyhow::Result<Value> {
+        std::fs::write(self.scripts.path().join(name), source)?;
+        let done = run_child(
+            self.python(name),
+            &serde_json::to_vec(job)?,
+            Output::Capture,
+            limits.run,
+        )?;
+        anyhow::ensure!(
+            done.status.success(),
+            "{name} failed ({}): {}",
+            done.status,
+            tail(&done.stderr, 6)
+        );
+        last_json_line(&done.stdout)
+    }
+
     fn python(&self, script: &str) -> Command {
         let mut cmd = Command::new(&self.python);
         cmd.arg(self.scripts.path().join(script));

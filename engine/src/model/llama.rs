@@ -33,6 +33,10 @@ pub struct SeqChunk<'a> {
 /// Logits per chunk (`Some` where asked for).
 pub type ForwardOutput = Vec<Option<Vec<f32>>>;
 
+/// Logits of the last rows of each chunk, oldest row first (speculative
+/// verification reads one row per drafted token).
+pub type RowLogits = Vec<Vec<Vec<f32>>>;
+
 /// Rows per FFN slice.
 const FFN_ROWS: usize = 256;
 
@@ -130,7 +134,23 @@ impl LlamaModel {
         chunks: &[SeqChunk],
         before_attention: &mut dyn FnMut(usize),
     ) -> Result<ForwardOutput, EngineError> {
-        let out = self.forward_pass(cx, kv, chunks, before_attention);
+        let tails: Vec<usize> = chunks.iter().map(|ch| usize::from(ch.logits)).collect();
+        let out = self.forward_rows(cx, kv, chunks, &tails, before_attention)?;
+        Ok(out.into_iter().map(|mut rows| rows.pop()).collect())
+    }
+
+    /// [`Self::forward_gated`] returning the logits of the last `tails[i]`
+    /// rows of chunk `i` (its `logits` flag is ignored). Rows are
+    /// independent, so each row's logits are those of computing it alone.
+    pub fn forward_rows(
+        &self,
+        cx: &Compute,
+        kv: &mut KvPool,
+        chunks: &[SeqChunk],
+        tails: &[usize],
+        before_attention: &mut dyn FnMut(usize),
+    ) -> Result<RowLogits, EngineError> {
+        let out = self.forward_pass(cx, kv, chunks, tails, before_attention);
         let rows: usize = chunks.iter().map(|ch| ch.tokens.len()).sum();
         if rows >= RETURN_SCRATCH_ROWS {
             return_free_heap();
@@ -146,10 +166,11 @@ impl LlamaModel {
         cx: &Compute,
         kv: &mut KvPool,
         chunks: &[SeqChunk],
+        tails: &[usize],
         before_attention: &mut dyn FnMut(usize),
-    ) -> Result<ForwardOutput, EngineError> {
+    ) -> Result<RowLogits, EngineError> {
         let rows = self.batch_rows(kv, chunks)?;
-        let mut out: ForwardOutput = vec![None; chunks.len()];
+        let mut out: RowLogits = vec![Vec::new(); chunks.len()];
         if rows.is_empty() {
             return Ok(out);
         }
@@ -174,7 +195,7 @@ impl LlamaModel {
             self.attn_output(cx, lw, &mut a, &next_kv[0]);
             self.mlp(cx, lw, &mut a, &next_kv[1], &next_kv[2]);
         }
-        self.logits(cx, chunks, &a.x, &mut out);
+        self.logits(cx, chunks, tails, &a.x, &mut out);
         Ok(out)
     }
 
@@ -443,17 +464,23 @@ impl LlamaModel {
         }
     }
 
-    /// Logits of the last row of each chunk that asked for them, into `out`.
-    fn logits(&self, cx: &Compute, chunks: &[SeqChunk], x: &[f32], out: &mut ForwardOutput) {
+    /// Logits of the last `tails[i]` rows of each chunk `i`, into `out`.
+    fn logits(
+        &self,
+        cx: &Compute,
+        chunks: &[SeqChunk],
+        tails: &[usize],
+        x: &[f32],
+        out: &mut RowLogits,
+    ) {
         let c = &self.config;
         let h = c.hidden;
         let mut want = Vec::new();
         let mut end = 0;
         for (ci, ch) in chunks.iter().enumerate() {
             end += ch.tokens.len();
-            if ch.logits && !ch.tokens.is_empty() {
-                want.push((ci, end - 1));
-            }
+            let tail = tails.get(ci).copied().unwrap_or(0).min(ch.tokens.len());
+            want.extend((end - tail..end).map(|r| (ci, r)));
         }
         if want.is_empty() {
             return;
@@ -478,7 +505,7 @@ impl LlamaModel {
             &mut logits,
         );
         for (i, &(ci, _)) in want.iter().enumerate() {
-            out[ci] = Some(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
+            out[ci].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
         }
     }
 }

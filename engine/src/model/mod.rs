@@ -35,7 +35,7 @@ pub fn reference_model_path() -> PathBuf {
         })
 }
 
-pub use llama::{ForwardOutput, SeqChunk};
+pub use llama::{ForwardOutput, RowLogits, SeqChunk};
 
 /// The reference model, loaded once per test binary (unit tests that run
 /// the engine need `kvfabric model fetch` first, like the integration tests).

@@ -59,12 +59,14 @@ impl Scheduler {
                 finished: None,
                 stream: None,
                 forks: Vec::new(),
+                spec: parent.spec.clone(),
+                drafted: 0,
             };
             let cached_tokens = child.cached_tokens.unwrap_or(0);
             let _ = child
                 .events
                 .blocking_send(GenerationEvent::Admitted { cached_tokens });
-            if !take_token(&mut child, logits.to_vec(), role, flush, ctx) {
+            if take_token(&mut child, logits.to_vec(), role, flush, ctx).is_some() {
                 self.running.push(child);
             } else if child.finished.is_some() {
                 self.start_flush(child);

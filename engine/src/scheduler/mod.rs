@@ -27,6 +27,9 @@
 
 mod fabric;
 mod fork;
+mod spec;
+#[cfg(test)]
+mod spec_tests;
 #[cfg(test)]
 mod tests;
 mod token;
@@ -48,6 +51,8 @@ use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, SeqChunk};
 use crate::request::{FinishReason, Fork, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
+use crate::spec::shared::SharedContinuations;
+use crate::spec::{SpecConfig, SpecState};
 use crate::{EngineError, EngineHandle};
 
 /// Batching limits and role.
@@ -64,6 +69,8 @@ pub struct SchedulerConfig {
     pub metrics: EngineMetrics,
     /// Reuse blocks of earlier requests held in the pool.
     pub prefix_cache: bool,
+    /// Speculative decoding (see `spec.rs`).
+    pub spec: SpecConfig,
 }
 
 struct Seq {
@@ -94,6 +101,10 @@ struct Seq {
     stream: Option<Streaming>,
     /// More samples to start from this prompt's logits (`n`; see `fork.rs`).
     forks: Vec<Fork>,
+    /// Drafting state (speculative decoding).
+    spec: SpecState,
+    /// Draft tokens at the end of `tokens`, planned for verification this step.
+    drafted: usize,
 }
 
 impl Seq {
@@ -148,6 +159,10 @@ pub struct Scheduler {
     /// Blocks queued for saving, pinned until the connector is done.
     saves: SavePins,
     next_id: u64,
+    /// Finished requests' outputs to draft from.
+    shared: SharedContinuations,
+    /// Scratch for drafts.
+    draft_buf: Vec<u32>,
 }
 
 impl Scheduler {
@@ -166,7 +181,6 @@ impl Scheduler {
             cx,
             kv,
             blocks,
-            cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
             connector,
@@ -174,6 +188,13 @@ impl Scheduler {
             flushing: Vec::new(),
             saves: SavePins::default(),
             next_id: 0,
+            shared: SharedContinuations::new(if cfg.spec.enabled {
+                cfg.spec.shared_tokens
+            } else {
+                0
+            }),
+            draft_buf: Vec::new(),
+            cfg,
         }
     }
 
@@ -295,6 +316,8 @@ impl Scheduler {
             finished: None,
             stream: None,
             forks: r.forks,
+            spec: SpecState::new(&r.namespace),
+            drafted: 0,
         });
     }
 
@@ -388,9 +411,20 @@ impl Scheduler {
                 }
             }
         };
+        // Logits of the last row, or of every verified row (draft + 1).
+        let tails: Vec<usize> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                match s.drafted {
+                    0 => usize::from(s.computed + n == s.tokens.len()),
+                    d => d + 1,
+                }
+            })
+            .collect();
         let result = self
             .model
-            .forward_gated(&self.cx, &mut self.kv, &chunks, &mut gate);
+            .forward_rows(&self.cx, &mut self.kv, &chunks, &tails, &mut gate);
         drop(chunks);
         drop(gated);
         if !late.is_empty() {
@@ -408,6 +442,7 @@ impl Scheduler {
         match result {
             Err(e) => {
                 for &(i, _) in &plan {
+                    self.running[i].take_drafts();
                     let _ = self.running[i]
                         .events
                         .blocking_send(GenerationEvent::Error(e.to_string()));
@@ -445,6 +480,8 @@ impl Scheduler {
             let s = self.running.remove(i);
             if s.finished.is_some() {
                 self.start_flush(s);
+            } else {
+                self.shared.record(s.spec.ns(), &s.tokens, s.prompt_len);
             }
         }
     }
@@ -458,6 +495,11 @@ impl Scheduler {
         order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut preempted = Vec::new();
+        let decoding = self
+            .running
+            .iter()
+            .filter(|s| s.tokens.len() - s.computed == 1)
+            .count();
         for i in order {
             if budget == 0 {
                 break;
@@ -502,6 +544,7 @@ impl Scheduler {
                 }
             }
             if ok {
+                let n = n + self.add_draft(i, budget - n, decoding);
                 plan.push((i, n));
                 budget -= n;
             } else if plan.is_empty() {
@@ -532,20 +575,51 @@ impl Scheduler {
         plan
     }
 
-    /// Account a computed chunk; returns true when the sequence is finished.
-    fn advance(&mut self, i: usize, n: usize, logits: Option<Vec<f32>>) -> bool {
-        let bt = self.kv.layout().block_tokens as usize;
-        let role = self.cfg.role;
-        let ctx = self.model.config.context_length;
+    /// Account a computed chunk and sample its logits rows (one, or one
+    /// per verified draft token and one more); returns true when the
+    /// sequence is finished.
+    fn advance(&mut self, i: usize, n: usize, rows: Vec<Vec<f32>>) -> bool {
+        let drafts = self.running[i].take_drafts();
         let s = &mut self.running[i];
-        let prompt_part = (s.computed + n)
+        let computed = n - drafts.len();
+        // Prompt tokens this chunk computed (drafts are never prompt tokens).
+        let prompt_part = (s.computed + computed)
             .min(s.prompt_len)
             .saturating_sub(s.computed);
         self.cfg
             .metrics
             .prompt_tokens_computed
             .inc_by(prompt_part as u64);
-        s.computed += n;
+        s.computed += computed;
+        self.register_full(i);
+        let mut accepted = 0;
+        let mut finished = false;
+        for (j, logits) in rows.into_iter().enumerate() {
+            match self.emit(i, logits) {
+                None => {
+                    finished = true;
+                    break;
+                }
+                // The drafted token is the sampled one: its KV row stands.
+                Some(tok) if drafts.get(j) == Some(&tok) => {
+                    accepted += 1;
+                    self.running[i].computed += 1;
+                    self.register_full(i);
+                }
+                Some(_) => break,
+            }
+        }
+        if !drafts.is_empty() {
+            self.verified(i, drafts.len(), accepted);
+        }
+        finished
+    }
+
+    /// Register (and queue for saving) every block of sequence `i` whose
+    /// tokens are all computed.
+    fn register_full(&mut self, i: usize) {
+        let bt = self.kv.layout().block_tokens as usize;
+        let s = &mut self.running[i];
         while (s.registered + 1) * bt <= s.computed {
             let r = s.registered;
             let key = s
@@ -558,11 +632,18 @@ impl Scheduler {
                 fabric::save_block(c.as_ref(), &mut self.saves, s, r, key, bt);
             }
         }
-        let Some(logits) = logits else { return false };
-        if !s.forks.is_empty() {
-            // The prompt is in: start the other samples from these logits.
+    }
+
+    /// Sample the next token of sequence `i` from `logits` and send it;
+    /// None when the sequence finished (stop token, length, gone). The
+    /// prompt's first logits also start its other samples (`n`; fork.rs).
+    fn emit(&mut self, i: usize, logits: Vec<f32>) -> Option<u32> {
+        let role = self.cfg.role;
+        let ctx = self.model.config.context_length;
+        if !self.running[i].forks.is_empty() {
             self.spawn_forks(i, &logits);
         }
+        // A prefill-role engine with a fabric answers once its saves are done.
         let flush = role == Role::Prefill && self.connector.is_some();
         take_token(&mut self.running[i], logits, role, flush, ctx)
     }

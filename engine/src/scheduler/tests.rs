@@ -31,6 +31,7 @@ fn scheduler(max_batch_tokens: usize, connector: Option<Arc<dyn KvConnector>>) -
         role: Role::Both,
         metrics: EngineMetrics::new(),
         prefix_cache: true,
+        spec: crate::spec::SpecConfig::default(),
     };
     Scheduler::new(m, Compute::new(2), kv, cfg, connector)
 }
@@ -54,7 +55,7 @@ fn submit(s: &mut Scheduler, len: usize, max_tokens: usize) -> mpsc::Receiver<Ge
 }
 
 /// Step until nothing is left to run, load or flush.
-fn settle(s: &mut Scheduler) {
+pub(super) fn settle(s: &mut Scheduler) {
     for _ in 0..500 {
         if s.idle() {
             return;
@@ -76,14 +77,14 @@ fn finished(rx: &mut mpsc::Receiver<GenerationEvent>) -> bool {
 /// A fabric that holds every block (`find_all`) or none, whose loads and
 /// saves end when the test says.
 #[derive(Debug, Default)]
-struct FakeFabric {
+pub(super) struct FakeFabric {
     find_all: bool,
     loads: Mutex<Vec<crossbeam::channel::Sender<usize>>>,
-    saves: Mutex<Vec<SaveBlock>>,
+    pub(super) saves: Mutex<Vec<SaveBlock>>,
     done: Mutex<Vec<SaveDone>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().expect("fake fabric lock")
 }
 
@@ -96,7 +97,7 @@ impl FakeFabric {
     }
 
     /// End every queued save, stored.
-    fn end_saves(&self) {
+    pub(super) fn end_saves(&self) {
         let saves = std::mem::take(&mut *lock(&self.saves));
         lock(&self.done).extend(saves.into_iter().map(|b| SaveDone {
             key: b.key,

@@ -5,8 +5,8 @@
 use super::{Role, Seq};
 use crate::request::{FinishReason, GenerationEvent, Usage};
 
-/// Sample the next token of `s` from `logits` and send it; returns true
-/// when the sequence is finished. A prefill-role engine with a fabric
+/// Sample the next token of `s` from `logits` and send it; returns the
+/// token, or None when the sequence is finished. A prefill-role engine with a fabric
 /// (`flush`) answers once its saves are done.
 pub(super) fn take_token(
     s: &mut Seq,
@@ -14,7 +14,7 @@ pub(super) fn take_token(
     role: Role,
     flush: bool,
     ctx: usize,
-) -> bool {
+) -> Option<u32> {
     let tok = s.sampler.sample(&logits);
     let usage = |s: &Seq| Usage {
         prompt_tokens: s.prompt_len,
@@ -30,14 +30,14 @@ pub(super) fn take_token(
                 usage: usage(s),
             });
         }
-        return true;
+        return None;
     }
     let ev = GenerationEvent::Token {
         id: tok,
         logits: s.return_logits.then_some(logits),
     };
     if s.events.blocking_send(ev).is_err() {
-        return true;
+        return None;
     }
     s.tokens.push(tok);
     s.generated += 1;
@@ -50,7 +50,7 @@ pub(super) fn take_token(
                 usage: usage(s),
             });
         }
-        return true;
+        return None;
     }
-    false
+    Some(tok)
 }
