@@ -27,7 +27,11 @@ fn engine(
     role: Role,
 ) -> RunningEngine {
     let c = &model.config;
-    let block_bytes = c.layers * 2 * BT * c.kv_heads * c.head_dim * 4;
+    // One block of the default KV dtype.
+    let dtype = EngineConfig::default().kv_dtype.into();
+    let block_bytes =
+        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, dtype)
+            .block_bytes();
     let cfg = EngineConfig {
         threads: 2,
         block_tokens: BT,
@@ -184,7 +188,11 @@ fn scheduler_reports_batch_size_and_kv_pool_use() {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let c = &model.config;
-    let block_bytes = c.layers * 2 * BT * c.kv_heads * c.head_dim * 4;
+    // One block of the default KV dtype.
+    let dtype = EngineConfig::default().kv_dtype.into();
+    let block_bytes =
+        kvfabric_engine::kv::KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, dtype)
+            .block_bytes();
     let cfg = EngineConfig {
         threads: 2,
         block_tokens: BT,
