@@ -85,7 +85,7 @@ pub struct SecurityFlags {
     /// --tls-cert/--tls-key/--tls-ca are set, else none].
     #[arg(long = "security", value_name = "MODE")]
     #[serde(rename = "mode", skip_serializing_if = "Option::is_none")]
-    pub mode: Option<String>,
+    pub security_mode: Option<String>,
     /// This node's certificate (PEM, from `kvfabric certs init`) [default: none].
     #[arg(long = "tls-cert", value_name = "PATH")]
     #[serde(rename = "cert", skip_serializing_if = "Option::is_none")]
@@ -102,7 +102,10 @@ pub struct SecurityFlags {
 
 impl SecurityFlags {
     fn is_empty(&self) -> bool {
-        self.mode.is_none() && self.cert.is_none() && self.key.is_none() && self.ca.is_none()
+        self.security_mode.is_none()
+            && self.cert.is_none()
+            && self.key.is_none()
+            && self.ca.is_none()
     }
 }
 
