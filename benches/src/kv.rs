@@ -16,7 +16,9 @@
 //! byte planes ([`peers`]): the compression ratio over all blocks, and
 //! single-core encode and decode GB/s (of decoded bytes), best of
 //! `--rounds`, each against a memcpy of the same blocks measured in the same
-//! round. Every decode is checked bit-exact against the block.
+//! round. Every decode is checked bit-exact against the block. It also
+//! times the disk tier's sampled pre-check (`estimate`: GB/s and its
+//! estimated length over the codec's).
 //! Targets (f16): codec ratio >= 1.15, decode >= 0.5 x memcpy.
 
 pub mod capture;
@@ -95,6 +97,14 @@ fn print_table(report: &Value) {
             d["entropy_bound_ratio"].as_f64().unwrap_or(0.0),
             d["disk_blocks_ratio"].as_f64().unwrap_or(0.0),
             d["memcpy_gbps"].as_f64().unwrap_or(0.0)
+        );
+        println!(
+            "  pre-check estimate {:.2} GB/s ({:.3}x memcpy), estimated/encoded {:.3}",
+            d["estimate"]["gbps"].as_f64().unwrap_or(0.0),
+            d["estimate"]["vs_memcpy"].as_f64().unwrap_or(0.0),
+            d["estimate"]["estimated_over_encoded"]
+                .as_f64()
+                .unwrap_or(0.0)
         );
         if let Some(methods) = d["methods"].as_object() {
             for (m, r) in methods {
@@ -246,6 +256,7 @@ fn measure_set(
         }
     }
     let memcpy_gbps = gbps(total, memcpy);
+    let estimate = estimate_report(blocks, width, segment, rounds, &encoded[0], memcpy_gbps);
     let mut report = serde_json::Map::new();
     for (i, m) in methods.iter().enumerate() {
         let mut exact = true;
@@ -281,7 +292,39 @@ fn measure_set(
     v["disk_blocks_ratio"] = json!(raw_units as f64 / disk_units.max(1) as f64);
     v["memcpy_gbps"] = json!(memcpy_gbps);
     v["methods"] = Value::Object(report);
+    v["estimate"] = estimate;
     Ok(v)
+}
+
+/// The disk tier's pre-check (`kvfabric_codec::estimate_encoded_len`) on
+/// the same blocks: its speed against memcpy and the encoder, and its
+/// estimated total length against the codec's (`kvcodec`, `encoded`).
+fn estimate_report(
+    blocks: &[Vec<u8>],
+    width: usize,
+    segment: u32,
+    rounds: usize,
+    encoded: &[Vec<u8>],
+    memcpy_gbps: f64,
+) -> Value {
+    let total: usize = blocks.iter().map(Vec::len).sum();
+    let mut best = Duration::MAX;
+    let mut est = 0usize;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        est = blocks
+            .iter()
+            .map(|b| kvfabric_codec::estimate_encoded_len(b, width, segment))
+            .sum();
+        best = best.min(t.elapsed());
+    }
+    let enc: usize = encoded.iter().map(Vec::len).sum();
+    let g = gbps(total, best);
+    json!({
+        "gbps": g,
+        "vs_memcpy": g / memcpy_gbps,
+        "estimated_over_encoded": est as f64 / enc.max(1) as f64,
+    })
 }
 
 #[cfg(test)]
@@ -335,5 +378,10 @@ mod tests {
         }
         assert!(r["entropy_bound_ratio"].as_f64().unwrap_or(0.0) > 1.0);
         assert!(r["disk_blocks_ratio"].as_f64().unwrap_or(0.0) >= 1.0);
+        assert!(r["estimate"]["gbps"].as_f64().unwrap_or(0.0) > 0.0);
+        let e = r["estimate"]["estimated_over_encoded"]
+            .as_f64()
+            .unwrap_or(0.0);
+        assert!(e > 0.5 && e < 2.0, "{e}");
     }
 }

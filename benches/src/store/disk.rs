@@ -8,7 +8,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store, WritePolicy};
+use kvfabric_store::{
+    BlockKey, DiskCompression, NodeConfig, PutOptions, Registry, Store, WritePolicy,
+};
 use serde_json::{json, Value};
 
 use super::{gbps, key, layout, parallel, parking, BLOCK};
@@ -40,7 +42,12 @@ fn fio(file: &Path, rw: &str, bytes: usize, depth: usize) -> anyhow::Result<f64>
     Ok(bw / 1e9)
 }
 
-fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
+fn disk_store(
+    dir: &Path,
+    n: usize,
+    clients: usize,
+    compression: DiskCompression,
+) -> anyhow::Result<Store> {
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((4 * clients * BLOCK) as u64),
         disk_path: Some(dir.join("tier.data")),
@@ -49,6 +56,7 @@ fn disk_store(dir: &Path, n: usize, clients: usize) -> anyhow::Result<Store> {
         disk_capacity: bytesize::ByteSize::b(((n + n / 10 + 16) * BLOCK) as u64),
         write_policy: WritePolicy::WriteThrough,
         max_block_size: bytesize::ByteSize::b(2 * BLOCK as u64),
+        disk_compression: compression,
         ..Default::default()
     };
     Ok(Store::open(cfg, &mut Registry::default())?)
@@ -66,21 +74,17 @@ pub(super) fn disk(
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
     let source = |i: usize| &sources[i % sources.len()];
-    let keys: Vec<BlockKey> = (0..n).map(key).collect();
     let fio_file = dir.join("fio.data");
     // fio's first pass lays its file out (allocating, size-extending writes);
     // the store lays its tier file out once the same way (first writes into
     // fallocate'd space pay for extent conversion, steady state does not).
     fio(&fio_file, "write", n * BLOCK, clients)?;
-    let store = disk_store(dir, n, clients)?;
+    let store = disk_store(dir, n, clients, DiskCompression::Auto)?;
     parallel(clients, n, |i| {
         store.put(key(i), layout(), source(i), PutOptions::default())?;
         Ok(())
     })?;
     drop(store);
-    // One destination buffer per client, faulted in before timing.
-    let dsts: Vec<std::sync::Mutex<Vec<u8>>> =
-        (0..clients).map(|_| parking(vec![1u8; BLOCK])).collect();
     // DISK_ROUNDS rounds, each one fio write, fio read, store write, store
     // read back to back: this disk's throughput drifts by 2-3x within a
     // minute, so peers measured minutes apart would compare the drift, not the
@@ -91,43 +95,18 @@ pub(super) fn disk(
     // others); the paired median moved by under 0.1.
     let (mut fio_write, mut fio_read, mut write, mut read) = (0f64, 0f64, 0f64, 0f64);
     let (mut write_ratios, mut read_ratios) = (Vec::new(), Vec::new());
+    // The same phases with `disk_compression = off`, right after: what the
+    // codec's place on the write and read paths costs (or gains).
+    let (mut write_off, mut read_off) = (0f64, 0f64);
+    let mut auto_vs_off = (Vec::new(), Vec::new());
     for _ in 0..DISK_ROUNDS {
         let fw = fio(&fio_file, "write", n * BLOCK, clients)?;
         let fr = fio(&fio_file, "read", n * BLOCK, clients)?;
-        // Steady-state overwrite: drop the blocks, put them again (write-through).
-        let store = disk_store(dir, n, clients)?;
-        store.remove(&keys)?;
-        let t = Instant::now();
-        parallel(clients, n, |i| {
-            store.put(key(i), layout(), source(i), PutOptions::default())?;
-            Ok(())
-        })?;
-        let w = gbps(n * BLOCK, t.elapsed());
-        drop(store);
-        // Cold store: every get is a disk read (checksum-verified promotion).
-        let store = disk_store(dir, n, clients)?;
-        let t = Instant::now();
-        parallel(clients, n, |i| {
-            let mut dst = dsts[i % clients]
-                .lock()
-                .map_err(|_| anyhow::anyhow!("poisoned"))?;
-            store
-                .get_into(&key(i), 0, &mut dst)?
-                .context("disk block missing")?;
-            Ok(())
-        })?;
-        let r = gbps(n * BLOCK, t.elapsed());
-        // Verify outside the timed loop: the last block each client read.
-        for (c, d) in dsts.iter().enumerate() {
-            let last = (c..n).step_by(clients).next_back().unwrap_or(c);
-            if d.lock()
-                .map_err(|_| anyhow::anyhow!("poisoned"))?
-                .as_slice()
-                != source(last)
-            {
-                bail!("disk tier returned wrong bytes for block {last}");
-            }
-        }
+        let (w, r) = store_phase(dir, sources, n, clients, DiskCompression::Auto)?;
+        let (w_off, r_off) = store_phase(dir, sources, n, clients, DiskCompression::Off)?;
+        (write_off, read_off) = (write_off.max(w_off), read_off.max(r_off));
+        auto_vs_off.0.push(w / w_off);
+        auto_vs_off.1.push(r / r_off);
         (fio_write, fio_read) = (fio_write.max(fw), fio_read.max(fr));
         (write, read) = (write.max(w), read.max(r));
         write_ratios.push(w / fw);
@@ -146,7 +125,68 @@ pub(super) fn disk(
         "disk_read_ratio".into(),
         json!(percentile(&read_ratios, 0.5)),
     );
+    out.insert("disk_write_gbps_compression_off".into(), json!(write_off));
+    out.insert("disk_read_gbps_compression_off".into(), json!(read_off));
+    out.insert(
+        "disk_write_auto_vs_off".into(),
+        json!(percentile(&auto_vs_off.0, 0.5)),
+    );
+    out.insert(
+        "disk_read_auto_vs_off".into(),
+        json!(percentile(&auto_vs_off.1, 0.5)),
+    );
     out.insert("disk_write_round_ratios".into(), json!(write_ratios));
     out.insert("disk_read_round_ratios".into(), json!(read_ratios));
     Ok(())
+}
+
+/// One store write phase (steady-state overwrite, write-through) and one
+/// cold read phase of `n` blocks with `compression`: (write, read) GB/s.
+fn store_phase(
+    dir: &Path,
+    sources: &[Vec<u8>],
+    n: usize,
+    clients: usize,
+    compression: DiskCompression,
+) -> anyhow::Result<(f64, f64)> {
+    let source = |i: usize| &sources[i % sources.len()];
+    let keys: Vec<BlockKey> = (0..n).map(key).collect();
+    // One destination buffer per client, faulted in before timing.
+    let dsts: Vec<std::sync::Mutex<Vec<u8>>> =
+        (0..clients).map(|_| parking(vec![1u8; BLOCK])).collect();
+    // Steady-state overwrite: drop the blocks, put them again (write-through).
+    let store = disk_store(dir, n, clients, compression)?;
+    store.remove(&keys)?;
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        store.put(key(i), layout(), source(i), PutOptions::default())?;
+        Ok(())
+    })?;
+    let w = gbps(n * BLOCK, t.elapsed());
+    drop(store);
+    // Cold store: every get is a disk read (checksum-verified promotion).
+    let store = disk_store(dir, n, clients, compression)?;
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        let mut dst = dsts[i % clients]
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        store
+            .get_into(&key(i), 0, &mut dst)?
+            .context("disk block missing")?;
+        Ok(())
+    })?;
+    let r = gbps(n * BLOCK, t.elapsed());
+    // Verify outside the timed loop: the last block each client read.
+    for (c, d) in dsts.iter().enumerate() {
+        let last = (c..n).step_by(clients).next_back().unwrap_or(c);
+        if d.lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .as_slice()
+            != source(last)
+        {
+            bail!("disk tier returned wrong bytes for block {last}");
+        }
+    }
+    Ok((w, r))
 }
