@@ -16,6 +16,10 @@
 //! - Scheduler: `batch_size` (per step histogram), `running_requests`,
 //!   `waiting_requests`, `kv_blocks_used`, `kv_blocks_total`,
 //!   `spec_drafted_tokens`, `spec_accepted_tokens`, `spec_acceptance_length`.
+//!
+//! Gauges are true at any moment, idle included: the scheduler sets them
+//! after every step (not before the forward pass), so they read 0 running
+//! and 0 waiting once the last request finished.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -235,10 +235,12 @@ impl Scheduler {
         }
     }
 
-    /// Publish this step's batch size, queue lengths and KV pool use.
-    fn report(&self, batch: usize) {
+    /// Publish the queue lengths and KV pool use as they are now. Called
+    /// after every step, so the gauges read 0 running and 0 waiting once
+    /// the last request finished and the scheduler went idle (not the
+    /// value of the last step that still ran it).
+    fn report_gauges(&self) {
         let m = &self.cfg.metrics;
-        m.batch_size.observe(batch as f64);
         m.running_requests.set(self.running.len() as i64);
         m.waiting_requests.set(self.waiting.len() as i64);
         let total = self.kv.blocks();
@@ -355,7 +357,13 @@ impl Scheduler {
         self.running.push(seq);
     }
 
+    /// One step, then the gauges as the step left them.
     fn step(&mut self) {
+        self.step_batch();
+        self.report_gauges();
+    }
+
+    fn step_batch(&mut self) {
         // Cancelled requests free their blocks.
         let mut i = 0;
         while i < self.running.len() {
@@ -395,7 +403,7 @@ impl Scheduler {
                 }
             })
             .collect();
-        self.report(chunks.len());
+        self.cfg.metrics.batch_size.observe(chunks.len() as f64);
         // Sequences whose blocks still stream in: wait for each layer before
         // attention reads it, up to the load's budget for this step.
         let gated: Vec<&PendingLoad> = plan

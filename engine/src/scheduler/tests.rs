@@ -301,3 +301,19 @@ fn forks_share_the_prompt_and_give_every_block_back() {
     assert!(finished(&mut rx));
     assert_eq!(s.blocks.available(), BLOCKS);
 }
+
+#[test]
+fn the_gauges_read_zero_once_every_request_finished() {
+    // Six requests over four sequence slots: some wait, all run, all finish.
+    let mut s = scheduler(2048, None);
+    let mut rxs: Vec<_> = (0..6).map(|i| submit(&mut s, 20 + i, 3)).collect();
+    s.step();
+    let m = s.cfg.metrics.clone();
+    assert_eq!(m.running_requests.get(), 4, "four admitted");
+    assert_eq!(m.waiting_requests.get(), 2, "two waiting");
+    settle(&mut s);
+    assert!(rxs.iter_mut().all(finished), "every request finished");
+    // The last step still ran sequences; the gauges show what it left.
+    assert_eq!(m.running_requests.get(), 0, "nothing runs when idle");
+    assert_eq!(m.waiting_requests.get(), 0, "nothing waits when idle");
+}
