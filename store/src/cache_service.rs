@@ -297,6 +297,7 @@ impl CacheService for CacheServer {
                 alive: true,
                 tiers: s.tiers,
                 hit_ratio,
+                served_blocks: s.served_blocks,
             }],
         }))
     }

@@ -171,7 +171,10 @@ impl NodeServer {
                 .map_err(|e| StoreError::Server(format!("grpc tls: {e}")))?,
             None => grpc_builder(),
         };
-        let router = builder.add_service(reflection_service()?);
+        let (reflect_v1, reflect_v1alpha) = reflection_services()?;
+        let router = builder
+            .add_service(reflect_v1)
+            .add_service(reflect_v1alpha);
         let router = match &node {
             None => {
                 let local = CacheServer::new(store.clone(), grpc_addr.to_string());
@@ -268,15 +271,27 @@ pub(crate) fn incoming_nodelay(
     )
 }
 
-/// gRPC server reflection over every kvfabric proto, so `grpcurl` works against a node.
-pub(crate) fn reflection_service() -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<
-        impl tonic_reflection::server::v1::ServerReflection,
-    >,
+/// gRPC server reflection over every kvfabric proto, so `grpcurl` works
+/// against a node: `grpc.reflection.v1` and `grpc.reflection.v1alpha` (the
+/// only one older grpcurl and grpcio-reflection's client speak).
+pub(crate) fn reflection_services() -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
     StoreError,
 > {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| StoreError::Server(format!("reflection: {e}")))
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
+    };
+    let err = |e: tonic_reflection::server::Error| StoreError::Server(format!("reflection: {e}"));
+    Ok((
+        builder().build_v1().map_err(err)?,
+        builder().build_v1alpha().map_err(err)?,
+    ))
 }

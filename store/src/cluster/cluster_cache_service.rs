@@ -241,8 +241,8 @@ impl CacheService for ClusterCacheService {
         }))
     }
 
-    async fn stats(&self, req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
-        self.local.stats(req).await
+    async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
+        Ok(Response::new(self.node.stats()))
     }
 
     async fn cluster_status(
@@ -256,7 +256,7 @@ impl CacheService for ClusterCacheService {
             let me = me.clone();
             async move {
                 let stats = if n.node_id == me {
-                    Some(self.node.store().stats())
+                    Some(self.node.stats())
                 } else {
                     match self.node.channel(&n.grpc_addr) {
                         Ok(ch) => {
@@ -269,6 +269,7 @@ impl CacheService for ClusterCacheService {
                         Err(_) => None,
                     }
                 };
+                let served_blocks = stats.as_ref().map_or(0, |s| s.served_blocks);
                 let (tiers, hit_ratio) = match &stats {
                     Some(s) => {
                         let all = s.hit_blocks + s.miss_blocks;
@@ -290,6 +291,7 @@ impl CacheService for ClusterCacheService {
                     alive: stats.is_some(),
                     tiers,
                     hit_ratio,
+                    served_blocks,
                 }
             }
         });

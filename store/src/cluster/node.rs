@@ -255,6 +255,13 @@ impl ClusterNode {
         (self.lease_requests.get(), self.leased_blocks.get())
     }
 
+    /// The store's stats with the blocks served to peers filled in.
+    pub fn stats(&self) -> kvfabric_proto::v1::StatsResponse {
+        let mut s = self.store.stats();
+        s.served_blocks = self.leased_blocks.get();
+        s
+    }
+
     /// Leases this node holds for remote readers right now.
     pub fn remote_leases_held(&self) -> usize {
         self.leases.lock().len()
