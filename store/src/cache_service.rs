@@ -298,6 +298,8 @@ impl CacheService for CacheServer {
                 tiers: s.tiers,
                 hit_ratio,
                 served_blocks: s.served_blocks,
+                transfer_in_bytes: s.transfer_in_bytes,
+                transfer_out_bytes: s.transfer_out_bytes,
             }],
         }))
     }

@@ -479,7 +479,7 @@ impl Store {
             miss_blocks: m.lookup_miss_blocks.get(),
             hit_tokens: m.lookup_hit_tokens.get(),
             miss_tokens: m.lookup_miss_tokens.get(),
-            served_blocks: 0,
+            ..Default::default()
         }
     }
 

@@ -64,6 +64,11 @@ impl TransferEngine {
         })
     }
 
+    /// The engine's metric handles (bytes and ops per transport and direction).
+    pub fn metrics(&self) -> &TransferMetrics {
+        &self.inner.metrics
+    }
+
     /// The address peers reach this engine at.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -99,6 +99,33 @@ impl TransferMetrics {
         m
     }
 
+    /// (bytes in, bytes out) over every transport so far: in = reads this
+    /// node made plus writes peers made into it; out = the reverse.
+    pub fn bytes_in_out(&self) -> (u64, u64) {
+        let (mut bytes_in, mut bytes_out) = (0, 0);
+        for transport in [TransportLabel::Tcp, TransportLabel::Shm, TransportLabel::Rdma] {
+            for direction in [
+                DirectionLabel::Read,
+                DirectionLabel::Write,
+                DirectionLabel::ServedRead,
+                DirectionLabel::ServedWrite,
+            ] {
+                let l = FlowLabels {
+                    transport,
+                    direction,
+                };
+                // Peek without creating empty series.
+                let Some(c) = self.bytes.get(&l) else { continue };
+                let n = c.get();
+                match direction {
+                    DirectionLabel::Read | DirectionLabel::ServedWrite => bytes_in += n,
+                    DirectionLabel::Write | DirectionLabel::ServedRead => bytes_out += n,
+                }
+            }
+        }
+        (bytes_in, bytes_out)
+    }
+
     /// Count one incoming connection refused at its handshake.
     pub fn handshake_refused(&self) {
         self.handshakes_refused.inc();

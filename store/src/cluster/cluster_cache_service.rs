@@ -269,7 +269,10 @@ impl CacheService for ClusterCacheService {
                         Err(_) => None,
                     }
                 };
-                let served_blocks = stats.as_ref().map_or(0, |s| s.served_blocks);
+                let field = |f: fn(&StatsResponse) -> u64| stats.as_ref().map_or(0, f);
+                let served_blocks = field(|s| s.served_blocks);
+                let transfer_in_bytes = field(|s| s.transfer_in_bytes);
+                let transfer_out_bytes = field(|s| s.transfer_out_bytes);
                 let (tiers, hit_ratio) = match &stats {
                     Some(s) => {
                         let all = s.hit_blocks + s.miss_blocks;
@@ -292,6 +295,8 @@ impl CacheService for ClusterCacheService {
                     tiers,
                     hit_ratio,
                     served_blocks,
+                    transfer_in_bytes,
+                    transfer_out_bytes,
                 }
             }
         });

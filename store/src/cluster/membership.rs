@@ -12,12 +12,16 @@
 //!   fresh lease when etcd returns.
 //!
 //! No consensus of our own: etcd is the only source of truth when configured.
+//! With etcd, [`Membership::etcd_connected`] is a gauge that reads 1 while a
+//! session (lease and watch) is live and 0 while etcd is unreachable; the node
+//! exports it as `kvfabric_cluster_etcd_connected`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
+use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -80,6 +84,8 @@ pub struct Membership {
     view: watch::Receiver<Arc<MembershipView>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    /// 1 while an etcd session is live (etcd source only).
+    etcd_connected: Option<Gauge>,
 }
 
 impl Membership {
@@ -89,6 +95,7 @@ impl Membership {
         initial.nodes.insert(me.node_id.clone(), me.clone());
         let (tx, rx) = watch::channel(Arc::new(initial));
         let (stop_tx, stop_rx) = oneshot::channel();
+        let mut etcd_connected = None;
         let task = match source {
             MembershipSource::Single => None,
             MembershipSource::Static {
@@ -113,8 +120,10 @@ impl Membership {
                         "etcd membership needs at least one endpoint".into(),
                     ));
                 }
+                let connected = Gauge::default();
+                etcd_connected = Some(connected.clone());
                 Some(tokio::spawn(run_etcd(
-                    me, endpoints, prefix, ttl, tx, stop_rx,
+                    me, endpoints, prefix, ttl, tx, stop_rx, connected,
                 )))
             }
         };
@@ -122,7 +131,14 @@ impl Membership {
             view: rx,
             stop: Some(stop_tx),
             task,
+            etcd_connected,
         })
+    }
+
+    /// With etcd: a gauge that reads 1 while a session is live, 0 while
+    /// etcd is unreachable. None for the other sources.
+    pub fn etcd_connected(&self) -> Option<Gauge> {
+        self.etcd_connected.clone()
     }
 
     /// The current view.
@@ -223,12 +239,22 @@ async fn run_etcd(
     ttl: Duration,
     tx: watch::Sender<Arc<MembershipView>>,
     mut stop: oneshot::Receiver<()>,
+    connected: Gauge,
 ) {
     let nodes_prefix = format!("{}/nodes/", prefix.trim_end_matches('/'));
     let mut backoff = Duration::from_millis(200);
     loop {
-        let session = etcd_session(&me, &endpoints, &nodes_prefix, ttl, &tx, &mut stop);
-        match session.await {
+        let session = etcd_session(
+            &me,
+            &endpoints,
+            &nodes_prefix,
+            ttl,
+            (&tx, &connected),
+            &mut stop,
+        );
+        let end = session.await;
+        connected.set(0);
+        match end {
             Ok(SessionEnd::Stopped) => return,
             Ok(SessionEnd::Lost(why)) | Err(why) => {
                 tracing::warn!(%why, "etcd session lost; keeping the last membership view and retrying");
@@ -253,7 +279,7 @@ async fn etcd_session(
     endpoints: &[String],
     nodes_prefix: &str,
     ttl: Duration,
-    tx: &watch::Sender<Arc<MembershipView>>,
+    (tx, connected): (&watch::Sender<Arc<MembershipView>>, &Gauge),
     stop: &mut oneshot::Receiver<()>,
 ) -> Result<SessionEnd, String> {
     let e = |what: &str, err: etcd_client::Error| format!("{what}: {err}");
@@ -316,6 +342,7 @@ async fn etcd_session(
     let mut tick = tokio::time::interval(ttl / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ack = Instant::now();
+    connected.set(1);
     loop {
         tokio::select! {
             _ = &mut *stop => {
