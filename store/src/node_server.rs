@@ -172,9 +172,7 @@ impl NodeServer {
             None => grpc_builder(),
         };
         let (reflect_v1, reflect_v1alpha) = reflection_services()?;
-        let router = builder
-            .add_service(reflect_v1)
-            .add_service(reflect_v1alpha);
+        let router = builder.add_service(reflect_v1).add_service(reflect_v1alpha);
         let router = match &node {
             None => {
                 let local = CacheServer::new(store.clone(), grpc_addr.to_string());

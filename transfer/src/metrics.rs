@@ -103,7 +103,11 @@ impl TransferMetrics {
     /// node made plus writes peers made into it; out = the reverse.
     pub fn bytes_in_out(&self) -> (u64, u64) {
         let (mut bytes_in, mut bytes_out) = (0, 0);
-        for transport in [TransportLabel::Tcp, TransportLabel::Shm, TransportLabel::Rdma] {
+        for transport in [
+            TransportLabel::Tcp,
+            TransportLabel::Shm,
+            TransportLabel::Rdma,
+        ] {
             for direction in [
                 DirectionLabel::Read,
                 DirectionLabel::Write,
@@ -115,7 +119,9 @@ impl TransferMetrics {
                     direction,
                 };
                 // Peek without creating empty series.
-                let Some(c) = self.bytes.get(&l) else { continue };
+                let Some(c) = self.bytes.get(&l) else {
+                    continue;
+                };
                 let n = c.get();
                 match direction {
                     DirectionLabel::Read | DirectionLabel::ServedWrite => bytes_in += n,
