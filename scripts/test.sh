@@ -19,4 +19,9 @@ export KVFABRIC_ORACLE_PYTHON="${KVFABRIC_PYENV:-$HOME/.cache/kvfabric/pyenv}/bi
 # The official openai client (engine/tests/openai_client.rs), same script.
 export KVFABRIC_OPENAI_PYTHON="${KVFABRIC_OPENAI_VENV:-$HOME/.cache/kvfabric/openai-venv}/bin/python"
 
+# The alert rules parse and their expressions are valid PromQL (Debian's
+# prometheus package, install-deps.sh). tests/deploy_metrics.rs checks that
+# every metric they and the Grafana dashboard name exists on a live node.
+promtool check rules deploy/prometheus/alerts.yml
+
 cargo test --workspace --no-fail-fast "$@"
