@@ -1,5 +1,8 @@
 //! `kvfabric ctl` against a real 2-node cluster (static peers, loopback):
-//! status, watch, lookup of a token file, pin/unpin, evict, and its errors.
+//! status, watch, top, lookup of a token file, pin/unpin, evict, and its
+//! errors. Every subcommand's `--json` parses and carries the fields its
+//! table shows; the ratios keep one meaning each (lookup hit ratio of the
+//! lookups a node answered, blocks served to peers, tier hits).
 
 mod cluster_support;
 
@@ -33,6 +36,45 @@ fn ok(addr: &str, args: &[&str]) -> String {
     assert!(success, "ctl {args:?} failed: {err}");
     out
 }
+
+/// `ctl <args> --json`, parsed (one object per line).
+fn ok_json(addr: &str, args: &[&str]) -> Vec<serde_json::Value> {
+    let mut a = args.to_vec();
+    a.push("--json");
+    let out = ok(addr, &a);
+    out.lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("ctl {args:?} --json: {e}: {l}"))
+        })
+        .collect()
+}
+
+/// Each column a table shows, and the JSON key that carries it: the
+/// header must be in the table and the key in `obj`.
+fn carries(table: &str, obj: &serde_json::Value, columns: &[(&str, &str)]) {
+    for (header, key) in columns {
+        assert!(table.contains(header), "table lacks {header:?}:\n{table}");
+        assert!(
+            obj.get(key).is_some(),
+            "JSON lacks {key:?} (column {header:?}): {obj}"
+        );
+    }
+}
+
+const NODE_COLUMNS: &[(&str, &str)] = &[
+    ("node", "node_id"),
+    ("alive", "alive"),
+    ("grpc", "grpc_addr"),
+    ("lookup hit", "lookup_hit_ratio"),
+    ("served", "served_blocks"),
+];
+const TIER_COLUMNS: &[(&str, &str)] = &[
+    ("tier", "tier"),
+    ("capacity", "capacity_bytes"),
+    ("used", "used_bytes"),
+    ("blocks", "blocks"),
+    ("tier hits", "hits"),
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctl_status_lookup_pin_evict_watch() {
@@ -84,19 +126,26 @@ async fn ctl_status_lookup_pin_evict_watch() {
     ];
     let addr = b.grpc.as_str();
 
-    let status: serde_json::Value = serde_json::from_str(&ok(addr, &["status", "--json"])).unwrap();
+    // B's client reads A's blocks: A serves them to its peer B.
+    read_all_exact(&mut b.client().await, &ks[..4], &[&a, &b]).await;
+
+    let status = ok_json(addr, &["status"]).remove(0);
     let nodes = status["nodes"].as_array().unwrap();
     assert_eq!(nodes.len(), 2, "{status}");
-    let node_a = nodes.iter().find(|n| n["node_id"] == "a").unwrap();
+    let node = |id: &str| nodes.iter().find(|n| n["node_id"] == id).unwrap().clone();
+    let (node_a, node_b) = (node("a"), node("b"));
     assert_eq!(node_a["alive"], true);
     assert_eq!(node_a["tiers"][0]["tier"], "ram");
     assert_eq!(node_a["tiers"][0]["blocks"], 4);
     assert!(node_a["tiers"][0]["capacity_bytes"].as_u64().unwrap() >= 32 << 20);
+    // Served to peers: the holder A, not the reader B.
+    assert!(node_a["served_blocks"].as_u64().unwrap() >= 4, "{status}");
+    assert_eq!(node_b["served_blocks"], 0, "{status}");
+    assert!(node_a["tiers"][0]["hits"].as_u64().unwrap() >= 4, "{status}");
     let table = ok(addr, &["status"]);
-    assert!(
-        table.contains("hit ratio") && table.contains('a') && table.contains("ram"),
-        "{table}"
-    );
+    carries(&table, &node_a, NODE_COLUMNS);
+    carries(&table, &node_a["tiers"][0], TIER_COLUMNS);
+    assert!(table.contains("ram"), "{table}");
 
     let lookup = |json: bool| {
         let mut args = vec!["lookup"];
@@ -119,7 +168,67 @@ async fn ctl_status_lookup_pin_evict_watch() {
             .all(|h| h["node"] == "a"),
         "{r}"
     );
-    assert!(lookup(false).contains("cached: 64 of 96 tokens"));
+    let table = lookup(false);
+    assert!(table.contains("cached: 64 of 96 tokens"), "{table}");
+    carries(
+        &table,
+        &r["holders"][0],
+        &[
+            ("block", "block"),
+            ("key", "key"),
+            ("node", "node"),
+            ("tier", "tier"),
+            ("size", "size"),
+        ],
+    );
+    // The lookups B answered: 4 of 6 blocks found (A answered none).
+    let status = ok_json(addr, &["status"]).remove(0);
+    let ratio = |id: &str| {
+        status["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node_id"] == id)
+            .unwrap()["lookup_hit_ratio"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!((ratio("b") - 4.0 / 6.0).abs() < 1e-9, "{status}");
+    assert_eq!(ratio("a"), 0.0, "{status}");
+
+    let frames = ok_json(addr, &["top", "--count", "2", "--interval-ms", "100"]);
+    assert_eq!(frames.len(), 2);
+    let top_a = frames[1]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == "a")
+        .unwrap()
+        .clone();
+    let top = ok(addr, &["top", "--count", "2", "--interval-ms", "100"]);
+    assert_eq!(top.matches("kvfabric top").count(), 2, "{top}");
+    carries(
+        &top,
+        &top_a,
+        &[
+            ("node", "node_id"),
+            ("alive", "alive"),
+            ("lookup hit", "lookup_hit_ratio"),
+            ("served", "served_blocks"),
+            ("in GB/s", "in_gbps"),
+            ("out GB/s", "out_gbps"),
+        ],
+    );
+    carries(
+        &top,
+        &top_a["tiers"][0],
+        &[
+            ("tier", "tier"),
+            ("used", "used_bytes"),
+            ("used", "capacity_bytes"),
+            ("blocks", "blocks"),
+        ],
+    );
 
     let mut args = vec!["pin"];
     args.extend(sel);
@@ -127,12 +236,17 @@ async fn ctl_status_lookup_pin_evict_watch() {
         ok(addr, &args).contains("pinned 4 "),
         "pin reaches the holder A"
     );
+    assert_eq!(ok_json(addr, &args)[0]["pinned"], 4);
     let mut args = vec!["unpin"];
     args.extend(sel);
-    assert!(ok(addr, &args).contains("unpinned 4 "));
+    assert_eq!(ok_json(addr, &args)[0]["unpinned"], 4);
+    assert!(ok(addr, &args).contains("unpinned 0 "), "already unpinned");
     let mut args = vec!["evict"];
     args.extend(sel);
-    assert!(ok(addr, &args).contains("evicted 4 "));
+    let evicted = ok_json(addr, &args).remove(0);
+    assert_eq!(evicted["evicted"], 4, "{evicted}");
+    assert_eq!(evicted["blocks"], 6, "{evicted}");
+    assert!(ok(addr, &args).contains("evicted 0 "), "already gone");
     let r: serde_json::Value = serde_json::from_str(&lookup(true)).unwrap();
     assert_eq!(r["cached_blocks"], 0, "evicted everywhere: {r}");
 
