@@ -141,7 +141,10 @@ async fn ctl_status_lookup_pin_evict_watch() {
     // Served to peers: the holder A, not the reader B.
     assert!(node_a["served_blocks"].as_u64().unwrap() >= 4, "{status}");
     assert_eq!(node_b["served_blocks"], 0, "{status}");
-    assert!(node_a["tiers"][0]["hits"].as_u64().unwrap() >= 4, "{status}");
+    assert!(
+        node_a["tiers"][0]["hits"].as_u64().unwrap() >= 4,
+        "{status}"
+    );
     let table = ok(addr, &["status"]);
     carries(&table, &node_a, NODE_COLUMNS);
     carries(&table, &node_a["tiers"][0], TIER_COLUMNS);

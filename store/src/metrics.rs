@@ -88,6 +88,20 @@ impl StoreMetrics {
             reservations_reclaimed: Counter::default(),
             op_seconds: Family::new_with_constructor(latency_histogram),
         };
+        // Every op's histogram exists from the start (a family with no
+        // series is left out of `/metrics`; dashboards need it before the
+        // first op).
+        for op in [
+            OpName::Put,
+            OpName::Get,
+            OpName::Lookup,
+            OpName::Exists,
+            OpName::Remove,
+            OpName::DiskRead,
+            OpName::DiskWrite,
+        ] {
+            let _ = m.op_seconds.get_or_create(&OpLabel { op });
+        }
         let r = registry.sub_registry_with_prefix("kvfabric_store");
         r.register(
             "capacity_bytes",

@@ -67,8 +67,33 @@ pub struct TransferMetrics {
 
 impl TransferMetrics {
     /// Create the metrics and register them under `kvfabric_transfer_*`.
+    /// Every transport x direction series exists from the start, at 0: a
+    /// family with no series is left out of `/metrics`, and dashboards and
+    /// alerts (`rate(kvfabric_transfer_bytes_total[5m])`) need the series to
+    /// exist before the first transfer.
     pub fn register(registry: &mut Registry) -> Self {
         let m = TransferMetrics::default();
+        for transport in [
+            TransportLabel::Tcp,
+            TransportLabel::Shm,
+            TransportLabel::Rdma,
+        ] {
+            for direction in [
+                DirectionLabel::Read,
+                DirectionLabel::Write,
+                DirectionLabel::ServedRead,
+                DirectionLabel::ServedWrite,
+            ] {
+                let l = FlowLabels {
+                    transport,
+                    direction,
+                };
+                let _ = m.bytes.get_or_create(&l);
+                let _ = m.ops.get_or_create(&l);
+            }
+            let _ = m.errors.get_or_create(&TransportLabels { transport });
+            let _ = m.links_opened.get_or_create(&TransportLabels { transport });
+        }
         let sub = registry.sub_registry_with_prefix("kvfabric_transfer");
         sub.register(
             "bytes",

@@ -1,0 +1,176 @@
+//! The operations files name only metrics that exist: every `kvfabric_*`
+//! metric in deploy/grafana/kvfabric.json and deploy/prometheus/alerts.yml
+//! is exported by a live process. One real `kvfabric engine` (the reference
+//! model, `KVFABRIC_MODEL_PATH`) with its embedded fabric node on a real
+//! etcd: engine metrics (`kvfabric_engine_*`, `kvfabric_connector_*`) must be
+//! in the engine's `/metrics`, every other one in the node's `/metrics`.
+//! (`promtool check rules` checks the rules' syntax: scripts/test.sh.)
+
+mod engine_procs;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine_procs::{free_port, http, model_path, parse_response};
+use kvfabric_store::cluster::etcd_process::EtcdProcess;
+
+/// Every `kvfabric_...` metric name in `text`.
+fn referenced(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("kvfabric_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+            .unwrap_or(tail.len());
+        // Not the tail of a longer identifier (e.g. a label value).
+        let before = rest[..i].chars().last();
+        // Nor a prefix in prose ("kvfabric_*").
+        let name = &tail[..end];
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') && !name.ends_with('_') {
+            out.insert(name.to_string());
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// The series names a `/metrics` text declares: its samples, and for each
+/// `# TYPE` family the names its samples will have (`_total` of a counter,
+/// `_bucket`/`_sum`/`_count` of a histogram), so a family with no labelled
+/// series yet (no checksum failure so far) still counts as existing.
+fn declared(metrics: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in metrics.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let mut it = t.split_whitespace();
+            let (Some(name), Some(kind)) = (it.next(), it.next()) else {
+                continue;
+            };
+            out.insert(name.to_string());
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                _ => &[],
+            };
+            for s in suffixes {
+                out.insert(format!("{name}{s}"));
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let end = line.find(['{', ' ']).unwrap_or(line.len());
+            out.insert(line[..end].to_string());
+        }
+    }
+    out
+}
+
+fn get_text(addr: &str, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
+    let (status, body) = parse_response(&raw)?;
+    if status != 200 {
+        return Err(format!("{path}: HTTP {status}"));
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn referenced_names_are_parsed() {
+    let r = referenced(
+        r#"rate(kvfabric_store_hits_total{tier="ram"}[5m]) / x_kvfabric_no, kvfabric_*"#,
+    );
+    assert_eq!(
+        r.into_iter().collect::<Vec<_>>(),
+        ["kvfabric_store_hits_total"]
+    );
+    let d =
+        declared("# TYPE kvfabric_a counter\n# TYPE kvfabric_h histogram\nkvfabric_g{t=\"x\"} 1\n");
+    for n in ["kvfabric_a_total", "kvfabric_h_bucket", "kvfabric_g"] {
+        assert!(d.contains(n), "{n}: {d:?}");
+    }
+    assert!(!d.contains("kvfabric_a_bucket"));
+}
+
+#[test]
+fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let read = |p: &str| std::fs::read_to_string(format!("{root}/{p}")).expect(p);
+    let dashboard = read("deploy/grafana/kvfabric.json");
+    serde_json::from_str::<serde_json::Value>(&dashboard).expect("dashboard is JSON");
+    let wanted: BTreeSet<String> = referenced(&dashboard)
+        .into_iter()
+        .chain(referenced(&read("deploy/prometheus/alerts.yml")))
+        .collect();
+    assert!(wanted.len() > 20, "{wanted:?}");
+
+    let etcd = EtcdProcess::start().expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let engine = format!("127.0.0.1:{}", free_port());
+    let node = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("engine.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvfabric"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("KVFABRIC_") {
+            cmd.env_remove(k);
+        }
+    }
+    let child = cmd
+        .arg("engine")
+        .arg("--model")
+        .arg(model_path())
+        .args(["--listen", &engine, "--node-id", "ops", "--threads", "1"])
+        .args(["--kv-pool", "64MiB", "--ram-capacity", "64MiB"])
+        .args(["--grpc-listen", "127.0.0.1:0", "--http-listen", &node])
+        .args(["--etcd", &etcd.endpoint(), "--etcd-prefix", "/t-deploy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+        .spawn()
+        .expect("start kvfabric engine");
+    let _child = Kill(child);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !matches!(http(&engine, "GET", "/health", None), Ok((200, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "engine never healthy:\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // One request, so the per-request series have samples too.
+    let body = serde_json::json!({"model": "smollm2", "prompt": "Hello there", "max_tokens": 2});
+    let (status, v) = http(&engine, "POST", "/v1/completions", Some(&body)).unwrap();
+    assert_eq!(status, 200, "{v}");
+
+    let engine_has = declared(&get_text(&engine, "/metrics").unwrap());
+    let node_has = declared(&get_text(&node, "/metrics").unwrap());
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|m| {
+            let engine_side =
+                m.starts_with("kvfabric_engine_") || m.starts_with("kvfabric_connector_");
+            !(if engine_side { &engine_has } else { &node_has }).contains(*m)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "named in deploy/ but not exported: {missing:?}\nengine: {engine_has:?}\nnode: {node_has:?}"
+    );
+}
