@@ -317,6 +317,9 @@ async fn etcd_session(
         }
     }
     nodes.insert(me.node_id.clone(), me.clone());
+    // Registered and listed: the session is live (set before the view it
+    // gives is published, so whoever sees that view sees the gauge at 1).
+    connected.set(1);
     publish(
         tx,
         MembershipView {
@@ -342,7 +345,6 @@ async fn etcd_session(
     let mut tick = tokio::time::interval(ttl / 3);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_ack = Instant::now();
-    connected.set(1);
     loop {
         tokio::select! {
             _ = &mut *stop => {
@@ -500,12 +502,15 @@ mod tests {
             .await
             .unwrap();
         wait_for(&a, "a sees b", |v| v.contains("b"), Duration::from_secs(5)).await;
+        let connected = a.etcd_connected().expect("an etcd source has the gauge");
+        assert_eq!(connected.get(), 1, "session live");
         etcd_proc.stop();
         tokio::time::sleep(Duration::from_secs(4)).await;
         assert!(
             a.view().contains("b"),
             "the last view is kept while etcd is down"
         );
+        assert_eq!(connected.get(), 0, "etcd unreachable reads 0");
         etcd_proc.restart().unwrap();
         // After etcd returns, the old leases are gone; both re-register.
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -523,6 +528,14 @@ mod tests {
             Duration::from_secs(8),
         )
         .await;
+        let back = Instant::now();
+        while connected.get() != 1 {
+            assert!(
+                back.elapsed() < Duration::from_secs(10),
+                "the gauge never read 1 again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]
@@ -540,6 +553,7 @@ mod tests {
             failure_timeout: Duration::from_secs(1),
         };
         let m = Membership::start(node("me", 1), src).await.unwrap();
+        assert!(m.etcd_connected().is_none(), "no etcd, no etcd gauge");
         wait_for(&m, "peer up", |v| v.contains("p"), Duration::from_secs(3)).await;
         drop(listener);
         wait_for(
