@@ -1,6 +1,7 @@
 //! Cluster: membership, key ownership, directory shards, cross-node reads.
 //!
-//! - [`membership`]: which nodes are alive (single, static peers, or etcd).
+//! - [`membership`]: which nodes are alive (single, static peers, or etcd);
+//!   `membership_metrics` exports what it sees (`kvfabric_cluster_*`).
 //! - [`rendezvous`]: which live node owns a key's directory entry.
 //! - [`directory`]: the entries a node owns (who holds which block, where).
 //! - [`cluster_config`]: the `[cluster]` section.
@@ -21,6 +22,7 @@ pub mod directory;
 pub mod etcd_process;
 mod lease;
 pub mod membership;
+mod membership_metrics;
 pub mod node;
 mod read;
 pub mod read_staging;

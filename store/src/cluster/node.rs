@@ -131,35 +131,6 @@ pub(crate) fn holder_entry(h: &Holder) -> HolderEntry {
     }
 }
 
-/// `kvfabric_cluster_members` (nodes in this node's membership view, kept
-/// current by a task that follows the view) and, with etcd,
-/// `kvfabric_cluster_etcd_connected` (1 while the etcd session is live).
-fn register_membership_metrics(registry: &mut Registry, membership: &Membership) {
-    let members = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    registry.register(
-        "kvfabric_cluster_members",
-        "Nodes in this node's membership view, itself included",
-        members.clone(),
-    );
-    let mut views = membership.subscribe();
-    tokio::spawn(async move {
-        loop {
-            let n = views.borrow_and_update().nodes.len();
-            members.set(n as i64);
-            if views.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    if let Some(connected) = membership.etcd_connected() {
-        registry.register(
-            "kvfabric_cluster_etcd_connected",
-            "1 while this node's etcd session (lease and watch) is live, 0 while etcd is unreachable",
-            connected,
-        );
-    }
-}
-
 impl ClusterNode {
     /// Start the transfer engine (RAM arena registered), the staging region and
     /// membership; `grpc_addr` is the bound gRPC address (advertised unless
@@ -195,7 +166,7 @@ impl ClusterNode {
         };
         let membership = Membership::start(me.clone(), cfg.membership_source()?).await?;
         let view_rx = membership.subscribe();
-        register_membership_metrics(registry, &membership);
+        crate::cluster::membership_metrics::register(registry, &membership);
         tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
         let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
         let changes = Arc::new(ChangeFeed::new());
