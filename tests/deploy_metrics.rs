@@ -159,6 +159,23 @@ fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
     let (status, v) = http(&engine, "POST", "/v1/completions", Some(&body)).unwrap();
     assert_eq!(status, 200, "{v}");
 
+    // True gauges: with the request finished, nothing runs or waits.
+    let gauge = |name: &str| {
+        let text = get_text(&engine, "/metrics").unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+    };
+    let idle = Instant::now();
+    while gauge("kvfabric_engine_running_requests") != Some(0.0) {
+        assert!(
+            idle.elapsed() < Duration::from_secs(5),
+            "running_requests stays {:?} after the last request finished",
+            gauge("kvfabric_engine_running_requests")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(gauge("kvfabric_engine_waiting_requests"), Some(0.0));
+
     let engine_has = declared(&get_text(&engine, "/metrics").unwrap());
     let node_has = declared(&get_text(&node, "/metrics").unwrap());
     let missing: Vec<&String> = wanted
