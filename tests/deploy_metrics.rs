@@ -67,6 +67,39 @@ fn declared(metrics: &str) -> BTreeSet<String> {
     out
 }
 
+/// Every `label="value"` / `label=~"a|b"` matcher in `text` (JSON-escaped
+/// quotes too), as (label, value) per alternative; values with a Grafana
+/// variable (`$`) or a regex beyond plain alternatives are skipped.
+fn matchers(text: &str) -> BTreeSet<(String, String)> {
+    let text = text.replace("\\\"", "\"");
+    let mut out = BTreeSet::new();
+    for (i, _) in text.match_indices("=\"").chain(text.match_indices("=~\"")) {
+        let label: String = text[..i]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let start = text[i..].find('"').map(|q| i + q + 1).unwrap_or(text.len());
+        let Some(len) = text[start..].find('"') else {
+            continue;
+        };
+        let value = &text[start..start + len];
+        let plain = value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '|');
+        if label.is_empty() || matches!(label.as_str(), "job" | "instance") || !plain {
+            continue;
+        }
+        for alt in value.split('|') {
+            out.insert((label.clone(), alt.to_string()));
+        }
+    }
+    out
+}
+
 fn get_text(addr: &str, path: &str) -> Result<String, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -106,6 +139,16 @@ fn referenced_names_are_parsed() {
         assert!(d.contains(n), "{n}: {d:?}");
     }
     assert!(!d.contains("kvfabric_a_bucket"));
+    let m = matchers(r#"x{direction=~\"Read|ServedWrite\",instance=~\"$instance\"} y{tier="Ram"}"#);
+    let want: BTreeSet<(String, String)> = [
+        ("direction", "Read"),
+        ("direction", "ServedWrite"),
+        ("tier", "Ram"),
+    ]
+    .iter()
+    .map(|(l, v)| (l.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(m, want);
 }
 
 #[test]
@@ -176,8 +219,22 @@ fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
     }
     assert_eq!(gauge("kvfabric_engine_waiting_requests"), Some(0.0));
 
-    let engine_has = declared(&get_text(&engine, "/metrics").unwrap());
-    let node_has = declared(&get_text(&node, "/metrics").unwrap());
+    let engine_text = get_text(&engine, "/metrics").unwrap();
+    let node_text = get_text(&node, "/metrics").unwrap();
+    // Label values the files match on are values the processes export
+    // (they are PascalCase: direction="ServedRead", tier="Ram").
+    let both = format!("{engine_text}{node_text}");
+    let files = format!("{dashboard}{}", read("deploy/prometheus/alerts.yml"));
+    let unknown: Vec<_> = matchers(&files)
+        .into_iter()
+        .filter(|(l, v)| !both.contains(&format!("{l}=\"{v}\"")))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "label values never exported: {unknown:?}"
+    );
+    let engine_has = declared(&engine_text);
+    let node_has = declared(&node_text);
     let missing: Vec<&String> = wanted
         .iter()
         .filter(|m| {
