@@ -186,3 +186,19 @@ impl TransferMetrics {
             .inc();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_in_and_out_sum_the_directions_over_transports() {
+        let m = TransferMetrics::register(&mut Registry::default());
+        assert_eq!(m.bytes_in_out(), (0, 0));
+        m.op_done(TransportLabel::Tcp, DirectionLabel::Read, 100);
+        m.op_done(TransportLabel::Shm, DirectionLabel::ServedWrite, 10);
+        m.op_done(TransportLabel::Tcp, DirectionLabel::ServedRead, 7);
+        m.op_done(TransportLabel::Rdma, DirectionLabel::Write, 1);
+        assert_eq!(m.bytes_in_out(), (110, 8));
+    }
+}
