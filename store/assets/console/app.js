@@ -6,7 +6,7 @@
 "use strict";
 
 const COLORS = ["#3b6fd8", "#d8573b", "#2a9d5b", "#9b59b6", "#e0a100", "#16a0b5", "#7f8c8d", "#c0392b"];
-const state = { cluster: null, history: null, prefixes: null, capacity: null, plots: {}, plotKeys: {}, tenant: "" };
+const state = { clusterUpdates: 0, cluster: null, history: null, prefixes: null, capacity: null, plots: {}, plotKeys: {}, tenant: "" };
 window.kvConsole = state;
 
 function el(tag, attrs, ...kids) {
@@ -53,6 +53,7 @@ function tierCell(tiers) {
 
 function renderCluster(c) {
   state.cluster = c;
+  state.clusterUpdates++;
   document.getElementById("served-by").textContent = "served by " + c.node_id;
   const body = document.querySelector("#nodes tbody");
   body.replaceChildren();
