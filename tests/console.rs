@@ -50,8 +50,8 @@ fn spawn_load(clients: Vec<CacheClient>, stop: Arc<AtomicBool>) -> tokio::task::
     })
 }
 
-/// `hits / (hits + misses)` of a node's lookups, read from its `/metrics`.
-fn metrics_hit_ratio(http: &str) -> f64 {
+/// (hits, misses) of a node's lookups, read from its `/metrics`.
+fn metrics_lookups(http: &str) -> (f64, f64) {
     let text = kvfabric_benches::hosts::http_get(http.parse().expect("addr"), "/metrics")
         .expect("GET /metrics");
     let read = |name: &str| -> f64 {
@@ -61,7 +61,7 @@ fn metrics_hit_ratio(http: &str) -> f64 {
     };
     let hit = read("kvfabric_store_lookup_hit_blocks_total");
     let miss = read("kvfabric_store_lookup_miss_blocks_total");
-    hit / (hit + miss)
+    (hit, miss)
 }
 
 /// Poll `script` in the page until `ok` accepts its result (60 s at most).
@@ -72,7 +72,10 @@ async fn wait_page(b: &Browser, what: &str, script: &str, ok: impl Fn(&Value) ->
         if ok(&v) {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {v}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -140,41 +143,61 @@ async fn console_shows_the_cluster_in_a_real_browser() {
 
     // Every node listed, alive.
     let rows = wait_page(&browser, "three alive nodes", ROWS, |v| {
-        v.as_array().is_some_and(|r| {
-            r.len() == 3 && r.iter().all(|x| x[1] == "alive")
-        })
+        v.as_array()
+            .is_some_and(|r| r.len() == 3 && r.iter().all(|x| x[1] == "alive"))
     })
     .await;
-    let ids: Vec<&str> = rows.as_array().unwrap().iter().filter_map(|r| r[0].as_str()).collect();
+    let ids: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r[0].as_str())
+        .collect();
     assert_eq!(ids, ["a", "b", "c"]);
 
     // The hit ratio shown for b is b's /metrics ratio within a refresh: the
-    // page's value comes from a fetch made after `before` was read.
-    let before = metrics_hit_ratio(&b.http);
-    let updates = browser.eval("return window.kvConsole.clusterUpdates;").await;
+    // page's value comes from a fetch made after `before` was read and before
+    // `after`, so it is hit / (hit + miss) for counters between the two reads.
+    let before = metrics_lookups(&b.http);
+    let updates = browser
+        .eval("return window.kvConsole.clusterUpdates;")
+        .await;
     let n0 = updates.as_u64().expect("update counter");
-    wait_page(&browser, "two page refreshes", "return window.kvConsole.clusterUpdates;", |v| {
-        v.as_u64().is_some_and(|n| n >= n0 + 2)
-    })
+    wait_page(
+        &browser,
+        "two page refreshes",
+        "return window.kvConsole.clusterUpdates;",
+        |v| v.as_u64().is_some_and(|n| n >= n0 + 2),
+    )
     .await;
     let shown = browser
         .eval("const td = document.querySelector('tr[data-node=\"b\"] td.hit-ratio'); return [td.dataset.value, td.textContent];")
         .await;
-    let after = metrics_hit_ratio(&b.http);
-    let value: f64 = shown[0].as_str().and_then(|s| s.parse().ok()).expect("hit ratio value");
+    let after = metrics_lookups(&b.http);
+    let value: f64 = shown[0]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("hit ratio value");
     assert!(
         value > 0.0 && value < 1.0,
         "under this load b's ratio is strictly between 0 and 1: {value}"
     );
-    let (lo, hi) = (before.min(after), before.max(after));
+    let lo = before.0 / (before.0 + after.1);
+    let hi = after.0 / (after.0 + before.1);
     assert!(
-        value >= lo - 1e-9 && value <= hi + 1e-9,
-        "page shows {value}, /metrics said {before} then {after}"
+        value >= lo - 1e-12 && value <= hi + 1e-12,
+        "page shows {value}; /metrics (hits, misses) were {before:?} then {after:?}: ratios {lo}..{hi}"
     );
     assert_eq!(shown[1].as_str(), Some(format!("{value:.3}").as_str()));
 
     // The plots have points: one line per node.
-    for series in ["hit_ratio", "lookups_per_s", "loads_per_s", "ram_used_bytes", "ram_blocks"] {
+    for series in [
+        "hit_ratio",
+        "lookup_blocks_per_s",
+        "loads_per_s",
+        "ram_used_bytes",
+        "ram_blocks",
+    ] {
         let script = format!(
             "const c = document.getElementById('plot-{series}'); return c && c.querySelector('canvas') ? Number(c.dataset.points) : 0;"
         );
@@ -194,9 +217,17 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         |v| v.as_array().is_some_and(|a| !a.is_empty()),
     )
     .await;
-    assert!(top[0]["hits"].as_u64().unwrap_or(0) > 0 && top[0]["depth_blocks"] == 8, "{top}");
-    let planner = browser.eval("return document.getElementById('capacity-note').textContent;").await;
-    assert!(planner.as_str().is_some_and(|s| !s.is_empty()), "planner panel says something");
+    assert!(
+        top[0]["hits"].as_u64().unwrap_or(0) > 0 && top[0]["depth_blocks"] == 8,
+        "{top}"
+    );
+    let planner = browser
+        .eval("return document.getElementById('capacity-note').textContent;")
+        .await;
+    assert!(
+        planner.as_str().is_some_and(|s| !s.is_empty()),
+        "planner panel says something"
+    );
     save(&browser.screenshot().await, "console.png");
     let errs = errors(browser.log().await);
     assert!(errs.is_empty(), "console errors: {errs:?}");
@@ -205,7 +236,8 @@ async fn console_shows_the_cluster_in_a_real_browser() {
     c.kill();
     let killed = Instant::now();
     wait_page(&browser, "c gone", ROWS, |v| {
-        v.as_array().is_some_and(|r| r.iter().any(|x| x[0] == "c" && x[1] == "gone"))
+        v.as_array()
+            .is_some_and(|r| r.iter().any(|x| x[0] == "c" && x[1] == "gone"))
     })
     .await;
     let took = killed.elapsed();

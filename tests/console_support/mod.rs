@@ -96,7 +96,11 @@ impl Browser {
     /// A PNG screenshot of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
         let v = self
-            .request("GET", &format!("/session/{}/screenshot", self.session), None)
+            .request(
+                "GET",
+                &format!("/session/{}/screenshot", self.session),
+                None,
+            )
             .await
             .expect("screenshot");
         base64_decode(v.as_str().expect("base64 screenshot"))
@@ -111,7 +115,12 @@ impl Browser {
     }
 
     /// One WebDriver call: the response's `value`, or its error.
-    async fn request(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
+    async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, String> {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut s = TcpStream::connect(("127.0.0.1", self.port))
             .await
@@ -121,16 +130,12 @@ impl Browser {
             self.port,
             body.len()
         );
-        s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, payload) = text.split_once("\r\n\r\n").ok_or("no HTTP body")?;
-        let payload = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            dechunk(payload)
-        } else {
-            payload.to_string()
-        };
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let (head, payload) = tokio::time::timeout(Duration::from_secs(60), read_response(&mut s))
+            .await
+            .map_err(|_| format!("{method} {path}: no answer in 60 s"))??;
         let v: Value = serde_json::from_str(&payload).map_err(|e| format!("{e}: {payload}"))?;
         let value = v.get("value").cloned().unwrap_or(Value::Null);
         if !head.starts_with("HTTP/1.1 200") {
@@ -157,6 +162,41 @@ impl Drop for Browser {
         });
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+    }
+}
+
+/// One HTTP/1.1 response: its head and body (by Content-Length, chunked, or to EOF;
+/// chromedriver may keep the connection open after answering).
+async fn read_response(s: &mut TcpStream) -> Result<(String, String), String> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 64 << 10];
+    loop {
+        let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let lower = head.to_ascii_lowercase();
+            let length = lower.lines().find_map(|l| {
+                l.strip_prefix("content-length:")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            });
+            let chunked = lower.contains("transfer-encoding: chunked");
+            let done = match length {
+                Some(len) => body.len() >= len,
+                None => n == 0 || (chunked && body.ends_with("0\r\n\r\n")),
+            };
+            if done {
+                let body = if chunked {
+                    dechunk(body)
+                } else {
+                    body.to_string()
+                };
+                return Ok((head.to_string(), body));
+            }
+        }
+        if n == 0 {
+            return Err("connection closed before a full response".into());
+        }
     }
 }
 

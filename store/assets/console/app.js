@@ -26,6 +26,18 @@ function bytes(n) {
   return (i ? n.toFixed(1) : n) + " " + u[i];
 }
 
+// Axis labels by unit: bytes in binary units, small rates with their digits.
+function axisValue(unit, v) {
+  if (v == null) return "";
+  if (unit === "bytes") return bytes(v);
+  if (unit === "ratio") return v.toFixed(2);
+  const a = Math.abs(v);
+  if (a >= 1e6) return (v / 1e6).toFixed(1) + "M";
+  if (a >= 1e3) return (v / 1e3).toFixed(1) + "k";
+  if (a === 0) return "0";
+  return a < 0.01 ? v.toExponential(1) : String(+v.toPrecision(3));
+}
+
 function ratio(x) { return x == null ? "–" : x.toFixed(3); }
 
 function setStatus(text, error) {
@@ -100,6 +112,7 @@ function renderHistory(h) {
     state.plots[s.name] = new uPlot({
       title: s.title + " (" + s.unit + ")", width, height: 180,
       scales: { x: { time: true }, y: s.unit === "ratio" ? { range: [0, 1] } : {} },
+      axes: [{}, { size: 64, values: (u, splits) => splits.map(v => axisValue(s.unit, v)) }],
       series: [{}].concat(nodes.map((n, i) => ({ label: n.node_id, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true }))),
     }, data, cell);
   }

@@ -127,8 +127,7 @@ impl Console {
         let mut client = ConsoleServiceClient::new(ch)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);
-        match tokio::time::timeout(timeout, client.summary(SummaryRequest { with_history })).await
-        {
+        match tokio::time::timeout(timeout, client.summary(SummaryRequest { with_history })).await {
             Ok(Ok(r)) => Some(r.into_inner()),
             Ok(Err(s)) => {
                 tracing::debug!(peer = %addr, status = %s, "console summary failed");

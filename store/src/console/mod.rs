@@ -148,9 +148,9 @@ impl Console {
         let hit_ratio =
             series::value(&HIT_RATIO, &Snapshot::default(), &snap, 0.0).unwrap_or(f64::NAN);
         let store = &self.store;
-        let top_prefixes = self
-            .prefixes
-            .top(PREFIXES_REPORTED, |tip, depth| depth_tokens(store, tip, depth));
+        let top_prefixes = self.prefixes.top(PREFIXES_REPORTED, |tip, depth| {
+            depth_tokens(store, tip, depth)
+        });
         SummaryResponse {
             node_id: self
                 .node

@@ -77,7 +77,7 @@ impl PrefixTracker {
             .iter()
             .map(|(k, e)| (k.clone(), e.clone()))
             .collect();
-        all.sort_by(|a, b| b.1.hits.cmp(&a.1.hits).then(a.0 .1.0.cmp(&b.0 .1.0)));
+        all.sort_by(|a, b| b.1.hits.cmp(&a.1.hits).then(a.0 .1 .0.cmp(&b.0 .1 .0)));
         all.truncate(n);
         all.into_iter()
             .map(|((namespace, tip), e)| PrefixStat {

@@ -30,8 +30,8 @@ pub enum Source {
     Ratio { hit: Sel, miss: Sel },
     /// Δpart / Δwhole over the interval; no value when Δwhole is 0.
     Share { part: Sel, whole: Sel },
-    /// Δsel per second, times `scale`.
-    Rate { sel: Sel, scale: f64 },
+    /// Δ(sum of `sels`) per second, times `scale`.
+    Rate { sels: &'static [Sel], scale: f64 },
     /// The current value.
     Gauge(Sel),
     /// Quantile `q` of the histogram `name`'s observations in the interval.
@@ -53,7 +53,6 @@ pub struct Series {
 const GB: f64 = 1e-9;
 const IN: &[(&str, &[&str])] = &[("direction", &["Read", "ServedWrite"])];
 const OUT: &[(&str, &[&str])] = &[("direction", &["Write", "ServedRead"])];
-const LOOKUP: &[(&str, &[&str])] = &[("op", &["Lookup"])];
 const GET: &[(&str, &[&str])] = &[("op", &["Get"])];
 const RAM: &[(&str, &[&str])] = &[("tier", &["Ram"])];
 const DISK: &[(&str, &[&str])] = &[("tier", &["Disk"])];
@@ -74,14 +73,16 @@ pub const SERIES: &[Series] = &[
         source: HIT_RATIO,
     },
     Series {
-        name: "lookups_per_s",
-        title: "Lookups per second",
+        // A cluster lookup keeps no per-request counter: blocks looked up
+        // (found + not found) is what every node counts.
+        name: "lookup_blocks_per_s",
+        title: "Blocks looked up per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: Sel {
-                name: "kvfabric_store_op_seconds_count",
-                labels: LOOKUP,
-            },
+            sels: &[
+                sel("kvfabric_store_lookup_hit_blocks_total"),
+                sel("kvfabric_store_lookup_miss_blocks_total"),
+            ],
             scale: 1.0,
         },
     },
@@ -90,10 +91,10 @@ pub const SERIES: &[Series] = &[
         title: "Loads (gets) per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: Sel {
+            sels: &[Sel {
                 name: "kvfabric_store_op_seconds_count",
                 labels: GET,
-            },
+            }],
             scale: 1.0,
         },
     },
@@ -102,10 +103,10 @@ pub const SERIES: &[Series] = &[
         title: "Transfer in",
         unit: "GB/s",
         source: Source::Rate {
-            sel: Sel {
+            sels: &[Sel {
                 name: "kvfabric_transfer_bytes_total",
                 labels: IN,
-            },
+            }],
             scale: GB,
         },
     },
@@ -114,10 +115,10 @@ pub const SERIES: &[Series] = &[
         title: "Transfer out",
         unit: "GB/s",
         source: Source::Rate {
-            sel: Sel {
+            sels: &[Sel {
                 name: "kvfabric_transfer_bytes_total",
                 labels: OUT,
-            },
+            }],
             scale: GB,
         },
     },
@@ -126,7 +127,7 @@ pub const SERIES: &[Series] = &[
         title: "Evictions per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: sel("kvfabric_store_evictions_total"),
+            sels: &[sel("kvfabric_store_evictions_total")],
             scale: 1.0,
         },
     },
@@ -135,7 +136,7 @@ pub const SERIES: &[Series] = &[
         title: "Promotions per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: sel("kvfabric_store_promotions_total"),
+            sels: &[sel("kvfabric_store_promotions_total")],
             scale: 1.0,
         },
     },
@@ -144,7 +145,7 @@ pub const SERIES: &[Series] = &[
         title: "Demotions per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: sel("kvfabric_store_demotions_total"),
+            sels: &[sel("kvfabric_store_demotions_total")],
             scale: 1.0,
         },
     },
@@ -153,7 +154,7 @@ pub const SERIES: &[Series] = &[
         title: "Checksum failures per second",
         unit: "1/s",
         source: Source::Rate {
-            sel: sel("kvfabric_store_checksum_failures_total"),
+            sels: &[sel("kvfabric_store_checksum_failures_total")],
             scale: 1.0,
         },
     },
@@ -335,8 +336,8 @@ pub fn value(source: &Source, prev: &Snapshot, now: &Snapshot, dt_s: f64) -> Opt
             let (p, w) = (delta(part).unwrap_or(0.0), delta(whole)?);
             (w > 0.0).then(|| (p / w).min(1.0))
         }
-        Source::Rate { sel, scale } => {
-            let d = delta(sel)?;
+        Source::Rate { sels, scale } => {
+            let d = sels.iter().filter_map(&delta).reduce(|a, b| a + b)?;
             (dt_s > 0.0).then(|| d / dt_s * scale)
         }
         Source::Gauge(s) => now.sum(s),
@@ -427,9 +428,19 @@ kvfabric_engine_time_to_first_token_seconds_bucket{le="+Inf"} 10
         let now = Snapshot::parse(TEXT);
         // Δhit 20, Δmiss 0: the interval's ratio is 1, not the cumulative 0.75.
         assert_eq!(value(&HIT_RATIO, &prev, &now, 1.0), Some(1.0));
-        assert_eq!(value(&HIT_RATIO, &now, &now, 1.0), None, "no lookups: no value");
-        let rate = SERIES.iter().find(|s| s.name == "transfer_in_gbps").unwrap();
-        assert_eq!(value(&rate.source, &Snapshot::default(), &now, 2.0), Some(1.5));
+        assert_eq!(
+            value(&HIT_RATIO, &now, &now, 1.0),
+            None,
+            "no lookups: no value"
+        );
+        let rate = SERIES
+            .iter()
+            .find(|s| s.name == "transfer_in_gbps")
+            .unwrap();
+        assert_eq!(
+            value(&rate.source, &Snapshot::default(), &now, 2.0),
+            Some(1.5)
+        );
     }
 
     #[test]
