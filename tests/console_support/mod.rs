@@ -5,7 +5,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,7 +37,7 @@ pub struct Browser {
 
 impl Browser {
     /// Start `chromedriver` on a free port and open a headless session of `chromium`.
-    pub async fn start(chromium: &PathBuf, chromedriver: &PathBuf, port: u16) -> Browser {
+    pub async fn start(chromium: &Path, chromedriver: &Path, port: u16) -> Browser {
         let driver = Command::new(chromedriver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
