@@ -102,15 +102,9 @@ fn save(png: &[u8], name: &str) {
 
 const ROWS: &str = "return [...document.querySelectorAll('#nodes tbody tr')].map(r => [r.dataset.node, r.dataset.state]);";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn console_shows_the_cluster_in_a_real_browser() {
-    let Some((chromium, chromedriver)) = find_browser() else {
-        eprintln!("SKIPPED console_shows_the_cluster_in_a_real_browser: chromium and chromedriver are not installed (Debian packages chromium, chromium-driver; scripts/install-deps.sh installs them)");
-        return;
-    };
-    let etcd = EtcdProcess::start().expect("etcd");
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("console.toml");
+/// Three nodes on a fresh etcd, history sampled every 500 ms.
+fn start_cluster(etcd: &EtcdProcess, dir: &std::path::Path) -> [NodeProc; 3] {
+    let config = dir.join("console.toml");
     std::fs::write(&config, "[node]\nconsole_interval_ms = 500\n").unwrap();
     let flags: Vec<String> = [
         "--etcd",
@@ -124,63 +118,38 @@ async fn console_shows_the_cluster_in_a_real_browser() {
     ]
     .map(String::from)
     .to_vec();
-    let a = NodeProc::start("a", dir.path(), &flags, false);
-    let b = NodeProc::start("b", dir.path(), &flags, false);
-    let mut c = NodeProc::start("c", dir.path(), &flags, false);
-    for n in [&a, &b, &c] {
-        wait_members(n, &["a", "b", "c"], Duration::from_secs(15)).await;
-    }
-    let clients = vec![a.client().await, b.client().await, c.client().await];
-    for seed in 1..=4u32 {
-        let mut on = clients[seed as usize % 3].clone();
-        put_all(&mut on, &keys(seed, 8), false).await;
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = spawn_load(clients, stop.clone());
+    ["a", "b", "c"].map(|id| NodeProc::start(id, dir, &flags, false))
+}
 
-    let browser = Browser::start(&chromium, &chromedriver, free_port()).await;
-    browser.goto(&format!("http://{}/", a.http)).await;
-
-    // Every node listed, alive.
-    let rows = wait_page(&browser, "three alive nodes", ROWS, |v| {
-        v.as_array()
-            .is_some_and(|r| r.len() == 3 && r.iter().all(|x| x[1] == "alive"))
-    })
-    .await;
-    let ids: Vec<&str> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r[0].as_str())
-        .collect();
-    assert_eq!(ids, ["a", "b", "c"]);
-
-    // The hit ratio shown for b is b's /metrics ratio within a refresh: the
-    // page's value comes from a fetch made after `before` was read and before
-    // `after`, so it is hit / (hit + miss) for counters between the two reads.
-    let before = metrics_lookups(&b.http);
+/// The hit ratio shown for `node` is its /metrics ratio within a refresh: the
+/// page's value comes from a fetch made after `before` was read and before
+/// `after`, so it is hit / (hit + miss) for counters between the two reads.
+async fn check_hit_ratio(browser: &Browser, node: &NodeProc) {
+    let before = metrics_lookups(&node.http);
     let updates = browser
         .eval("return window.kvConsole.clusterUpdates;")
         .await;
     let n0 = updates.as_u64().expect("update counter");
     wait_page(
-        &browser,
+        browser,
         "two page refreshes",
         "return window.kvConsole.clusterUpdates;",
         |v| v.as_u64().is_some_and(|n| n >= n0 + 2),
     )
     .await;
-    let shown = browser
-        .eval("const td = document.querySelector('tr[data-node=\"b\"] td.hit-ratio'); return [td.dataset.value, td.textContent];")
-        .await;
-    let after = metrics_lookups(&b.http);
+    let script = format!(
+        "const td = document.querySelector('tr[data-node=\"{}\"] td.hit-ratio'); return [td.dataset.value, td.textContent];",
+        node.id
+    );
+    let shown = browser.eval(&script).await;
+    let after = metrics_lookups(&node.http);
     let value: f64 = shown[0]
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("hit ratio value");
     assert!(
         value > 0.0 && value < 1.0,
-        "under this load b's ratio is strictly between 0 and 1: {value}"
+        "under this load the ratio is strictly between 0 and 1: {value}"
     );
     let lo = before.0 / (before.0 + after.1);
     let hi = after.0 / (after.0 + before.1);
@@ -189,8 +158,11 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         "page shows {value}; /metrics (hits, misses) were {before:?} then {after:?}: ratios {lo}..{hi}"
     );
     assert_eq!(shown[1].as_str(), Some(format!("{value:.3}").as_str()));
+}
 
-    // The plots have points: one line per node.
+/// The plots have points, one line per node; the top prefixes and the
+/// planner panel are filled.
+async fn check_panels(browser: &Browser) {
     for series in [
         "hit_ratio",
         "lookup_blocks_per_s",
@@ -201,7 +173,7 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         let script = format!(
             "const c = document.getElementById('plot-{series}'); return c && c.querySelector('canvas') ? Number(c.dataset.points) : 0;"
         );
-        wait_page(&browser, &format!("points in {series}"), &script, |v| {
+        wait_page(browser, &format!("points in {series}"), &script, |v| {
             v.as_u64().is_some_and(|n| n >= 3)
         })
         .await;
@@ -211,7 +183,7 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         .await;
     assert_eq!(lines.as_u64(), Some(3), "one line per node");
     let top = wait_page(
-        &browser,
+        browser,
         "top prefixes",
         "const p = window.kvConsole.prefixes; return p ? p.prefixes : [];",
         |v| v.as_array().is_some_and(|a| !a.is_empty()),
@@ -228,6 +200,44 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         planner.as_str().is_some_and(|s| !s.is_empty()),
         "planner panel says something"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn console_shows_the_cluster_in_a_real_browser() {
+    let Some((chromium, chromedriver)) = find_browser() else {
+        eprintln!("SKIPPED console_shows_the_cluster_in_a_real_browser: chromium and chromedriver are not installed (Debian packages chromium, chromium-driver; scripts/install-deps.sh installs them)");
+        return;
+    };
+    let etcd = EtcdProcess::start().expect("etcd");
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, mut c] = start_cluster(&etcd, dir.path());
+    for n in [&a, &b, &c] {
+        wait_members(n, &["a", "b", "c"], Duration::from_secs(15)).await;
+    }
+    let clients = vec![a.client().await, b.client().await, c.client().await];
+    for seed in 1..=4u32 {
+        let mut on = clients[seed as usize % 3].clone();
+        put_all(&mut on, &keys(seed, 8), false).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = spawn_load(clients, stop.clone());
+
+    let browser = Browser::start(&chromium, &chromedriver, free_port()).await;
+    browser.goto(&format!("http://{}/", a.http)).await;
+    let rows = wait_page(&browser, "three alive nodes", ROWS, |v| {
+        v.as_array()
+            .is_some_and(|r| r.len() == 3 && r.iter().all(|x| x[1] == "alive"))
+    })
+    .await;
+    let ids: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r[0].as_str())
+        .collect();
+    assert_eq!(ids, ["a", "b", "c"], "every node listed");
+    check_hit_ratio(&browser, &b).await;
+    check_panels(&browser).await;
     save(&browser.screenshot().await, "console.png");
     let errs = errors(browser.log().await);
     assert!(errs.is_empty(), "console errors: {errs:?}");
@@ -250,6 +260,4 @@ async fn console_shows_the_cluster_in_a_real_browser() {
     let _ = load.await;
     let errs = errors(browser.log().await);
     assert!(errs.is_empty(), "console errors after the kill: {errs:?}");
-    drop(browser);
-    drop((a, b));
 }

@@ -167,12 +167,7 @@ impl NodeServer {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let console = Arc::new(Console::new(
-            store.clone(),
-            Arc::new(registry),
-            node.clone(),
-        ));
-        console.spawn_sampler(stop_rx.clone());
+        let console = Console::start(store.clone(), registry, node.clone(), stop_rx.clone());
 
         let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
         let mut builder = match node.as_ref().and_then(|n| n.identity()) {
@@ -217,12 +212,8 @@ impl NodeServer {
         let grpc_server =
             router.serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
 
-        let app = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/health", get(|| async { "ok\n" }))
-            .with_state(console.clone())
-            .merge(crate::console::http::routes(console));
-        let http_server = axum::serve(http, app).with_graceful_shutdown(stopped(stop_rx));
+        let http_server =
+            axum::serve(http, http_app(console)).with_graceful_shutdown(stopped(stop_rx));
 
         let node_id = node
             .as_ref()
@@ -234,6 +225,15 @@ impl NodeServer {
         h.map_err(|e| StoreError::Server(format!("http: {e}")))?;
         Ok(())
     }
+}
+
+/// The node's HTTP app: `/metrics`, `/health` and the console.
+fn http_app(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(console.clone())
+        .merge(crate::console::http::routes(console))
 }
 
 async fn metrics(State(console): State<Arc<Console>>) -> impl IntoResponse {

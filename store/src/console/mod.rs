@@ -73,6 +73,18 @@ impl Console {
         }
     }
 
+    /// [`Console::new`] with its sampler running until `stop` turns true.
+    pub fn start(
+        store: Store,
+        registry: Registry,
+        node: Option<Arc<ClusterNode>>,
+        stop: watch::Receiver<bool>,
+    ) -> Arc<Console> {
+        let console = Arc::new(Console::new(store, Arc::new(registry), node));
+        console.spawn_sampler(stop);
+        console
+    }
+
     /// The tracker lookups record found prefixes in.
     pub fn prefixes(&self) -> &Arc<PrefixTracker> {
         &self.prefixes
