@@ -138,3 +138,101 @@ async fn console_page_assets_and_api_on_a_standalone_node() {
     );
     let _ = tx.send(());
 }
+
+/// Top prefixes per tenant: on a (one-node) cluster with a tenants file,
+/// lookups by two tenants of the same chain are counted apart, and
+/// `?namespace=` picks one tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_prefixes_are_counted_per_tenant() {
+    use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
+    use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout, PutOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let tenants = dir.path().join("tenants.toml");
+    let hash = |k: &str| format!("\"{}\"", kvfabric_tenants::KeyHash::of(k));
+    std::fs::write(
+        &tenants,
+        format!(
+            "[[tenants]]\nname = \"alice\"\ntrusted = true\napi_keys = [{}]\n[[tenants]]\nname = \"bob\"\ntrusted = true\napi_keys = [{}]\n",
+            hash("key-alice"),
+            hash("key-bob")
+        ),
+    )
+    .unwrap();
+    let mut registry = Registry::default();
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::mib(4),
+        tenants_file: Some(tenants),
+        ..Default::default()
+    };
+    let store = Store::open(cfg, &mut registry).unwrap();
+    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (g, h) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+    let cluster = ClusterConfig {
+        transfer_listen: "127.0.0.1:0".into(),
+        transfer_transport: "tcp".into(),
+        ..ClusterConfig::default()
+    };
+    let node = ClusterNode::start(store, cluster, g, &mut registry)
+        .await
+        .unwrap();
+    let layout = KvLayout {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 16,
+        dtype: DType::F16,
+        block_tokens: 16,
+        order: BlockOrder::LayerKvTokenHead,
+    };
+    let keys: Vec<BlockKey> = (1..=3u8).map(|i| BlockKey([i; 32])).collect();
+    for k in &keys {
+        let data = vec![7u8; layout.block_bytes()];
+        node.store()
+            .put(*k, layout, &data, PutOptions::default())
+            .unwrap();
+    }
+    node.sync().await;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        NodeServer::cluster(node.clone(), registry, grpc, http).serve(async {
+            let _ = rx.await;
+        }),
+    );
+    let mut client = CacheServiceClient::connect(format!("http://{g}"))
+        .await
+        .unwrap();
+    for (who, times) in [("key-alice", 3), ("key-bob", 1)] {
+        for _ in 0..times {
+            let mut req = tonic::Request::new(LookupRequest {
+                keys: keys.iter().map(|k| k.0.to_vec()).collect(),
+                with_holders: false,
+            });
+            req.metadata_mut()
+                .insert("authorization", format!("Bearer {who}").parse().unwrap());
+            let found = client.lookup(req).await.unwrap().into_inner();
+            assert_eq!(found.prefix_blocks, 3);
+        }
+    }
+    let http = h.to_string();
+    let top = json(&http, "/api/v1/top-prefixes").await;
+    let p = top["prefixes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(p.len(), 2, "{top}");
+    assert_eq!(
+        (p[0]["namespace"].as_str(), p[0]["hits"].as_u64()),
+        (Some("alice"), Some(3))
+    );
+    assert_eq!(
+        (p[1]["namespace"].as_str(), p[1]["hits"].as_u64()),
+        (Some("bob"), Some(1))
+    );
+    assert_eq!(p[0]["depth_blocks"], 3);
+    assert_eq!(p[0]["depth_tokens"], 48, "3 blocks of 16 tokens, held here");
+    assert_eq!(p[0]["holders"], serde_json::json!(["node-0"]));
+    assert_eq!(p[0]["size_bytes"], 3 * layout.block_bytes() as u64);
+    assert_eq!(top["namespaces"], serde_json::json!(["alice", "bob"]));
+    let bob = json(&http, "/api/v1/top-prefixes?namespace=bob").await;
+    assert_eq!(bob["prefixes"].as_array().map(Vec::len), Some(1), "{bob}");
+    assert_eq!(bob["prefixes"][0]["namespace"], "bob");
+    let _ = tx.send(());
+}
