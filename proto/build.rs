@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/kvfabric/v1/cache.proto",
         "proto/kvfabric/internal/v1/directory.proto",
+        "proto/kvfabric/internal/v1/console.proto",
     ];
     for p in &protos {
         println!("cargo:rerun-if-changed={p}");

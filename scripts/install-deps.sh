@@ -14,6 +14,7 @@ PACKAGES=(
   redis-server fio iperf3              # peers the benchmarks measure against
   python3-pip python3-venv unzip       # model fetch (PyPI wheel) and llama.cpp reference
   iproute2 procps curl ca-certificates
+  chromium chromium-driver             # tests/console.rs drives the browser console in headless Chromium (WebDriver)
 )
 
 missing=()

@@ -13,6 +13,7 @@
 mod cache_service;
 mod changes;
 pub mod cluster;
+pub mod console;
 mod disk;
 mod disk_codec;
 #[cfg(test)]

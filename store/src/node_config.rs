@@ -110,6 +110,10 @@ pub struct NodeConfig {
     pub tenants_file: Option<PathBuf>,
     /// How often the tenants file is re-read. Default: 1000 ms.
     pub tenants_reload_ms: u64,
+    /// Interval of the console's history ring (the plots at `/`). Default: 5000 ms.
+    pub console_interval_ms: u64,
+    /// Samples the console's history ring keeps (720 x 5 s = one hour). Default: 720.
+    pub console_history_samples: u32,
 }
 
 impl Default for NodeConfig {
@@ -135,6 +139,8 @@ impl Default for NodeConfig {
             reservation_timeout_ms: 30_000,
             tenants_file: None,
             tenants_reload_ms: 1000,
+            console_interval_ms: 5000,
+            console_history_samples: 720,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! `NodeServer`: the one way a node is served. It owns the gRPC services
 //! (CacheService, plus the internal DirectoryService and HolderService when
 //! the node is in a cluster, and reflection) and the HTTP port (GET /metrics,
-//! GET /health), and stops both on one shutdown future. A cluster node leaves
+//! GET /health, and the browser console at / with its JSON API: see
+//! [`crate::console`]), and stops both on one shutdown future. A cluster node leaves
 //! membership first on shutdown (with etcd its lease is revoked, so peers see
 //! it go at once), then stops serving. Also the gRPC builder/endpoint twins
 //! every server and client uses (large HTTP/2 windows, TCP_NODELAY).
@@ -15,6 +16,7 @@ use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use kvfabric_proto::internal::v1::console_service_server::ConsoleServiceServer;
 use kvfabric_proto::internal::v1::directory_service_server::DirectoryServiceServer;
 use kvfabric_proto::internal::v1::holder_service_server::HolderServiceServer;
 use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
@@ -29,6 +31,8 @@ use crate::cluster::cluster_cache_service::ClusterCacheService;
 use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::node::ClusterNode;
 use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
+use crate::console::cluster::ConsoleRpc;
+use crate::console::Console;
 use crate::metrics::encode_text;
 use crate::node_config::NodeConfig;
 use crate::store::Store;
@@ -163,6 +167,7 @@ impl NodeServer {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
+        let console = Console::start(store.clone(), registry, node.clone(), stop_rx.clone());
 
         let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
         let mut builder = match node.as_ref().and_then(|n| n.identity()) {
@@ -185,10 +190,10 @@ impl NodeServer {
             }
             Some(node) => {
                 let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
-                let cache = CacheServiceServer::new(TenantScoped::new(ClusterCacheService::new(
-                    local,
-                    node.clone(),
-                )))
+                let cache = CacheServiceServer::new(TenantScoped::new(
+                    ClusterCacheService::new(local, node.clone())
+                        .with_prefix_tracker(console.prefixes().clone()),
+                ))
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit);
                 let cache = InterceptedService::new(cache, auth);
@@ -199,22 +204,23 @@ impl NodeServer {
                     .add_service(cache)
                     .add_service(directory)
                     .add_service(HolderServiceServer::new(HolderRpc(node.clone())))
+                    .add_service(
+                        ConsoleServiceServer::new(ConsoleRpc(console.clone()))
+                            .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT),
+                    )
             }
         };
         let grpc_server =
             router.serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
 
-        let app = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/health", get(|| async { "ok\n" }))
-            .with_state(Arc::new((store, registry)));
-        let http_server = axum::serve(http, app).with_graceful_shutdown(stopped(stop_rx));
+        let http_server =
+            axum::serve(http, http_app(console)).with_graceful_shutdown(stopped(stop_rx));
 
         let node_id = node
             .as_ref()
             .map(|n| n.info().node_id.clone())
             .unwrap_or_default();
-        tracing::info!(node = %node_id, "node serving gRPC on {grpc_addr}, metrics/health on http://{http_addr}");
+        tracing::info!(node = %node_id, "node serving gRPC on {grpc_addr}, console/metrics/health on http://{http_addr}");
         let (g, h) = tokio::join!(grpc_server, http_server);
         g.map_err(|e| StoreError::Server(format!("grpc: {e}")))?;
         h.map_err(|e| StoreError::Server(format!("http: {e}")))?;
@@ -222,15 +228,23 @@ impl NodeServer {
     }
 }
 
-async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoResponse {
-    let (store, registry) = &*state;
-    store.stats(); // refreshes the per-tier gauges
+/// The node's HTTP app: `/metrics`, `/health` and the console.
+fn http_app(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(console.clone())
+        .merge(crate::console::http::routes(console))
+}
+
+async fn metrics(State(console): State<Arc<Console>>) -> impl IntoResponse {
+    console.store().stats(); // refreshes the per-tier gauges
     (
         [(
             CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        encode_text(registry),
+        encode_text(console.registry()),
     )
 }
 

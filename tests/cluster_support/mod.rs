@@ -62,6 +62,8 @@ pub struct NodeProc {
     pub id: String,
     pub grpc: String,
     pub transfer: String,
+    /// HTTP address (/metrics, /health, the console at /).
+    pub http: String,
     args: Vec<String>,
     log: PathBuf,
     child: Option<Child>,
@@ -84,6 +86,7 @@ impl NodeProc {
     ) -> NodeProc {
         let grpc = format!("127.0.0.1:{grpc_port}");
         let transfer = format!("127.0.0.1:{transfer_port}");
+        let http = format!("127.0.0.1:{}", free_port());
         let mut args: Vec<String> = vec![
             "node".into(),
             "--node-id".into(),
@@ -91,7 +94,7 @@ impl NodeProc {
             "--grpc-listen".into(),
             grpc.clone(),
             "--http-listen".into(),
-            format!("127.0.0.1:{}", free_port()),
+            http.clone(),
             "--ram-capacity".into(),
             "32MiB".into(),
             "--transfer-listen".into(),
@@ -110,6 +113,7 @@ impl NodeProc {
             id: id.into(),
             grpc,
             transfer,
+            http,
             args,
             log: dir.join(format!("{id}.log")),
             child: None,

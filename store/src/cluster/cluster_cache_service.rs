@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache_service::{chunks, CacheServer};
 use crate::cluster::node::{holder_pb, ClusterNode};
+use crate::console::prefixes::PrefixTracker;
 use crate::keys::BlockKey;
 
 /// Metadata header marking a fanned-out call: act on the local store only.
@@ -33,12 +34,24 @@ pub const LOCAL_ONLY_HEADER: &str = "x-kvfabric-local";
 pub struct ClusterCacheService {
     local: CacheServer,
     node: Arc<ClusterNode>,
+    /// The console's top-prefixes table, told of every found prefix.
+    prefixes: Option<Arc<PrefixTracker>>,
 }
 
 impl ClusterCacheService {
     /// Answer for the cluster `node` belongs to; `local` serves its own store.
     pub fn new(local: CacheServer, node: Arc<ClusterNode>) -> Self {
-        ClusterCacheService { local, node }
+        ClusterCacheService {
+            local,
+            node,
+            prefixes: None,
+        }
+    }
+
+    /// Record every lookup's found prefix in `tracker` (the console's top prefixes).
+    pub fn with_prefix_tracker(mut self, tracker: Arc<PrefixTracker>) -> Self {
+        self.prefixes = Some(tracker);
+        self
     }
 
     fn local_only<T>(req: &Request<T>) -> bool {
@@ -109,9 +122,16 @@ impl CacheService for ClusterCacheService {
         if Self::local_only(&req) {
             return self.local.lookup(req).await;
         }
+        let tenant = req
+            .extensions()
+            .get::<kvfabric_tenants::Identity>()
+            .map(|who| who.label().to_string());
         let req = req.into_inner();
         let keys = parse_keys(&req.keys)?;
         let prefix = self.node.lookup(&keys).await;
+        if let Some(t) = &self.prefixes {
+            t.record(tenant.as_deref().unwrap_or("default"), &keys, &prefix);
+        }
         Ok(Response::new(LookupResponse {
             prefix_blocks: prefix.len() as u32,
             holders: if req.with_holders {
