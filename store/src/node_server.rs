@@ -206,6 +206,7 @@ impl NodeServer {
         let app = Router::new()
             .route("/metrics", get(metrics))
             .route("/health", get(|| async { "ok\n" }))
+            .route("/api/v1/capacity", get(capacity))
             .with_state(Arc::new((store, registry)));
         let http_server = axum::serve(http, app).with_graceful_shutdown(stopped(stop_rx));
 
@@ -231,6 +232,11 @@ async fn metrics(State(state): State<Arc<(Store, Registry)>>) -> impl IntoRespon
         )],
         encode_text(registry),
     )
+}
+
+/// GET /api/v1/capacity: the capacity planner's curves (`planner`).
+async fn capacity(State(state): State<Arc<(Store, Registry)>>) -> impl IntoResponse {
+    axum::Json(state.0.capacity())
 }
 
 /// The gRPC server builder every node uses. Blocks are MiBs: HTTP/2's default
