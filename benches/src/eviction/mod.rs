@@ -20,6 +20,7 @@
 
 mod file;
 pub mod min;
+pub mod planner;
 pub mod traces;
 
 use anyhow::Context;
@@ -118,6 +119,17 @@ pub fn replay(
     policy: EvictionPolicy,
     capacity_blocks: Option<usize>,
 ) -> anyhow::Result<Hits> {
+    Ok(replay_store(trace, layout, base, policy, capacity_blocks)?.0)
+}
+
+/// [`replay`], and the store it ran on (its stats, its capacity planner).
+pub fn replay_store(
+    trace: &Trace,
+    layout: KvLayout,
+    base: &NodeConfig,
+    policy: EvictionPolicy,
+    capacity_blocks: Option<usize>,
+) -> anyhow::Result<(Hits, Store)> {
     let bt = trace.block_tokens;
     let block = vec![0u8; layout.block_bytes()];
     // Room for every block the replay could put, when it must never evict.
@@ -147,7 +159,7 @@ pub fn replay(
             store.put(*k, layout, &block, PutOptions::default())?;
         }
     }
-    Ok(hits)
+    Ok((hits, store))
 }
 
 /// A layout of small blocks (a few KiB): the tier's bookkeeping is what is

@@ -7,9 +7,10 @@
 //! the share of a tier eviction keeps it at, between the watermarks). The
 //! mean block size comes from the sampled puts, so the capacity follows the
 //! blocks the node actually stores. A looked-up key the mini-cache holds is
-//! a hit (and touched, as the connector's read of a hit does); one it does
-//! not hold is a miss and is inserted (the engine computes and puts it). A
-//! put inserts a key not held (answer blocks, which no lookup saw first).
+//! a hit (and touched, as the connector's read of a hit does) unless an
+//! earlier key of the same lookup missed; one it does not hold is a miss and
+//! is inserted (the engine computes and puts it). A put inserts a key not
+//! held (answer blocks, which no lookup saw first).
 
 use std::collections::HashMap;
 
@@ -41,13 +42,21 @@ impl Mini {
         }
     }
 
-    /// A sampled lookup of `key`; `blocks_per_byte` sizes the mini-cache.
-    pub fn access(&mut self, key: &BlockKey, blocks_per_byte: f64) {
-        match self.slots.get(key) {
-            Some(&slot) => self.order.touch(slot, key),
-            None => {
-                self.misses += 1;
-                self.insert(*key, blocks_per_byte);
+    /// A lookup's sampled keys, in prefix order; `blocks_per_byte` sizes the
+    /// mini-cache. The hit is the longest held prefix: past the first miss,
+    /// keys are misses, held ones untouched (the store reads only the
+    /// prefix it found, then puts the rest: a put of a held key changes nothing).
+    pub fn lookup<'k>(&mut self, keys: impl Iterator<Item = &'k BlockKey>, blocks_per_byte: f64) {
+        let mut broken = false;
+        for key in keys {
+            match self.slots.get(key) {
+                Some(&slot) if !broken => self.order.touch(slot, key),
+                Some(_) => self.misses += 1,
+                None => {
+                    broken = true;
+                    self.misses += 1;
+                    self.insert(*key, blocks_per_byte);
+                }
             }
         }
     }

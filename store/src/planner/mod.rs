@@ -20,8 +20,16 @@
 //! ratio is the token ratio of the node's lookups
 //! (`kvfabric_store_lookup_hit_tokens` over hit + miss tokens).
 //!
+//! A lookup's hit is its longest stored prefix: in a mini-cache, a sampled
+//! key after one that missed in the same lookup is a miss too (and is not
+//! touched, as the store reads only the prefix it found). With every key
+//! sampled this is the store's rule exactly; at 1% a lookup rarely has two
+//! sampled keys, so a block whose unsampled parent is gone still counts as
+//! a hit (the estimate's main error on S3-FIFO and LIRS: see
+//! docs/BENCHMARKS.md, "capacity planner").
+//!
 //! The hot path: a lookup adds its key count to one relaxed atomic and
-//! hashes each key; only a sampled key takes the planner's lock. Puts hash
+//! hashes each key; only a lookup with a sampled key takes the planner's lock. Puts hash
 //! their key the same way. Tiers: the RAM curve scales the RAM tier with the
 //! disk tier as it is, the disk curve the disk tier with RAM as it is; a
 //! point holds the two tiers' bytes together (write-back keeps a block in one
@@ -112,6 +120,9 @@ pub struct Planner {
     fill: f64,
     policy: EvictionPolicy,
     lookups: AtomicU64,
+    /// Puts asked of the store (every key): sampled puts over this is the
+    /// share of blocks actually sampled, which sizes the mini-caches.
+    puts: AtomicU64,
     sims: Mutex<Sims>,
 }
 
@@ -141,7 +152,10 @@ impl Planner {
             let curve = |tier, capacity_bytes, bytes: &dyn Fn(f64) -> f64| TierSims {
                 tier,
                 capacity_bytes,
-                points: SCALES.iter().map(|&s| Mini::new(cfg, s, bytes(s))).collect(),
+                points: SCALES
+                    .iter()
+                    .map(|&s| Mini::new(cfg, s, bytes(s)))
+                    .collect(),
             };
             tiers.push(curve("ram", ram, &|s| s * r + d));
             if disk > 0 {
@@ -154,6 +168,7 @@ impl Planner {
             fill: (cfg.high_watermark + cfg.low_watermark) / 2.0,
             policy: cfg.eviction,
             lookups: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
             sims: Mutex::new(Sims {
                 tiers,
                 sampled_lookups: 0,
@@ -177,18 +192,27 @@ impl Planner {
             return;
         }
         self.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        for k in keys {
-            if spot(k) < self.threshold {
-                self.sims.lock().access(k, self.rate * self.fill);
-            }
-        }
+        let sampled = |k: &&BlockKey| spot(k) < self.threshold;
+        let Some(first) = keys.iter().position(|k| sampled(&k)) else {
+            return;
+        };
+        let mut s = self.sims.lock();
+        let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
+        s.lookup(keys[first..].iter().filter(sampled), per_byte);
     }
 
     /// The store was asked to put `key` of `len` bytes (the hook on the put path).
     #[inline]
     pub fn on_put(&self, key: &BlockKey, len: u64) {
-        if self.threshold != 0 && spot(key) < self.threshold {
-            self.sims.lock().put(key, len, self.rate * self.fill);
+        if self.threshold == 0 {
+            return;
+        }
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        if spot(key) < self.threshold {
+            let mut s = self.sims.lock();
+            s.note_put(len);
+            let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
+            s.put(key, per_byte);
         }
     }
 
@@ -196,7 +220,10 @@ impl Planner {
     pub fn report(&self) -> CapacityReport {
         let lookups = self.lookups.load(Ordering::Relaxed);
         let s = self.sims.lock();
-        let expected = self.rate * lookups as f64;
+        // Misses are of the blocks that get put: their sampled share (not a
+        // hot key's luck) scales the sampled misses up.
+        let share = s.share(self.rate, &self.puts);
+        let expected = share * lookups as f64;
         let ratio = |misses: u64| {
             if expected <= 0.0 {
                 0.0
@@ -232,30 +259,49 @@ impl Planner {
 }
 
 impl Sims {
-    /// Sampled blocks per byte of a point (`rate_fill`: rate x fill).
-    fn blocks_per_byte(&self, rate_fill: f64) -> f64 {
+    /// Sampled blocks per byte a point holds: the share of blocks sampled
+    /// times `fill` over the mean block. The share is the sampled puts'
+    /// share of all puts once there are enough of them (the hash's rate
+    /// before): the sampled keys are `rate` of the keys only on average, and
+    /// a cache a few percent too small for a loop misses it all.
+    fn blocks_per_byte(&self, rate: f64, fill: f64, all_puts: &AtomicU64) -> f64 {
+        let share = self.share(rate, all_puts);
         let mean = if self.puts == 0 {
             SLOT as f64
         } else {
             self.put_bytes as f64 / self.puts as f64
         };
-        rate_fill / mean
+        share * fill / mean
     }
 
-    fn access(&mut self, key: &BlockKey, rate_fill: f64) {
-        self.sampled_lookups += 1;
-        let bpb = self.blocks_per_byte(rate_fill);
-        for m in self.tiers.iter_mut().flat_map(|t| t.points.iter_mut()) {
-            m.access(key, bpb);
+    /// The share of blocks sampled: sampled puts over all puts once there
+    /// are enough, the hash's rate before.
+    fn share(&self, rate: f64, all_puts: &AtomicU64) -> f64 {
+        const ENOUGH: u64 = 64;
+        let (sampled, all) = (self.puts, all_puts.load(Ordering::Relaxed));
+        if sampled >= ENOUGH && all > 0 {
+            sampled as f64 / all as f64
+        } else {
+            rate
         }
     }
 
-    fn put(&mut self, key: &BlockKey, len: u64, rate_fill: f64) {
+    fn note_put(&mut self, len: u64) {
         self.puts += 1;
         self.put_bytes += len.div_ceil(SLOT) * SLOT;
-        let bpb = self.blocks_per_byte(rate_fill);
+    }
+
+    /// One lookup's sampled keys, in prefix order.
+    fn lookup<'k>(&mut self, keys: impl Iterator<Item = &'k BlockKey> + Clone, per_byte: f64) {
+        self.sampled_lookups += keys.clone().count() as u64;
         for m in self.tiers.iter_mut().flat_map(|t| t.points.iter_mut()) {
-            m.put(key, bpb);
+            m.lookup(keys.clone(), per_byte);
+        }
+    }
+
+    fn put(&mut self, key: &BlockKey, per_byte: f64) {
+        for m in self.tiers.iter_mut().flat_map(|t| t.points.iter_mut()) {
+            m.put(key, per_byte);
         }
     }
 }
