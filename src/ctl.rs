@@ -92,6 +92,12 @@ pub enum CtlAction {
         #[command(flatten)]
         blocks: BlockSelect,
     },
+    /// The node's capacity planner: its token hit ratio at 0.25x..4x each tier.
+    Capacity {
+        /// Print JSON (the shape of GET /api/v1/capacity) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Which blocks: explicit keys, or a prompt's keys.
@@ -148,6 +154,7 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
     let key = cmd.api_key.as_deref();
     match cmd.action {
         CtlAction::Status { json } => print_status(&status(&mut c, key).await?, json),
+        CtlAction::Capacity { json } => capacity(&mut c, key, json).await?,
         CtlAction::Watch {
             interval_ms,
             count,
@@ -266,6 +273,48 @@ async fn status(c: &mut CacheClient, key: Option<&str>) -> anyhow::Result<Cluste
         .await
         .map_err(|s| anyhow!("cluster status: {}", s.message()))?
         .into_inner())
+}
+
+/// `kvfabric ctl capacity`: the planner's curves of the node at --addr.
+async fn capacity(c: &mut CacheClient, key: Option<&str>, json: bool) -> anyhow::Result<()> {
+    let r: kvfabric_store::CapacityReport = c
+        .capacity(authed(kvfabric_proto::v1::CapacityRequest {}, key)?)
+        .await
+        .map_err(|s| anyhow!("capacity: {}", s.message()))?
+        .into_inner()
+        .into();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    if r.tiers.is_empty() {
+        println!("capacity planner off (planner_sample_rate = 0)");
+        return Ok(());
+    }
+    println!(
+        "sample {:.2}% of keys, {} lookups ({} sampled); token hit ratio of this node's lookups",
+        r.sample_rate * 100.0,
+        r.lookups,
+        r.sampled_lookups
+    );
+    println!(
+        "{:<5}  {:<7}  {:>6}  {:>12}  {:>9}",
+        "tier", "policy", "scale", "capacity", "hit ratio"
+    );
+    for t in &r.tiers {
+        for p in &t.points {
+            let now = if p.scale == 1.0 { "  <- now" } else { "" };
+            println!(
+                "{:<5}  {:<7}  {:>5}x  {:>12}  {:>9.3}{now}",
+                t.tier,
+                t.policy,
+                p.scale,
+                bytesize::ByteSize::b(p.capacity_bytes).to_string(),
+                p.token_hit_ratio
+            );
+        }
+    }
+    Ok(())
 }
 
 fn tier_name(t: i32) -> &'static str {

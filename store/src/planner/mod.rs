@@ -334,6 +334,63 @@ impl Collector for Planner {
     }
 }
 
+impl From<CapacityReport> for kvfabric_proto::v1::CapacityResponse {
+    fn from(r: CapacityReport) -> Self {
+        use kvfabric_proto::v1::{CapacityPoint, CapacityTier};
+        kvfabric_proto::v1::CapacityResponse {
+            tiers: r
+                .tiers
+                .into_iter()
+                .map(|t| CapacityTier {
+                    tier: t.tier,
+                    policy: t.policy,
+                    capacity_bytes: t.capacity_bytes,
+                    points: t
+                        .points
+                        .into_iter()
+                        .map(|p| CapacityPoint {
+                            scale: p.scale,
+                            capacity_bytes: p.capacity_bytes,
+                            token_hit_ratio: p.token_hit_ratio,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            sample_rate: r.sample_rate,
+            lookups: r.lookups,
+            sampled_lookups: r.sampled_lookups,
+        }
+    }
+}
+
+impl From<kvfabric_proto::v1::CapacityResponse> for CapacityReport {
+    fn from(r: kvfabric_proto::v1::CapacityResponse) -> Self {
+        CapacityReport {
+            tiers: r
+                .tiers
+                .into_iter()
+                .map(|t| TierCurve {
+                    tier: t.tier,
+                    policy: t.policy,
+                    capacity_bytes: t.capacity_bytes,
+                    points: t
+                        .points
+                        .into_iter()
+                        .map(|p| CurvePoint {
+                            scale: p.scale,
+                            capacity_bytes: p.capacity_bytes,
+                            token_hit_ratio: p.token_hit_ratio,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            sample_rate: r.sample_rate,
+            lookups: r.lookups,
+            sampled_lookups: r.sampled_lookups,
+        }
+    }
+}
+
 impl Store {
     /// The capacity planner's curves (GET /api/v1/capacity, the Capacity RPC).
     pub fn capacity(&self) -> CapacityReport {
