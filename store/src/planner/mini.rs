@@ -83,10 +83,4 @@ impl Mini {
         let slot = self.order.insert(key);
         self.slots.insert(key, slot);
     }
-
-    /// Blocks held now.
-    #[cfg(test)]
-    pub fn held(&self) -> usize {
-        self.slots.len()
-    }
 }
