@@ -66,18 +66,23 @@ pub(super) fn sampling(sources: &[Vec<u8>], out: &mut Map<String, Value>) -> any
     let n = sources.len();
     let keys: Vec<BlockKey> = (0..n).map(key).collect();
     let rate = NodeConfig::default().planner_sample_rate;
-    let (on, off) = (open(n, rate)?, open(n, 0.0)?);
-    let (mut b_on, mut b_off) = (Best::default(), Best::default());
+    // A second store with the planner off is the control: off vs off is
+    // what two stores' arenas differ by on this machine with no change at all.
+    let (off, control, on) = (open(n, 0.0)?, open(n, 0.0)?, open(n, rate)?);
+    let (mut b_on, mut b_off, mut b_ctl) = (Best::default(), Best::default(), Best::default());
     for r in 0..2 * ROUNDS {
-        // Alternate which goes first, so warm-up and drift fall on both.
-        if r % 2 == 0 {
-            round(&on, sources, &keys, &mut b_on)?;
-            round(&off, sources, &keys, &mut b_off)?;
-        } else {
-            round(&off, sources, &keys, &mut b_off)?;
-            round(&on, sources, &keys, &mut b_on)?;
+        // Rotate which goes first, so warm-up and drift fall on all.
+        let mut order = [(&on, &mut b_on), (&off, &mut b_off), (&control, &mut b_ctl)];
+        order.rotate_left(r % 3);
+        for (store, best) in order {
+            round(store, sources, &keys, best)?;
         }
     }
+    out.insert("ram_get_off_vs_off".into(), json!(b_ctl.get / b_off.get));
+    out.insert(
+        "ram_lookup_off_vs_off".into(),
+        json!(b_ctl.lookup / b_off.lookup),
+    );
     out.insert("planner_sample_rate".into(), json!(rate));
     out.insert(
         "ram_get_sampling_on_vs_off".into(),
