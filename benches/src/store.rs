@@ -1,6 +1,7 @@
 //! `kvfabric bench store`: the node store against real peers, same run.
 //!
-//! - RAM tier: in-process put/get of 1.5 MiB blocks vs memcpy of the same bytes.
+//! - RAM tier: in-process put/get of 1.5 MiB blocks vs memcpy of the same bytes;
+//!   and with the capacity planner sampling vs off (`store/sampling.rs`).
 //! - Disk tier: 1.5 MiB writes (write-through puts) and reads (promotions from a
 //!   cold store) from `clients` threads vs `fio --ioengine=io_uring --direct=1`
 //!   with the same block size and queue depth on the same filesystem, in
@@ -21,6 +22,7 @@ mod disk;
 mod metadata;
 mod reconcile;
 mod redis;
+mod sampling;
 
 pub use reconcile::{SyncBenchArgs, SyncReport};
 
@@ -163,6 +165,7 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     let sources: Vec<Vec<u8>> = (0..n).map(block_data).collect();
     let mut report = serde_json::Map::new();
     ram(&sources, &mut report)?;
+    sampling::sampling(&sources, &mut report)?;
     let disk_blocks = args.disk_blocks.max(args.clients);
     disk::disk(tmp.path(), &sources, disk_blocks, args.clients, &mut report)?;
     // Redis and kvfabric's three get paths, interleaved in rounds: Redis alone

@@ -1,7 +1,8 @@
 //! `kvfabric ctl`: operate a cluster through any node's gRPC API.
 //!
 //! One file per group of subcommands: `status.rs` (`status`, `watch`),
-//! `top.rs` (`top`, a live view refreshed in place), `blocks.rs` (`lookup`,
+//! `top.rs` (`top`, a live view refreshed in place), `capacity.rs`
+//! (`capacity`, the planner's miss-ratio curves), `blocks.rs` (`lookup`,
 //! `pin`, `unpin`, `evict` and how they pick blocks: `--model GGUF` with
 //! `--prompt TEXT` or `--tokens FILE`, or `--tokens FILE` with
 //! `--model-fingerprint HEX --layers --kv-heads --head-dim [--dtype]`, or
@@ -22,6 +23,7 @@
 //!   for peers alike (`kvfabric_store_hits_total{tier}`).
 
 mod blocks;
+mod capacity;
 mod status;
 mod top;
 
@@ -110,6 +112,12 @@ pub enum CtlAction {
         #[arg(long)]
         json: bool,
     },
+    /// The node's capacity planner: its token hit ratio at 0.25x..4x each tier.
+    Capacity {
+        /// Print JSON (the shape of GET /api/v1/capacity) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Drop blocks from every tier of every node.
     Evict {
         #[command(flatten)]
@@ -155,6 +163,7 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
         } => blocks::pin(c, key, &blocks, ttl_ms, json).await?,
         CtlAction::Unpin { blocks, json } => blocks::unpin(c, key, &blocks, json).await?,
         CtlAction::Evict { blocks, json } => blocks::evict(c, key, &blocks, json).await?,
+        CtlAction::Capacity { json } => capacity::run(c, key, json).await?,
     }
     Ok(())
 }

@@ -12,10 +12,10 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use kvfabric_proto::v1::cache_service_server::CacheService;
 use kvfabric_proto::v1::{
-    ClusterStatusRequest, ClusterStatusResponse, ExistsRequest, ExistsResponse, GetHeader,
-    GetRequest, GetResponse, Holder, LookupRequest, LookupResponse, NodeStatus, PinRequest,
-    PinResponse, PutRequest, PutResponse, RemoveRequest, RemoveResponse, StatsRequest,
-    StatsResponse, UnpinRequest, UnpinResponse,
+    CapacityRequest, CapacityResponse, ClusterStatusRequest, ClusterStatusResponse, ExistsRequest,
+    ExistsResponse, GetHeader, GetRequest, GetResponse, Holder, LookupRequest, LookupResponse,
+    NodeStatus, PinRequest, PinResponse, PutRequest, PutResponse, RemoveRequest, RemoveResponse,
+    StatsRequest, StatsResponse, UnpinRequest, UnpinResponse,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -276,6 +276,13 @@ impl CacheService for CacheServer {
 
     async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
         Ok(Response::new(self.store.stats()))
+    }
+
+    async fn capacity(
+        &self,
+        _req: Request<CapacityRequest>,
+    ) -> Result<Response<CapacityResponse>, Status> {
+        Ok(Response::new(self.store.capacity().into()))
     }
 
     async fn cluster_status(

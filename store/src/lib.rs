@@ -26,6 +26,7 @@ mod lifecycle;
 mod metrics;
 mod node_config;
 mod node_server;
+mod planner;
 mod policy;
 pub mod ports;
 mod state;
@@ -43,6 +44,7 @@ pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};
 pub use node_server::NodeServer;
+pub use planner::{CapacityReport, CurvePoint, TierCurve, SCALES as PLANNER_SCALES};
 pub use store::{PutOptions, ReserveOutcome, Store};
 
 /// The Prometheus registry type `Store::open` registers into.

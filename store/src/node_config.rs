@@ -96,6 +96,9 @@ pub struct NodeConfig {
     /// lirs: a protected block idle for this many times its last reuse
     /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.5.
     pub lirs_idle_factor: f64,
+    /// Capacity planner: fraction of block keys sampled (SHARDS) for the
+    /// miss-ratio curves of GET /api/v1/capacity; 0 = off. Default: 0.01.
+    pub planner_sample_rate: f64,
     /// Fraction of a tier's capacity above which eviction starts. Default: 0.95.
     pub high_watermark: f64,
     /// Fraction of a tier's capacity eviction brings usage down to. Default: 0.85.
@@ -133,6 +136,7 @@ impl Default for NodeConfig {
             lirs_hir_percent: 1.0,
             lirs_history: 24,
             lirs_idle_factor: 1.5,
+            planner_sample_rate: 0.01,
             high_watermark: 0.95,
             low_watermark: 0.85,
             max_block_size: ByteSize::mib(64),
@@ -177,6 +181,12 @@ impl NodeConfig {
             return bad(format!(
                 "lirs_idle_factor must be >= 0, got {}",
                 self.lirs_idle_factor
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.planner_sample_rate) {
+            return bad(format!(
+                "planner_sample_rate must be in [0, 1], got {}",
+                self.planner_sample_rate
             ));
         }
         if self.max_block_size.as_u64() == 0 {

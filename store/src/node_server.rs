@@ -233,6 +233,7 @@ fn http_app(console: Arc<Console>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
+        .route("/api/v1/capacity", get(capacity))
         .with_state(console.clone())
         .merge(crate::console::http::routes(console))
 }
@@ -246,6 +247,11 @@ async fn metrics(State(console): State<Arc<Console>>) -> impl IntoResponse {
         )],
         encode_text(console.registry()),
     )
+}
+
+/// GET /api/v1/capacity: the capacity planner's curves (`planner`).
+async fn capacity(State(console): State<Arc<Console>>) -> impl IntoResponse {
+    axum::Json(console.store().capacity())
 }
 
 /// The gRPC server builder every node uses. Blocks are MiBs: HTTP/2's default

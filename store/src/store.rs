@@ -32,6 +32,7 @@ pub(crate) struct Shared {
     pub region: Arc<SharedRegion>,
     pub disk: Option<DiskTier>,
     pub metrics: StoreMetrics,
+    pub planner: Arc<crate::planner::Planner>,
     pub inner: Mutex<Inner>,
     pub ram_high: u64,
     pub ram_low: u64,
@@ -123,6 +124,7 @@ impl Store {
             ram_low: frac(ram_cap, cfg.low_watermark),
             disk_high: frac(disk_cap, cfg.high_watermark),
             disk_low: frac(disk_cap, cfg.low_watermark),
+            planner: crate::planner::Planner::register(&cfg, ram_cap, disk_cap, registry),
             cfg,
             region,
             disk,
@@ -166,6 +168,7 @@ impl Store {
             ));
         }
         self.reap_zombies();
+        self.shared.planner.on_put(&key, len);
         if self.shared.inner.lock().blocks.contains_key(&key) {
             return self
                 .shared
@@ -367,6 +370,7 @@ impl Store {
             });
         }
         drop(g);
+        self.shared.planner.on_lookup(keys);
         let m = &self.shared.metrics;
         let hit_tokens: u64 = found.iter().map(|i| i.tokens as u64).sum();
         let per_block = found.first().map_or(0, |i| i.tokens as u64);

@@ -24,9 +24,10 @@ use std::sync::Arc;
 
 use kvfabric_proto::v1::cache_service_server::CacheService;
 use kvfabric_proto::v1::{
-    ClusterStatusRequest, ClusterStatusResponse, ExistsRequest, ExistsResponse, GetRequest,
-    LookupRequest, LookupResponse, PinRequest, PinResponse, PutRequest, PutResponse, RemoveRequest,
-    RemoveResponse, StatsRequest, StatsResponse, UnpinRequest, UnpinResponse,
+    CapacityRequest, CapacityResponse, ClusterStatusRequest, ClusterStatusResponse, ExistsRequest,
+    ExistsResponse, GetRequest, LookupRequest, LookupResponse, PinRequest, PinResponse, PutRequest,
+    PutResponse, RemoveRequest, RemoveResponse, StatsRequest, StatsResponse, UnpinRequest,
+    UnpinResponse,
 };
 use kvfabric_tenants::namespace::scope_key;
 use kvfabric_tenants::{Identity, TenantGate};
@@ -158,6 +159,13 @@ impl<S: CacheService> CacheService for TenantScoped<S> {
 
     async fn stats(&self, req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
         self.inner.stats(req).await
+    }
+
+    async fn capacity(
+        &self,
+        req: Request<CapacityRequest>,
+    ) -> Result<Response<CapacityResponse>, Status> {
+        self.inner.capacity(req).await
     }
 
     async fn cluster_status(

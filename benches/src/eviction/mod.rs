@@ -20,6 +20,7 @@
 
 mod file;
 pub mod min;
+pub mod planner;
 pub mod traces;
 
 use anyhow::Context;
@@ -81,6 +82,14 @@ pub struct EvictionArgs {
     /// lirs: idle factor after which a protected block is demoted (config `lirs_idle_factor`).
     #[arg(long, default_value_t = NodeConfig::default().lirs_idle_factor)]
     pub lirs_idle_factor: f64,
+    /// Also check the capacity planner: its curve (sampling at
+    /// --planner-rate) against exact replays, on the agentic trace with this
+    /// many sessions (~37 distinct blocks each; 0 = skip).
+    #[arg(long, default_value_t = 0)]
+    pub planner_sessions: usize,
+    /// The planner's sampling rate for --planner-sessions.
+    #[arg(long, default_value_t = NodeConfig::default().planner_sample_rate)]
+    pub planner_rate: f64,
 }
 
 impl EvictionArgs {
@@ -118,6 +127,17 @@ pub fn replay(
     policy: EvictionPolicy,
     capacity_blocks: Option<usize>,
 ) -> anyhow::Result<Hits> {
+    Ok(replay_store(trace, layout, base, policy, capacity_blocks)?.0)
+}
+
+/// [`replay`], and the store it ran on (its stats, its capacity planner).
+pub fn replay_store(
+    trace: &Trace,
+    layout: KvLayout,
+    base: &NodeConfig,
+    policy: EvictionPolicy,
+    capacity_blocks: Option<usize>,
+) -> anyhow::Result<(Hits, Store)> {
     let bt = trace.block_tokens;
     let block = vec![0u8; layout.block_bytes()];
     // Room for every block the replay could put, when it must never evict.
@@ -147,7 +167,7 @@ pub fn replay(
             store.put(*k, layout, &block, PutOptions::default())?;
         }
     }
-    Ok(hits)
+    Ok((hits, store))
 }
 
 /// A layout of small blocks (a few KiB): the tier's bookkeeping is what is
@@ -163,29 +183,49 @@ fn small_layout(block_tokens: usize) -> KvLayout {
     }
 }
 
-/// The traces to replay: the file's, or the generated ones.
-fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Trace>> {
-    if let Some(path) = &args.trace {
-        return Ok(vec![file::load(path, layout)?]);
-    }
+/// The tokenizer of --model.
+fn tokenizer(args: &EvictionArgs) -> anyhow::Result<Tokenizer> {
     let path = crate::model_file(&args.model)?;
     let gguf = GgufFile::open(&path).context("opening the model")?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
-    drop(gguf);
-    let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), layout);
-    let shape = Shape {
-        sessions: args.sessions,
+    Tokenizer::from_gguf(&gguf).context("building the tokenizer")
+}
+
+/// The traces' shape from the flags, with `sessions` sessions.
+fn shape(args: &EvictionArgs, sessions: usize) -> Shape {
+    Shape {
+        sessions,
         turns: args.turns,
         system_tokens: args.system_tokens,
         history_tokens: args.session_history_tokens,
         answer_tokens: args.answer_tokens,
         scan_prompts: args.scan_prompts,
         seed: args.seed,
-    };
+    }
+}
+
+/// `--planner-sessions`: the planner's curve against exact replays.
+fn planner_section(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Value> {
+    let tokenizer = tokenizer(args)?;
+    let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), layout);
+    let trace = traces::agentic(
+        &|text| tokenizer.encode(text, true),
+        &chain,
+        &shape(args, args.planner_sessions),
+    );
+    planner::report(&trace, *layout, &args.node_config(), args.planner_rate)
+}
+
+/// The traces to replay: the file's, or the generated ones.
+fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Trace>> {
+    if let Some(path) = &args.trace {
+        return Ok(vec![file::load(path, layout)?]);
+    }
+    let tokenizer = tokenizer(args)?;
+    let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), layout);
     Ok(traces::all(
         &|text| tokenizer.encode(text, true),
         &chain,
-        &shape,
+        &shape(args, args.sessions),
     ))
 }
 
@@ -240,6 +280,11 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
         out.push(measure_trace(t, layout, &args.node_config())?);
     }
     let scan = scan_summary(&out);
+    let planner = if args.planner_sessions > 0 && args.trace.is_none() {
+        planner_section(args, &layout)?
+    } else {
+        Value::Null
+    };
     Ok(json!({
         "block_tokens": args.block_tokens,
         "lirs": {
@@ -250,6 +295,7 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
         "policies": POLICIES.iter().map(|p| p.0).collect::<Vec<_>>(),
         "traces": out,
         "scan_vs_agentic": scan,
+        "planner": planner,
     }))
 }
 
@@ -287,6 +333,15 @@ fn scan_summary(traces: &[Value]) -> Value {
 
 fn print_table(report: &Value) {
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
+    for p in report["planner"]["points"].as_array().into_iter().flatten() {
+        println!(
+            "planner {:<7} at {:>3.0}%: exact {:.3}, estimated {:.3}",
+            p["policy"].as_str().unwrap_or("?"),
+            f(&p["capacity_fraction"]) * 100.0,
+            f(&p["exact_hit_ratio"]),
+            f(&p["estimated_hit_ratio"])
+        );
+    }
     for t in report["traces"].as_array().into_iter().flatten() {
         println!(
             "{}: {} requests, {} distinct blocks, never-evict hit ratio {:.3}",

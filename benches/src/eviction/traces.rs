@@ -143,18 +143,30 @@ fn round_robin(w: &Workload, s: &Shape, v2: Option<(&[u32], usize)>) -> Vec<Trac
     out
 }
 
+/// The agentic trace alone (what `all` reports first): `sessions` x `turns`
+/// round-robin, capacities based on its distinct blocks.
+pub fn agentic(encode: &dyn Fn(&str) -> Vec<u32>, chain: &KeyChain, s: &Shape) -> Trace {
+    let w = workload(encode, s, s.sessions, s.turns);
+    agentic_of(chain, &round_robin(&w, s, None))
+}
+
+fn agentic_of(chain: &KeyChain, entries: &[TraceEntry]) -> Trace {
+    let mut t = Trace {
+        name: "agentic".into(),
+        requests: entries.iter().map(|e| request(chain, e, true)).collect(),
+        block_tokens: chain.block_tokens(),
+        capacity_base: 0,
+    };
+    t.capacity_base = t.distinct_blocks();
+    t
+}
+
 /// Every trace, in report order.
 pub fn all(encode: &dyn Fn(&str) -> Vec<u32>, chain: &KeyChain, s: &Shape) -> Vec<Trace> {
     let w = workload(encode, s, s.sessions, s.turns);
     let agentic = round_robin(&w, s, None);
-    let agent_reqs: Vec<Request> = agentic.iter().map(|e| request(chain, e, true)).collect();
-    let base = Trace {
-        name: String::new(),
-        requests: agent_reqs.clone(),
-        block_tokens: chain.block_tokens(),
-        capacity_base: 0,
-    }
-    .distinct_blocks();
+    let agentic_trace = agentic_of(chain, &agentic);
+    let base = agentic_trace.capacity_base;
     let mk = |name: &str, entries: Vec<(TraceEntry, bool)>, capacity_base: Option<usize>| {
         let requests: Vec<Request> = entries
             .iter()
@@ -171,12 +183,7 @@ pub fn all(encode: &dyn Fn(&str) -> Vec<u32>, chain: &KeyChain, s: &Shape) -> Ve
     };
     let tag = |v: Vec<TraceEntry>| v.into_iter().map(|e| (e, true)).collect::<Vec<_>>();
     vec![
-        Trace {
-            name: "agentic".into(),
-            requests: agent_reqs,
-            block_tokens: chain.block_tokens(),
-            capacity_base: base,
-        },
+        agentic_trace,
         mk("zipf", tag(zipf(encode, s)), None),
         mk("ending", tag(ending(encode, s)), None),
         mk("version", tag(version(encode, s, &w)), None),

@@ -15,10 +15,10 @@ use futures::{Stream, StreamExt};
 use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::cache_service_server::CacheService;
 use kvfabric_proto::v1::{
-    ClusterStatusRequest, ClusterStatusResponse, ExistsRequest, ExistsResponse, GetHeader,
-    GetRequest, GetResponse, LookupRequest, LookupResponse, NodeStatus, PinRequest, PinResponse,
-    PutRequest, PutResponse, RemoveRequest, RemoveResponse, StatsRequest, StatsResponse,
-    UnpinRequest, UnpinResponse,
+    CapacityRequest, CapacityResponse, ClusterStatusRequest, ClusterStatusResponse, ExistsRequest,
+    ExistsResponse, GetHeader, GetRequest, GetResponse, LookupRequest, LookupResponse, NodeStatus,
+    PinRequest, PinResponse, PutRequest, PutResponse, RemoveRequest, RemoveResponse, StatsRequest,
+    StatsResponse, UnpinRequest, UnpinResponse,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -263,6 +263,13 @@ impl CacheService for ClusterCacheService {
 
     async fn stats(&self, _req: Request<StatsRequest>) -> Result<Response<StatsResponse>, Status> {
         Ok(Response::new(self.node.stats()))
+    }
+
+    async fn capacity(
+        &self,
+        req: Request<CapacityRequest>,
+    ) -> Result<Response<CapacityResponse>, Status> {
+        self.local.capacity(req).await
     }
 
     async fn cluster_status(

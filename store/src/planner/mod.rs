@@ -1,0 +1,399 @@
+//! Capacity planner: the token hit ratio this node would have with 0.25x to
+//! 4x its RAM or disk capacity, estimated online, for its eviction policy.
+//!
+//! Sampling is SHARDS' (Waldspurger et al., FAST '15): a key is sampled when
+//! a hash of it is below `R * 2^64` (`planner_sample_rate`), so every access
+//! of a sampled key is seen and none of the others: reuse is kept whole for
+//! the keys sampled. The curve is not LRU stack distances but miniature
+//! simulations (`mini`, Waldspurger et al., ATC '17): per point, a cache `R`
+//! times the point's size, run by the node's own eviction order on the
+//! sampled stream, so LIRS' and S3-FIFO's curves come from the code the
+//! tiers run (and LRU's is the same as its stack distances would give).
+//!
+//! The ratio at a point is `1 - misses / (R * N)`, `N` every looked-up key
+//! (sampled or not): SHARDS_adj's correction. A few very hot keys (a shared
+//! system prompt's blocks, looked up by every request) are sampled or not by
+//! chance and would swing the plain ratio `1 - misses / sampled`; they are
+//! hits at every point, so their lookups move the hit count and not the
+//! misses, and dividing the sampled misses by the expected sampled lookups
+//! takes them out. Blocks are full (`block_tokens` tokens each), so the block
+//! ratio is the token ratio of the node's lookups
+//! (`kvfabric_store_lookup_hit_tokens` over hit + miss tokens).
+//!
+//! A lookup's hit is its longest stored prefix: in a mini-cache, a sampled
+//! key after one that missed in the same lookup is a miss too (and is not
+//! touched, as the store reads only the prefix it found). With every key
+//! sampled this is the store's rule exactly; at 1% a lookup rarely has two
+//! sampled keys, so a block whose unsampled parent is gone still counts as
+//! a hit (the estimate's main error on S3-FIFO and LIRS: see
+//! docs/BENCHMARKS.md, "capacity planner").
+//!
+//! The hot path: a lookup adds its key count to one relaxed atomic and
+//! hashes each key; only a lookup with a sampled key takes the planner's lock. Puts hash
+//! their key the same way. Tiers: the RAM curve scales the RAM tier with the
+//! disk tier as it is, the disk curve the disk tier with RAM as it is; a
+//! point holds the two tiers' bytes together (write-back keeps a block in one
+//! tier at a time, so they add up).
+
+mod mini;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+
+use crate::keys::BlockKey;
+use crate::node_config::{EvictionPolicy, NodeConfig};
+use crate::store::Store;
+use mini::Mini;
+
+/// Capacity multipliers of each tier's curve.
+pub const SCALES: [f64; 8] = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0];
+
+/// The RAM arena's slot size: a block takes a multiple of it.
+const SLOT: u64 = 4096;
+
+/// One point of a tier's curve.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    pub scale: f64,
+    pub capacity_bytes: u64,
+    pub token_hit_ratio: f64,
+}
+
+/// A tier's curve: the node's token hit ratio at each scale of this tier.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierCurve {
+    /// "ram" or "disk".
+    pub tier: String,
+    /// The eviction policy simulated (the node's).
+    pub policy: String,
+    pub capacity_bytes: u64,
+    pub points: Vec<CurvePoint>,
+}
+
+/// What GET /api/v1/capacity and `kvfabric ctl capacity` show.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CapacityReport {
+    pub tiers: Vec<TierCurve>,
+    /// The sampling rate in force (the hash threshold's share; 0 = off).
+    pub sample_rate: f64,
+    /// Keys looked up since start (every key, sampled or not).
+    pub lookups: u64,
+    /// Of them, sampled.
+    pub sampled_lookups: u64,
+}
+
+/// A tier's mini-caches.
+#[derive(Debug)]
+struct TierSims {
+    tier: &'static str,
+    capacity_bytes: u64,
+    points: Vec<Mini>,
+}
+
+/// Everything behind the lock: touched by sampled keys only.
+#[derive(Debug)]
+struct Sims {
+    tiers: Vec<TierSims>,
+    sampled_lookups: u64,
+    /// Bytes and count of the sampled puts (slot-rounded): the mean block size.
+    put_bytes: u64,
+    puts: u64,
+}
+
+/// The planner of one node.
+#[derive(Debug)]
+pub struct Planner {
+    /// A key is sampled when its hash is below this; 0 = off.
+    threshold: u64,
+    rate: f64,
+    /// Share of a tier's capacity eviction keeps it at (between the watermarks).
+    fill: f64,
+    policy: EvictionPolicy,
+    lookups: AtomicU64,
+    /// Puts asked of the store (every key): sampled puts over this is the
+    /// share of blocks actually sampled, which sizes the mini-caches.
+    puts: AtomicU64,
+    sims: Mutex<Sims>,
+}
+
+/// SHARDS' spatial hash: the key's words folded and mixed (murmur3's
+/// finalizer), so keys that are not themselves hashes sample evenly too.
+#[inline]
+fn spot(key: &BlockKey) -> u64 {
+    let mut x = 0u64;
+    for (i, c) in key.0.chunks_exact(8).enumerate() {
+        let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+        x ^= w.rotate_left(i as u32 * 17);
+    }
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+impl Planner {
+    /// A planner for a node of `cfg` with tiers of `ram` and `disk` bytes (0: none).
+    pub fn new(cfg: &NodeConfig, ram: u64, disk: u64) -> Self {
+        let threshold = (cfg.planner_sample_rate * 2f64.powi(64)).min(u64::MAX as f64) as u64;
+        let (r, d) = (ram as f64, disk as f64);
+        let mut tiers = Vec::new();
+        if threshold > 0 {
+            let curve = |tier, capacity_bytes, bytes: &dyn Fn(f64) -> f64| TierSims {
+                tier,
+                capacity_bytes,
+                points: SCALES
+                    .iter()
+                    .map(|&s| Mini::new(cfg, s, bytes(s)))
+                    .collect(),
+            };
+            tiers.push(curve("ram", ram, &|s| s * r + d));
+            if disk > 0 {
+                tiers.push(curve("disk", disk, &|s| r + s * d));
+            }
+        }
+        Planner {
+            threshold,
+            rate: threshold as f64 / 2f64.powi(64),
+            fill: (cfg.high_watermark + cfg.low_watermark) / 2.0,
+            policy: cfg.eviction,
+            lookups: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
+            sims: Mutex::new(Sims {
+                tiers,
+                sampled_lookups: 0,
+                put_bytes: 0,
+                puts: 0,
+            }),
+        }
+    }
+
+    /// [`Planner::new`], its curve registered as `kvfabric_planner_hit_ratio{tier,scale}`.
+    pub fn register(cfg: &NodeConfig, ram: u64, disk: u64, registry: &mut Registry) -> Arc<Self> {
+        let p = Arc::new(Planner::new(cfg, ram, disk));
+        registry.register_collector(Box::new(p.clone()));
+        p
+    }
+
+    /// The store looked up `keys` (the hook on the lookup path).
+    #[inline]
+    pub fn on_lookup(&self, keys: &[BlockKey]) {
+        if self.threshold == 0 {
+            return;
+        }
+        self.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let sampled = |k: &&BlockKey| spot(k) < self.threshold;
+        let Some(first) = keys.iter().position(|k| sampled(&k)) else {
+            return;
+        };
+        let mut s = self.sims.lock();
+        let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
+        s.lookup(keys[first..].iter().filter(sampled), per_byte);
+    }
+
+    /// The store was asked to put `key` of `len` bytes (the hook on the put path).
+    #[inline]
+    pub fn on_put(&self, key: &BlockKey, len: u64) {
+        if self.threshold == 0 {
+            return;
+        }
+        self.puts.fetch_add(1, Ordering::Relaxed);
+        if spot(key) < self.threshold {
+            let mut s = self.sims.lock();
+            s.note_put(len);
+            let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
+            s.put(key, per_byte);
+        }
+    }
+
+    /// The curves now.
+    pub fn report(&self) -> CapacityReport {
+        let lookups = self.lookups.load(Ordering::Relaxed);
+        let s = self.sims.lock();
+        // Misses are of the blocks that get put: their sampled share (not a
+        // hot key's luck) scales the sampled misses up.
+        let share = s.share(self.rate, &self.puts);
+        let expected = share * lookups as f64;
+        let ratio = |misses: u64| {
+            if expected <= 0.0 {
+                0.0
+            } else {
+                (1.0 - misses as f64 / expected).clamp(0.0, 1.0)
+            }
+        };
+        let tiers = s
+            .tiers
+            .iter()
+            .map(|t| TierCurve {
+                tier: t.tier.into(),
+                policy: policy_name(self.policy).into(),
+                capacity_bytes: t.capacity_bytes,
+                points: t
+                    .points
+                    .iter()
+                    .map(|m| CurvePoint {
+                        scale: m.scale,
+                        capacity_bytes: (m.scale * t.capacity_bytes as f64) as u64,
+                        token_hit_ratio: ratio(m.misses),
+                    })
+                    .collect(),
+            })
+            .collect();
+        CapacityReport {
+            tiers,
+            sample_rate: self.rate,
+            lookups,
+            sampled_lookups: s.sampled_lookups,
+        }
+    }
+}
+
+impl Sims {
+    /// Sampled blocks per byte a point holds: the share of blocks sampled
+    /// times `fill` over the mean block. The share is the sampled puts'
+    /// share of all puts once there are enough of them (the hash's rate
+    /// before): the sampled keys are `rate` of the keys only on average, and
+    /// a cache a few percent too small for a loop misses it all.
+    fn blocks_per_byte(&self, rate: f64, fill: f64, all_puts: &AtomicU64) -> f64 {
+        let share = self.share(rate, all_puts);
+        let mean = if self.puts == 0 {
+            SLOT as f64
+        } else {
+            self.put_bytes as f64 / self.puts as f64
+        };
+        share * fill / mean
+    }
+
+    /// The share of blocks sampled: sampled puts over all puts once there
+    /// are enough, the hash's rate before.
+    fn share(&self, rate: f64, all_puts: &AtomicU64) -> f64 {
+        const ENOUGH: u64 = 64;
+        let (sampled, all) = (self.puts, all_puts.load(Ordering::Relaxed));
+        if sampled >= ENOUGH && all > 0 {
+            sampled as f64 / all as f64
+        } else {
+            rate
+        }
+    }
+
+    fn note_put(&mut self, len: u64) {
+        self.puts += 1;
+        self.put_bytes += len.div_ceil(SLOT) * SLOT;
+    }
+
+    /// One lookup's sampled keys, in prefix order.
+    fn lookup<'k>(&mut self, keys: impl Iterator<Item = &'k BlockKey> + Clone, per_byte: f64) {
+        self.sampled_lookups += keys.clone().count() as u64;
+        for m in self.tiers.iter_mut().flat_map(|t| t.points.iter_mut()) {
+            m.lookup(keys.clone(), per_byte);
+        }
+    }
+
+    fn put(&mut self, key: &BlockKey, per_byte: f64) {
+        for m in self.tiers.iter_mut().flat_map(|t| t.points.iter_mut()) {
+            m.put(key, per_byte);
+        }
+    }
+}
+
+/// The policy's config name.
+pub fn policy_name(p: EvictionPolicy) -> &'static str {
+    match p {
+        EvictionPolicy::Lirs => "lirs",
+        EvictionPolicy::Lru => "lru",
+        EvictionPolicy::S3fifo => "s3fifo",
+    }
+}
+
+impl Collector for Planner {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let report = self.report();
+        let mut family = encoder.encode_descriptor(
+            "kvfabric_planner_hit_ratio",
+            "Estimated token hit ratio of this node's lookups with the tier at `scale` times its capacity (SHARDS sample, the node's eviction policy)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for t in &report.tiers {
+            for p in &t.points {
+                let labels = [("tier", t.tier.clone()), ("scale", format!("{}", p.scale))];
+                ConstGauge::new(p.token_hit_ratio).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl From<CapacityReport> for kvfabric_proto::v1::CapacityResponse {
+    fn from(r: CapacityReport) -> Self {
+        use kvfabric_proto::v1::{CapacityPoint, CapacityTier};
+        kvfabric_proto::v1::CapacityResponse {
+            tiers: r
+                .tiers
+                .into_iter()
+                .map(|t| CapacityTier {
+                    tier: t.tier,
+                    policy: t.policy,
+                    capacity_bytes: t.capacity_bytes,
+                    points: t
+                        .points
+                        .into_iter()
+                        .map(|p| CapacityPoint {
+                            scale: p.scale,
+                            capacity_bytes: p.capacity_bytes,
+                            token_hit_ratio: p.token_hit_ratio,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            sample_rate: r.sample_rate,
+            lookups: r.lookups,
+            sampled_lookups: r.sampled_lookups,
+        }
+    }
+}
+
+impl From<kvfabric_proto::v1::CapacityResponse> for CapacityReport {
+    fn from(r: kvfabric_proto::v1::CapacityResponse) -> Self {
+        CapacityReport {
+            tiers: r
+                .tiers
+                .into_iter()
+                .map(|t| TierCurve {
+                    tier: t.tier,
+                    policy: t.policy,
+                    capacity_bytes: t.capacity_bytes,
+                    points: t
+                        .points
+                        .into_iter()
+                        .map(|p| CurvePoint {
+                            scale: p.scale,
+                            capacity_bytes: p.capacity_bytes,
+                            token_hit_ratio: p.token_hit_ratio,
+                        })
+                        .collect(),
+                })
+                .collect(),
+            sample_rate: r.sample_rate,
+            lookups: r.lookups,
+            sampled_lookups: r.sampled_lookups,
+        }
+    }
+}
+
+impl Store {
+    /// The capacity planner's curves (GET /api/v1/capacity, the Capacity RPC).
+    pub fn capacity(&self) -> CapacityReport {
+        self.shared.planner.report()
+    }
+}
