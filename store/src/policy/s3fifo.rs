@@ -11,21 +11,34 @@
 //! included, is trimmed to the number of live blocks (at least 64) on every
 //! removal from small, so it stays bounded.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+use std::hash::RandomState;
 
 use super::list::{Queues, Slot};
+use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
 
 const SMALL: usize = 0;
 const MAIN: usize = 1;
 
 /// S3-FIFO ranking of one tier's blocks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct S3Fifo {
     /// Small and main; a node's counter is its read frequency (0..=3).
     queues: Queues<2>,
     ghost: VecDeque<BlockKey>,
-    ghost_set: HashSet<BlockKey>,
+    /// On huge pages: as large as the block index's key set.
+    ghost_set: hashbrown::HashSet<BlockKey, RandomState, HugeAlloc>,
+}
+
+impl Default for S3Fifo {
+    fn default() -> Self {
+        S3Fifo {
+            queues: Queues::default(),
+            ghost: VecDeque::new(),
+            ghost_set: hashbrown::HashSet::with_hasher_in(RandomState::new(), HugeAlloc),
+        }
+    }
 }
 
 impl S3Fifo {
