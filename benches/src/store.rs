@@ -253,7 +253,11 @@ fn keep_best_rounds(
 pub fn measure_metadata(args: &StoreArgs) -> anyhow::Result<Value> {
     let mut report = serde_json::Map::new();
     if args.metadata_parts.contains(&MetadataPart::Policy) {
-        let policies: Vec<_> = args.metadata_policies.iter().map(|p| p.eviction()).collect();
+        let policies: Vec<_> = args
+            .metadata_policies
+            .iter()
+            .map(|p| p.eviction())
+            .collect();
         let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops, &policies)?;
         report.insert("policy".into(), policy);
     }

@@ -110,10 +110,7 @@ mod tests {
                 HugeAlloc.deallocate(p.cast(), layout);
             }
         }
-        let mut m = hashbrown::HashMap::with_hasher_in(
-            std::hash::RandomState::new(),
-            HugeAlloc,
-        );
+        let mut m = hashbrown::HashMap::with_hasher_in(std::hash::RandomState::new(), HugeAlloc);
         for i in 0..200_000u64 {
             m.insert(i, [i; 4]);
         }

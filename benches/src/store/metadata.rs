@@ -81,11 +81,7 @@ fn policy_name(p: EvictionPolicy) -> &'static str {
 
 /// The "policy" section: `scales` resident-block counts, `ops` timed puts
 /// each, for each of `policies`.
-pub fn policy(
-    scales: &[usize],
-    ops: usize,
-    policies: &[EvictionPolicy],
-) -> anyhow::Result<Value> {
+pub fn policy(scales: &[usize], ops: usize, policies: &[EvictionPolicy]) -> anyhow::Result<Value> {
     ensure!(!scales.is_empty(), "no metadata scales given");
     ensure!(!policies.is_empty(), "no eviction policies given");
     let per_round = ops.max(ROUNDS) / ROUNDS;
