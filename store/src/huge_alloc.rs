@@ -12,7 +12,8 @@
 //!
 //! The kernel's THP mode is usually `madvise`: an anonymous mapping gets huge
 //! pages only when asked. So a large allocation is its own mapping (a
-//! multiple of 2 MiB, which the kernel places 2 MiB-aligned), advised with
+//! multiple of 2 MiB, which Linux >= 6.7 places 2 MiB-aligned; on older
+//! kernels only its aligned 2 MiB stretches get huge pages), advised with
 //! `MADV_HUGEPAGE` before its first touch; a small one goes to the global
 //! allocator. Where THP is off (`never`), the advice is ignored and the
 //! mapping is ordinary memory: nothing fails, only the gain is lost.
