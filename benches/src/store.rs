@@ -73,6 +73,37 @@ pub struct StoreArgs {
     /// orders), `sync` (the cluster directory's sync; the slow one).
     #[arg(long, value_delimiter = ',', default_values_t = [MetadataPart::Policy, MetadataPart::Sync])]
     pub metadata_parts: Vec<MetadataPart>,
+    /// Eviction orders of the metadata-scale report's "policy" section.
+    #[arg(long, value_delimiter = ',', default_values_t = [MetadataPolicy::Lru, MetadataPolicy::S3fifo, MetadataPolicy::Lirs])]
+    pub metadata_policies: Vec<MetadataPolicy>,
+}
+
+/// An eviction order of the metadata-scale report's "policy" section.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataPolicy {
+    Lru,
+    S3fifo,
+    Lirs,
+}
+
+impl MetadataPolicy {
+    fn eviction(self) -> kvfabric_store::EvictionPolicy {
+        match self {
+            MetadataPolicy::Lru => kvfabric_store::EvictionPolicy::Lru,
+            MetadataPolicy::S3fifo => kvfabric_store::EvictionPolicy::S3fifo,
+            MetadataPolicy::Lirs => kvfabric_store::EvictionPolicy::Lirs,
+        }
+    }
+}
+
+impl std::fmt::Display for MetadataPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MetadataPolicy::Lru => "lru",
+            MetadataPolicy::S3fifo => "s3fifo",
+            MetadataPolicy::Lirs => "lirs",
+        })
+    }
 }
 
 /// A section of the metadata-scale report.
@@ -105,6 +136,11 @@ impl Default for StoreArgs {
             metadata_blocks: vec![10_000, 1_000_000],
             metadata_ops: 200_000,
             metadata_parts: vec![MetadataPart::Policy, MetadataPart::Sync],
+            metadata_policies: vec![
+                MetadataPolicy::Lru,
+                MetadataPolicy::S3fifo,
+                MetadataPolicy::Lirs,
+            ],
         }
     }
 }
@@ -220,7 +256,12 @@ fn keep_best_rounds(
 pub fn measure_metadata(args: &StoreArgs) -> anyhow::Result<Value> {
     let mut report = serde_json::Map::new();
     if args.metadata_parts.contains(&MetadataPart::Policy) {
-        let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops)?;
+        let policies: Vec<_> = args
+            .metadata_policies
+            .iter()
+            .map(|p| p.eviction())
+            .collect();
+        let policy = metadata::policy(&args.metadata_blocks, args.metadata_ops, &policies)?;
         report.insert("policy".into(), policy);
     }
     if args.metadata_parts.contains(&MetadataPart::Sync) {

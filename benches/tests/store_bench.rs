@@ -35,8 +35,10 @@ fn store_bench_reports_every_field() {
     }
 }
 
-/// The metadata-scale report at small scales: a "policy" section with both
-/// orders, every scale's rate (each run checks its tier stayed full) and the ratio.
+/// The metadata-scale report at small scales: a "policy" section with every
+/// order (LIRS too: its reads once missed, "block evicted before its read"),
+/// every scale's rate (each run checks its tier stayed full and every read
+/// hit) and the ratio.
 #[test]
 fn metadata_scale_reports_the_policy_section() {
     let args = kvfabric_benches::store::StoreArgs {
@@ -47,7 +49,7 @@ fn metadata_scale_reports_the_policy_section() {
     };
     let v = kvfabric_benches::store::measure_metadata(&args).unwrap();
     let p = &v["policy"];
-    for name in ["lru", "s3fifo"] {
+    for name in ["lru", "s3fifo", "lirs"] {
         let runs = p[name]["scales"]
             .as_array()
             .unwrap_or_else(|| panic!("{name} missing in {v}"));

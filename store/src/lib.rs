@@ -21,6 +21,7 @@ mod disk_codec_tests;
 mod disk_staging;
 mod error;
 mod extent;
+mod huge_alloc;
 pub mod keys;
 mod lifecycle;
 mod metrics;

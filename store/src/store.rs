@@ -268,6 +268,8 @@ impl Store {
                 tier: Tier::Ram,
             };
             if let Some(ram) = b.ram {
+                let at = copy.as_deref().map_or(0, |c| c.offset.min(b.len));
+                self.shared.prefetch_ram(ram.offset + at);
                 let slot = b.ram_slot;
                 g.lease_ram(ram);
                 g.ram_order.touch(slot, key);

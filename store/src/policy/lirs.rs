@@ -33,9 +33,12 @@
 //! must stay under for the session to keep its place; a ghost costs a key
 //! and links, ~100 bytes with its index entry) and `idle_factor`.
 
-use std::collections::HashMap;
+use std::hash::RandomState;
+
+use allocator_api2::vec::Vec as HugeVec;
 
 use super::list::Slot;
+use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
 
 const NIL: u32 = u32::MAX;
@@ -90,12 +93,14 @@ enum List {
 /// LIRS ranking of one tier's blocks.
 #[derive(Debug)]
 pub struct Lirs {
-    nodes: Vec<Node>,
+    /// The slab and the ghost index are on huge pages: at a million blocks
+    /// they are hundreds of MB touched at random.
+    nodes: HugeVec<Node, HugeAlloc>,
     free: Vec<Slot>,
     s: Ends,
     q: Ends,
     g: Ends,
-    ghosts: HashMap<BlockKey, Slot>,
+    ghosts: hashbrown::HashMap<BlockKey, Slot, RandomState, HugeAlloc>,
     lir: usize,
     resident: usize,
     hir_percent: f64,
@@ -113,12 +118,12 @@ impl Lirs {
     /// idle for `idle_factor` times its reuse interval is demoted.
     pub fn new(hir_percent: f64, history: usize, idle_factor: f64) -> Self {
         Lirs {
-            nodes: Vec::new(),
+            nodes: HugeVec::new_in(HugeAlloc),
             free: Vec::new(),
             s: EMPTY,
             q: EMPTY,
             g: EMPTY,
-            ghosts: HashMap::new(),
+            ghosts: hashbrown::HashMap::with_hasher_in(RandomState::new(), HugeAlloc),
             lir: 0,
             resident: 0,
             hir_percent: hir_percent.clamp(0.0, 100.0),

@@ -348,6 +348,43 @@ fn lirs_survives_a_loop_and_a_scan() {
     assert_eq!(kept, 0, "the loop's blocks outlived the loop");
 }
 
+/// The op pattern of `bench store --metadata-scale` (every op puts a new
+/// block into a full tier; every second op reads the block put `tier/40`
+/// ops earlier): with the default 1% HIR queue that block is already gone
+/// (the bench once failed "block evicted before its read": LIRS keeping
+/// never-read blocks from displacing others, not a bug), with the 5% the
+/// bench runs LIRS with every read hits.
+#[test]
+fn lirs_keeps_a_new_block_for_its_hir_queue_share() {
+    let tier = 4000usize;
+    let back = (tier / 40) as u64;
+    for (hir, all_hit) in [(1.0, false), (5.0, true)] {
+        let mut o = Lirs::new(hir, 24, 1.5);
+        let mut slots: HashMap<BlockKey, Slot> = HashMap::new();
+        let (mut reads, mut hits) = (0, 0);
+        for i in 0..(6 * tier) as u64 {
+            if slots.len() >= tier {
+                let v = o.victim(|_| true).unwrap();
+                o.remove(slots.remove(&v).unwrap(), &v);
+            }
+            slots.insert(key(i), o.insert(key(i)));
+            if i % 2 == 0 && i >= back && i >= 2 * tier as u64 {
+                reads += 1;
+                let k = key(i - back);
+                if let Some(&s) = slots.get(&k) {
+                    o.touch(s, &k);
+                    hits += 1;
+                }
+            }
+        }
+        assert_eq!(
+            hits == reads,
+            all_hit,
+            "hir {hir}%: {hits} of {reads} reads hit"
+        );
+    }
+}
+
 /// In a store running the default order (LIRS), a pinned block and a
 /// leased block stay while a loop and a scan push many times the tier
 /// through it; the rest of the tier turns over.

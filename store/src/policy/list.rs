@@ -14,6 +14,9 @@
 //! eviction. Freed slots are reused, so the slab holds at most as many nodes
 //! as the tier ever held blocks at once.
 
+use allocator_api2::vec::Vec as HugeVec;
+
+use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
 
 /// No node (end of a list, or an empty queue).
@@ -52,7 +55,8 @@ pub type Slot = u32;
 /// `Q` queues over one slab; every key is in at most one of them.
 #[derive(Debug)]
 pub(super) struct Queues<const Q: usize> {
-    nodes: Vec<Node>,
+    /// On huge pages: at a million blocks it is ~50 MB touched at random.
+    nodes: HugeVec<Node, HugeAlloc>,
     free: Vec<Slot>,
     /// Keys queued, all queues together.
     count: usize,
@@ -62,7 +66,7 @@ pub(super) struct Queues<const Q: usize> {
 impl<const Q: usize> Default for Queues<Q> {
     fn default() -> Self {
         Queues {
-            nodes: Vec::new(),
+            nodes: HugeVec::new_in(HugeAlloc),
             free: Vec::new(),
             count: 0,
             ends: [EMPTY; Q],
