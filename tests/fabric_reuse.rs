@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use fabric_support::*;
 use kvfabric_engine::KvDtype;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_testkit::EtcdProcess;
 use kvfabric_testbed::Testbed;
 
 const PROMPT: usize = 2048;

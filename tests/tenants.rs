@@ -13,7 +13,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use engine_procs::*;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_testkit::EtcdProcess;
 use kvfabric_tenants::KeyHash;
 use serde_json::json;
 

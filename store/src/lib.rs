@@ -26,7 +26,6 @@ mod metrics;
 mod node_config;
 mod node_server;
 mod policy;
-pub mod ports;
 mod state;
 mod store;
 #[cfg(test)]
