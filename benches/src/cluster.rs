@@ -579,8 +579,13 @@ async fn read_batch(
             return i;
         }
         // SAFETY: the read into the target has completed; nothing else uses it.
-        let bytes = unsafe { r.target.region.slice(r.target.offset as usize, r.len as usize) };
-        let sound = bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
+        let bytes = unsafe {
+            r.target
+                .region
+                .slice(r.target.offset as usize, r.len as usize)
+        };
+        let sound =
+            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
         if !sound {
             c.report_corrupt(r.block).await;
             return i;

@@ -5,11 +5,10 @@
 
 use kvfabric_testkit::engine::http as http_support;
 
-
 use std::net::SocketAddr;
 
-use kvfabric_testkit::engine::server::{real_server, MODEL_NAME};
 use http_support::{call, call_json, sse_data};
+use kvfabric_testkit::engine::server::{real_server, MODEL_NAME};
 use serde_json::{json, Value};
 
 fn chunks(sse: &str) -> Vec<Value> {

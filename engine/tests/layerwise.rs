@@ -7,7 +7,6 @@
 //! * a stream stalled beyond `layer_wait` voids the step too; the sequence
 //!   waits for the load to end and then uses every block.
 
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,13 +19,9 @@ use kvfabric_connector::{
 };
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
-use kvfabric_engine::{
-    EngineBuilder, EngineConfig, GenerationEvent, GenerationRequest, Role, RunningEngine,
-    SamplingParams,
-};
+use kvfabric_engine::{EngineBuilder, EngineConfig, Role, RunningEngine, SamplingParams};
 use kvfabric_testkit::engine::requests::{self, stop};
 use kvfabric_types::BlockKey;
-use tokio::sync::mpsc;
 
 const BT: usize = 16;
 

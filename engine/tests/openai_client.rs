@@ -6,7 +6,6 @@
 //! `~/.cache/kvfabric/openai-venv/bin/python`); the checks are in
 //! tests/python/openai_client.py.
 
-
 use std::path::PathBuf;
 
 fn python() -> PathBuf {

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use bytesize::ByteSize;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
-    EngineBuilder, EngineConfig, FinishReason, GenerationEvent, Role, RunningEngine,
-    SamplingParams,
+    EngineBuilder, EngineConfig, FinishReason, GenerationEvent, Role, RunningEngine, SamplingParams,
 };
 use kvfabric_testkit::engine::requests::{self, collect, stop, Outcome};
 use tokio::sync::mpsc;

@@ -11,7 +11,9 @@ use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::spec::SpecConfig;
 use kvfabric_engine::tokenizer::Tokenizer;
-use kvfabric_engine::{EngineBuilder, EngineConfig, GenerationEvent, RunningEngine, SamplingParams};
+use kvfabric_engine::{
+    EngineBuilder, EngineConfig, GenerationEvent, RunningEngine, SamplingParams,
+};
 use kvfabric_testkit::engine::requests::{self, stop};
 use tokio::sync::mpsc;
 

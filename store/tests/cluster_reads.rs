@@ -4,13 +4,12 @@
 //! `lease_many` + `read_leased` (the kit's `read_verified`), and the
 //! single-block `get` / `get_into` (optionally hinted) built on them.
 
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_testkit::cluster::{data, key, layout, read_verified, Cluster, Options};
 use kvfabric_store::cluster::{ClusterNode, HolderEntry, HolderTier, RangeRead, ReadTarget};
 use kvfabric_store::{BlockKey, StoreError};
+use kvfabric_testkit::cluster::{data, key, layout, read_verified, Cluster, Options};
 use kvfabric_transfer::{SegmentId, SharedRegion};
 
 /// Every test stops itself.
@@ -453,7 +452,10 @@ async fn a_verified_batch_read_stops_at_a_corrupt_block_and_reports_it() {
 
         // A miss ends the batch too.
         let with_gap = [keys[0], key(8, 99), keys[1]];
-        assert_eq!(read_verified(&c.nodes[0], &with_gap, &[], &targets).await, 1);
+        assert_eq!(
+            read_verified(&c.nodes[0], &with_gap, &[], &targets).await,
+            1
+        );
         // Targets too small for the block: nothing counts as read.
         let small = [ReadTarget {
             capacity: block - 1,

@@ -8,9 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{
-    ClusterConfig, ClusterNode, HolderEntry, RangeRead, ReadTarget,
-};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode, HolderEntry, RangeRead, ReadTarget};
 use kvfabric_store::NodeServer;
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
@@ -244,8 +242,13 @@ pub async fn read_verified(
             return i;
         }
         // SAFETY: the read into the target has completed; nothing else uses it.
-        let bytes = unsafe { r.target.region.slice(r.target.offset as usize, r.len as usize) };
-        let sound = bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
+        let bytes = unsafe {
+            r.target
+                .region
+                .slice(r.target.offset as usize, r.len as usize)
+        };
+        let sound =
+            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
         if !sound {
             node.report_corrupt(r.block).await;
             return i;

@@ -60,7 +60,11 @@ fn the_kit_is_only_ever_a_dev_dependency() {
     }
     let users = all
         .iter()
-        .filter(|(_, m)| deps(m, "dev-dependencies").iter().any(|d| d == "kvfabric-testkit"))
+        .filter(|(_, m)| {
+            deps(m, "dev-dependencies")
+                .iter()
+                .any(|d| d == "kvfabric-testkit")
+        })
         .count();
     assert!(users >= 4, "only {users} crates use the kit");
 }
@@ -72,5 +76,7 @@ fn the_store_takes_tempfile_only_for_its_tests() {
         !deps(&store, "dependencies").iter().any(|d| d == "tempfile"),
         "tempfile is a normal dependency of kvfabric-store"
     );
-    assert!(deps(&store, "dev-dependencies").iter().any(|d| d == "tempfile"));
+    assert!(deps(&store, "dev-dependencies")
+        .iter()
+        .any(|d| d == "tempfile"));
 }

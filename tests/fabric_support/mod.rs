@@ -14,13 +14,12 @@ use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, RunningEngine, SamplingParams,
     TransferParams, Usage,
 };
-use kvfabric_testkit::EtcdProcess;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
+use kvfabric_testkit::EtcdProcess;
 use tokio::sync::mpsc;
 
 pub use kvfabric_testkit::engine::{model, model_path};
-
 
 pub fn engine_config() -> EngineConfig {
     EngineConfig {

@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use kvfabric_testkit::testdata;
 use kvfabric_testkit::transfer::*;
-use kvfabric_transfer::{
-    TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice,
-};
+use kvfabric_transfer::{TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice};
 use prometheus_client::registry::Registry;
 
 /// The transfer crate's fixture binary.

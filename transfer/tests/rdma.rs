@@ -7,8 +7,8 @@
 
 use std::io::Write;
 
-use kvfabric_testkit::transfer::*;
 use kvfabric_testkit::testdata;
+use kvfabric_testkit::transfer::*;
 use kvfabric_transfer::{TransferError, TransferOp, Transport, TransportChoice};
 
 /// Say a test was skipped, on the real stderr (libtest captures `eprintln!`).
