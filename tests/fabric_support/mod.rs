@@ -19,7 +19,7 @@ use kvfabric_store::NodeConfig;
 use kvfabric_testkit::EtcdProcess;
 use tokio::sync::mpsc;
 
-pub use kvfabric_testkit::engine::{model, model_path};
+pub use kvfabric_testkit::engine::model;
 
 pub fn engine_config() -> EngineConfig {
     EngineConfig {
