@@ -10,7 +10,7 @@ mod engine_procs;
 use std::time::Duration;
 
 use engine_procs::*;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_testkit::EtcdProcess;
 
 const SYSTEM: &str = "You are a careful coding agent. You can call these tools: \
 read_file(path) returns the text of a file; write_file(path, text) replaces a file; \

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use fabric_support::*;
 use kvfabric_engine::KvDtype;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_testbed::Testbed;
+use kvfabric_testkit::EtcdProcess;
 
 const PROMPT: usize = 2048;
 const EXTRA: usize = 64;

@@ -13,8 +13,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use engine_procs::*;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_tenants::KeyHash;
+use kvfabric_testkit::EtcdProcess;
 use serde_json::json;
 
 const PROMPT: &str = "You are the build assistant of a large monorepo. The repository has \

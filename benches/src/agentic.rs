@@ -365,13 +365,7 @@ mod tests {
     use super::*;
 
     fn model_path() -> Option<PathBuf> {
-        let p = std::env::var_os("KVFABRIC_MODEL_PATH")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| {
-                    PathBuf::from(h).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-                })
-            })?;
+        let p = kvfabric_engine::model::reference_model_path();
         p.exists().then_some(p)
     }
 

@@ -5,10 +5,11 @@
 //!   to node C through its gRPC API, blocks held by A, entries spread over the
 //!   three owners (one batched Locate per owner, in parallel);
 //! - `remote_get_gbps`: C reading 1.5 MiB blocks held by A through the
-//!   batched fabric path ([`ClusterNode::get_many_into`] of `--batch` blocks:
-//!   one Locate per owner, one LeaseMany at the holder, one transfer batch of
-//!   READs into a registered destination, xxh3 verify of every block in
-//!   place, background release), `--concurrency` batches in flight;
+//!   batched fabric path the connector loads through (`--batch` blocks by
+//!   [`ClusterNode::lease_many`] then [`ClusterNode::read_leased`]: one Locate
+//!   per owner, one LeaseMany at the holder, one transfer batch of READs into
+//!   a registered destination, xxh3 verify of every block in place,
+//!   background release), `--concurrency` batches in flight;
 //! - `tcp_gbps`: the same engines moving the same 1.5 MiB ranges of A's RAM
 //!   arena with plain transfer READs, in batches of the same size, same
 //!   concurrency, in the same run;
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use futures::StreamExt;
-use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode, ReadTarget};
+use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode, RangeRead, ReadTarget};
 use kvfabric_store::{
     BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, NodeServer, PutOptions,
     Registry, Store,
@@ -110,8 +111,8 @@ pub(crate) async fn start_loopback(
     let mut ports = Vec::new();
     for _ in specs {
         ports.push((
-            kvfabric_store::ports::free_loopback_port()?,
-            kvfabric_store::ports::free_loopback_port()?,
+            kvfabric_testbed::ports::free_loopback_port()?,
+            kvfabric_testbed::ports::free_loopback_port()?,
         ));
     }
     let peers: Vec<String> = specs
@@ -251,7 +252,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
     // byte for byte with what A stored, and once through the single-block path.
     for (n, chunk) in keys.chunks(batch).enumerate() {
         let targets: Vec<ReadTarget<'_>> = (0..chunk.len()).map(slot_target).collect();
-        let got = c.get_many_into(chunk, &[], &targets).await;
+        let got = read_batch(&c, chunk, &targets).await;
         anyhow::ensure!(
             got == chunk.len(),
             "batched read got {got} of {}",
@@ -300,7 +301,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
                     capacity: block_bytes as u64,
                 })
                 .collect();
-            let got = c.get_many_into(chunk, &[], &targets).await;
+            let got = read_batch(&c, chunk, &targets).await;
             slots.lock().await.push(slot);
             anyhow::ensure!(
                 got == chunk.len(),
@@ -490,6 +491,47 @@ fn print_table(r: &Value) {
     ] {
         println!("{k:<20} {:>10.3}", r[k].as_f64().unwrap_or(0.0));
     }
+}
+
+/// Whole blocks into `targets`, as the connector loads them: lease, one
+/// `read_leased` batch, then each block's xxh3 checked in place. How many
+/// leading blocks arrived sound (a corrupt one is reported to its owner).
+async fn read_batch(
+    c: &ClusterNode,
+    keys: &[kvfabric_store::BlockKey],
+    targets: &[ReadTarget<'_>],
+) -> usize {
+    let leased = c.lease_many(keys, &[]).await;
+    let reads: Vec<RangeRead<'_>> = leased
+        .iter()
+        .map_while(|b| b.as_ref())
+        .zip(targets)
+        .map(|(b, t)| RangeRead {
+            block: b,
+            offset: 0,
+            len: b.len(),
+            target: *t,
+        })
+        .collect();
+    let results = c.read_leased(&reads).await;
+    for (i, (r, res)) in reads.iter().zip(results).enumerate() {
+        if res.is_err() {
+            return i;
+        }
+        // SAFETY: the read into the target has completed; nothing else uses it.
+        let bytes = unsafe {
+            r.target
+                .region
+                .slice(r.target.offset as usize, r.len as usize)
+        };
+        let sound =
+            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
+        if !sound {
+            c.report_corrupt(r.block).await;
+            return i;
+        }
+    }
+    reads.len()
 }
 
 #[cfg(test)]

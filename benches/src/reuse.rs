@@ -425,14 +425,7 @@ mod tests {
     #[test]
     #[ignore = "runs the full bench (about a minute); needs the fetched model"]
     fn reuse_bench_runs_with_defaults() {
-        let model = std::env::var_os("KVFABRIC_MODEL_PATH")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| {
-                    PathBuf::from(h).join(".cache/kvfabric/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-                })
-            })
-            .expect("HOME or KVFABRIC_MODEL_PATH");
+        let model = kvfabric_engine::model::reference_model_path();
         let args = ReuseArgs {
             json: true,
             model: Some(model),

@@ -336,7 +336,7 @@ fn pingpong_latency(addr: &str, iters: usize) -> anyhow::Result<(f64, f64)> {
 
 /// iperf3 single stream on loopback, GB/s; None when iperf3 is not installed.
 fn iperf3(seconds: u64) -> anyhow::Result<Option<f64>> {
-    let port = kvfabric_store::ports::free_loopback_port()?.to_string();
+    let port = kvfabric_testbed::ports::free_loopback_port()?.to_string();
     let server = Command::new("iperf3")
         .args(["-s", "-1", "-p", &port])
         .stdout(Stdio::null())

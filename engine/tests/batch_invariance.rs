@@ -3,7 +3,7 @@
 //! block boundaries, and decode steps are the same for batch sizes 1..16;
 //! with f16 KV (the default) and f32 KV.
 
-mod common;
+use kvfabric_testkit::engine::driver as common;
 
 use kvfabric_engine::kv::{BlockId, KvPool};
 use kvfabric_engine::model::SeqChunk;

@@ -3,15 +3,12 @@
 //! streamed and not), `n` samples from one prefill, tool calls and
 //! structured output.
 
-mod common;
-mod http_support;
-
-mod agents_support;
+use kvfabric_testkit::engine::http as http_support;
 
 use std::net::SocketAddr;
 
-use agents_support::{real_server, MODEL_NAME};
 use http_support::{call, call_json, sse_data};
+use kvfabric_testkit::engine::server::{real_server, MODEL_NAME};
 use serde_json::{json, Value};
 
 fn chunks(sse: &str) -> Vec<Value> {

@@ -4,7 +4,7 @@
 //! A real axum server on 127.0.0.1:0 (see `http_support`); this tests the
 //! HTTP layer only; the model end-to-end test is `http_e2e.rs`.
 
-mod http_support;
+use kvfabric_testkit::engine::http as http_support;
 
 use http_body_util::BodyExt;
 use http_support::*;

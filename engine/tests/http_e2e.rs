@@ -4,24 +4,11 @@
 //! identical; a stop sequence cuts the answer and the engine keeps serving;
 //! the same seed gives the same sampled completion.
 
-mod common;
-mod http_support;
+use kvfabric_testkit::engine::http as http_support;
 
-use common::model_path;
-use std::sync::Arc;
-
-use bytesize::ByteSize;
 use http_support::{call, call_json, sse_data};
-use kvfabric_engine::chat::ChatTemplate;
-use kvfabric_engine::gguf::GgufFile;
-use kvfabric_engine::http::{serve, EngineMetrics, HttpState};
-use kvfabric_engine::model::LlamaModel;
-use kvfabric_engine::tokenizer::Tokenizer;
-use kvfabric_engine::EngineConfig;
-use prometheus_client::registry::Registry;
+use kvfabric_testkit::engine::server::{real_server, MODEL_NAME};
 use serde_json::{json, Value};
-
-const MODEL_NAME: &str = "smollm2";
 
 fn streamed_content(sse: &str) -> String {
     let data = sse_data(sse);
@@ -39,42 +26,8 @@ fn streamed_content(sse: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_over_the_real_scheduler_says_paris_streamed_and_not() {
-    let path = model_path();
-    let gguf = GgufFile::open(&path).expect("GGUF opens");
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).expect("tokenizer"));
-    let template = Arc::new(ChatTemplate::from_gguf(&gguf, &tokenizer).expect("template"));
-    let model = Arc::new(LlamaModel::load(&path, |_, _| {}).expect("model loads"));
-    let context = model.config.context_length;
-    let cfg = EngineConfig {
-        threads: 2,
-        block_tokens: 16,
-        kv_pool: ByteSize::mib(64),
-        ..EngineConfig::default()
-    };
-    let engine = kvfabric_engine::EngineBuilder::new(cfg)
-        .start(model)
-        .expect("engine starts");
-
-    let metrics = EngineMetrics::new();
-    let mut registry = Registry::default();
-    metrics.register(&mut registry);
-    let state = HttpState::new(
-        engine.handle.clone(),
-        tokenizer,
-        template,
-        MODEL_NAME,
-        context,
-        metrics,
-        Arc::new(registry),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, state, async move {
-        let _ = shutdown_rx.await;
-    }));
+    let server = real_server().await;
+    let addr = server.addr;
 
     let body = json!({
         "model": MODEL_NAME,
@@ -140,9 +93,5 @@ async fn chat_over_the_real_scheduler_says_paris_streamed_and_not() {
         .as_str()
         .is_some_and(|t| !t.is_empty()));
 
-    let _ = shutdown_tx.send(());
-    let _ = server.await;
-    let kvfabric_engine::RunningEngine { handle, thread, .. } = engine;
-    drop(handle);
-    thread.join().expect("scheduler thread");
+    server.shut_down().await;
 }

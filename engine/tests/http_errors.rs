@@ -2,7 +2,7 @@
 //! stand-in: 4xx JSON errors, engine errors, shutdown, client disconnect,
 //! plus `/v1/models`, `/health` and `/metrics`.
 
-mod http_support;
+use kvfabric_testkit::engine::http as http_support;
 
 use std::time::Duration;
 

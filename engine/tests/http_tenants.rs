@@ -4,7 +4,7 @@
 //! `Retry-After` over a tenant's rate or concurrency limit, a revoked key
 //! refused after one reload, and per-tenant metrics.
 
-mod http_support;
+use kvfabric_testkit::engine::http as http_support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

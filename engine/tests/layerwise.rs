@@ -7,8 +7,6 @@
 //! * a stream stalled beyond `layer_wait` voids the step too; the sequence
 //!   waits for the load to end and then uses every block.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,12 +19,9 @@ use kvfabric_connector::{
 };
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::model::LlamaModel;
-use kvfabric_engine::{
-    EngineBuilder, EngineConfig, GenerationEvent, GenerationRequest, Role, RunningEngine,
-    SamplingParams,
-};
+use kvfabric_engine::{EngineBuilder, EngineConfig, Role, RunningEngine, SamplingParams};
+use kvfabric_testkit::engine::requests::{self, stop};
 use kvfabric_types::BlockKey;
-use tokio::sync::mpsc;
 
 const BT: usize = 16;
 
@@ -239,46 +234,16 @@ fn engine(
 
 /// Greedy tokens, logits bits and cached tokens of one request.
 fn run(e: &RunningEngine, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, Vec<Vec<u32>>, usize) {
-    let (tx, mut rx) = mpsc::channel(1024);
-    let req = GenerationRequest {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_token_ids: vec![],
-        namespace: b"layerwise".to_vec(),
-        return_logits: true,
-        forks: Vec::new(),
-        events: tx,
-    };
-    let h = e.handle.clone();
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("rt")
-        .block_on(h.submit(req))
-        .expect("submit");
-    let (mut toks, mut logits) = (Vec::new(), Vec::new());
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            GenerationEvent::Token { id, logits: l } => {
-                toks.push(id);
-                logits.push(l.expect("logits").iter().map(|x| x.to_bits()).collect());
-            }
-            GenerationEvent::Finished { usage, .. } => return (toks, logits, usage.cached_tokens),
-            GenerationEvent::Error(e) => panic!("request failed: {e}"),
-            _ => {}
-        }
-    }
-    panic!("no Finished event");
-}
-
-fn stop(e: RunningEngine) {
-    drop(e.handle);
-    e.thread.join().expect("scheduler thread");
+    let sampling = SamplingParams::default();
+    let (req, rx) = requests::request(prompt, max_tokens, sampling, b"layerwise", 1024);
+    requests::submit(e, req);
+    let (toks, logits, _, usage) = requests::collect(rx);
+    (toks, logits, usage.cached_tokens)
 }
 
 #[test]
 fn streamed_loads_are_bit_exact_and_faults_fall_back_to_recompute() {
-    let model = Arc::new(LlamaModel::load(&common::model_path(), |_, _| {}).expect("load"));
+    let model = kvfabric_testkit::engine::model();
     let first: Vec<u32> = (0..197u32).map(|i| (i * 31 + 977) % 48_000 + 100).collect();
     let mut second = first.clone();
     second.extend((0..20u32).map(|i| (i * 53 + 11) % 48_000 + 100));

@@ -7,7 +7,7 @@
 //! Needs a Python with `gguf` and `numpy`: `$KVFABRIC_ORACLE_PYTHON` (scripts/test.sh
 //! points it at a venv that scripts/install-deps.sh fills), else `python3`.
 
-mod common;
+use kvfabric_testkit::engine::driver as common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

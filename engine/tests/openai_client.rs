@@ -6,10 +6,6 @@
 //! `~/.cache/kvfabric/openai-venv/bin/python`); the checks are in
 //! tests/python/openai_client.py.
 
-mod agents_support;
-mod common;
-mod http_support;
-
 use std::path::PathBuf;
 
 fn python() -> PathBuf {
@@ -30,13 +26,13 @@ fn python() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_works_end_to_end() {
     let python = python();
-    let server = agents_support::real_server().await;
+    let server = kvfabric_testkit::engine::server::real_server().await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
     let base = format!("http://{}", server.addr);
     let out = tokio::process::Command::new(python)
         .arg(script)
         .arg(&base)
-        .arg(agents_support::MODEL_NAME)
+        .arg(kvfabric_testkit::engine::server::MODEL_NAME)
         .output()
         .await
         .expect("python runs");

@@ -4,7 +4,7 @@
 //! `kvfabric bench engine`'s decode figures, so a profiler (`perf record`) can
 //! look at decode alone, without the prefills the bench also runs.
 
-mod common;
+use kvfabric_testkit::engine::driver as common;
 
 use std::time::Instant;
 

@@ -2,22 +2,20 @@
 //! the direct forward pass bitwise whatever the batching, chunking, prefix
 //! cache hits or preemption; cancellation frees blocks; bad requests fail.
 
-mod common;
-
 use std::sync::Arc;
 
 use bytesize::ByteSize;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
-    EngineBuilder, EngineConfig, FinishReason, GenerationEvent, GenerationRequest, Role,
-    RunningEngine, SamplingParams, Usage,
+    EngineBuilder, EngineConfig, FinishReason, GenerationEvent, Role, RunningEngine, SamplingParams,
 };
+use kvfabric_testkit::engine::requests::{self, collect, stop, Outcome};
 use tokio::sync::mpsc;
 
 const BT: usize = 16;
 
 fn shared_model() -> Arc<LlamaModel> {
-    Arc::new(LlamaModel::load(&common::model_path(), |_, _| {}).expect("load"))
+    kvfabric_testkit::engine::model()
 }
 
 fn engine(
@@ -45,57 +43,16 @@ fn engine(
 }
 
 fn submit(e: &RunningEngine, prompt: &[u32], max_tokens: usize) -> mpsc::Receiver<GenerationEvent> {
-    let (tx, rx) = mpsc::channel(1024);
-    let req = GenerationRequest {
-        prompt: prompt.to_vec(),
-        max_tokens,
-        sampling: SamplingParams::default(),
-        stop_token_ids: vec![],
-        namespace: b"test".to_vec(),
-        return_logits: true,
-        forks: Vec::new(),
-        events: tx,
-    };
-    let h = e.handle.clone();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("rt")
-            .block_on(h.submit(req))
-            .expect("submit")
-    })
-    .join()
-    .expect("submit thread");
+    let sampling = SamplingParams::default();
+    let (req, rx) = requests::request(prompt, max_tokens, sampling, b"test", 1024);
+    requests::submit(e, req);
     rx
-}
-
-type Outcome = (Vec<u32>, Vec<Vec<u32>>, FinishReason, Usage);
-
-fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Outcome {
-    let (mut toks, mut logits) = (Vec::new(), Vec::new());
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            GenerationEvent::Token { id, logits: l } => {
-                toks.push(id);
-                logits.push(l.expect("logits").iter().map(|x| x.to_bits()).collect());
-            }
-            GenerationEvent::Finished { reason, usage } => return (toks, logits, reason, usage),
-            GenerationEvent::Error(e) => panic!("request failed: {e}"),
-            GenerationEvent::Saved(_) | GenerationEvent::Admitted { .. } => {}
-        }
-    }
-    panic!("event stream ended without Finished");
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i * 31 + seed * 977) % 48_000 + 100)
         .collect()
-}
-
-fn stop(e: RunningEngine) {
-    drop(e.handle);
-    e.thread.join().expect("scheduler thread");
 }
 
 #[test]

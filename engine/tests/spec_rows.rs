@@ -3,7 +3,7 @@
 //! (alone or beside other sequences' rows) are those of decoding the k
 //! tokens one at a time.
 
-mod common;
+use kvfabric_testkit::engine::driver as common;
 
 use common::DType;
 use kvfabric_engine::kv::BlockId;

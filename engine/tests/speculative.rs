@@ -3,8 +3,6 @@
 //! into a batch, the tokens and every token's logits are bitwise those of
 //! the same engine without speculation, and drafts were in fact accepted.
 
-mod common;
-
 use std::sync::Arc;
 
 use bytesize::ByteSize;
@@ -14,8 +12,9 @@ use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::spec::SpecConfig;
 use kvfabric_engine::tokenizer::Tokenizer;
 use kvfabric_engine::{
-    EngineBuilder, EngineConfig, GenerationEvent, GenerationRequest, RunningEngine, SamplingParams,
+    EngineBuilder, EngineConfig, GenerationEvent, RunningEngine, SamplingParams,
 };
+use kvfabric_testkit::engine::requests::{self, stop};
 use tokio::sync::mpsc;
 
 const BT: usize = 16;
@@ -46,59 +45,25 @@ fn engine(model: &Arc<LlamaModel>, spec: bool, metrics: &EngineMetrics) -> Runni
 type Run = (Vec<u32>, Vec<Vec<u32>>);
 
 fn submit(e: &RunningEngine, prompt: &[u32], temperature: f32) -> mpsc::Receiver<GenerationEvent> {
-    let (tx, rx) = mpsc::channel(4096);
-    let req = GenerationRequest {
-        prompt: prompt.to_vec(),
-        max_tokens: STEPS,
-        sampling: SamplingParams {
-            temperature,
-            seed: Some(42),
-            ..SamplingParams::default()
-        },
-        stop_token_ids: vec![],
-        namespace: b"spec".to_vec(),
-        return_logits: true,
-        forks: Vec::new(),
-        events: tx,
+    let sampling = SamplingParams {
+        temperature,
+        seed: Some(42),
+        ..SamplingParams::default()
     };
-    let h = e.handle.clone();
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("rt")
-            .block_on(h.submit(req))
-            .expect("submit")
-    })
-    .join()
-    .expect("submit thread");
+    let (req, rx) = requests::request(prompt, STEPS, sampling, b"spec", 4096);
+    requests::submit(e, req);
     rx
 }
 
-fn collect(mut rx: mpsc::Receiver<GenerationEvent>) -> Run {
-    let (mut toks, mut logits) = (Vec::new(), Vec::new());
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            GenerationEvent::Token { id, logits: l } => {
-                toks.push(id);
-                logits.push(l.expect("logits").iter().map(|x| x.to_bits()).collect());
-            }
-            GenerationEvent::Finished { .. } => return (toks, logits),
-            GenerationEvent::Error(e) => panic!("request failed: {e}"),
-            _ => {}
-        }
-    }
-    panic!("no Finished event")
-}
-
-fn stop(e: RunningEngine) {
-    drop(e.handle);
-    e.thread.join().expect("scheduler thread");
+fn collect(rx: mpsc::Receiver<GenerationEvent>) -> Run {
+    let (tokens, logits, _, _) = requests::collect(rx);
+    (tokens, logits)
 }
 
 /// Prompts whose continuations copy their context (tool calls, code
 /// edits, lists) and ones that do not.
 fn prompts() -> Vec<Vec<u32>> {
-    let g = GgufFile::open(&common::model_path()).expect("gguf");
+    let g = GgufFile::open(&kvfabric_testkit::engine::model_path()).expect("gguf");
     let t = Tokenizer::from_gguf(&g).expect("tokenizer");
     let code = "def area(width, height):\n    return width * height\n\n\
                 def perimeter(width, height):\n    return 2 * (width + height)\n";
@@ -119,7 +84,7 @@ fn prompts() -> Vec<Vec<u32>> {
 
 #[test]
 fn tokens_and_logits_equal_decoding_without_speculation() {
-    let model = Arc::new(LlamaModel::load(&common::model_path(), |_, _| {}).expect("load"));
+    let model = kvfabric_testkit::engine::model();
     let prompts = prompts();
     for temperature in [0.0f32, 0.8] {
         let off_metrics = EngineMetrics::new();

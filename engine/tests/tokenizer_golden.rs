@@ -8,7 +8,7 @@
 //! and the token_type 3 tokens added as special tokens. The model file is
 //! found via `KVFABRIC_MODEL_PATH` or the default cache path.
 
-mod common;
+use kvfabric_testkit::engine::driver as common;
 
 use common::model_path;
 

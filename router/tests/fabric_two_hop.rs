@@ -12,9 +12,9 @@ use std::time::Duration;
 use kvfabric_connector::{ConnectorConfig, EmbeddedNode, FabricConnector};
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::Role;
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
+use kvfabric_testkit::EtcdProcess;
 use serde_json::json;
 use support::*;
 

@@ -29,7 +29,6 @@ mod node_config;
 mod node_server;
 mod planner;
 mod policy;
-pub mod ports;
 mod state;
 mod store;
 #[cfg(test)]

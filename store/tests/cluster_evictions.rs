@@ -2,13 +2,11 @@
 //! directory promptly — not at the next periodic reconcile, which these
 //! tests set to a minute.
 
-mod cluster_support;
-
 use std::time::{Duration, Instant};
 
-use cluster_support::{data, key, layout, Cluster, Options};
 use kvfabric_store::cluster::ClusterNode;
 use kvfabric_store::{BlockKey, PutOptions};
+use kvfabric_testkit::cluster::{data, key, layout, Cluster, Options};
 
 const LIMIT: Duration = Duration::from_secs(60);
 /// Far longer than the test: a reconcile never runs during it.

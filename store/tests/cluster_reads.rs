@@ -1,16 +1,15 @@
 //! Batched cluster reads on an in-process cluster (loopback, tcp transport):
 //! `lease_many` across holders, `read_leased` of sub-ranges, bounds checks,
-//! holders that die or stall mid-read, `get_many_into` and the single-block
-//! `get` / `get_into` (optionally hinted) built on them.
-
-mod cluster_support;
+//! holders that die or stall mid-read, whole verified blocks through
+//! `lease_many` + `read_leased` (the kit's `read_verified`), and the
+//! single-block `get` / `get_into` (optionally hinted) built on them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::{data, key, layout, Cluster, Options};
 use kvfabric_store::cluster::{ClusterNode, HolderEntry, HolderTier, RangeRead, ReadTarget};
 use kvfabric_store::{BlockKey, StoreError};
+use kvfabric_testkit::cluster::{data, key, layout, read_verified, Cluster, Options};
 use kvfabric_transfer::{SegmentId, SharedRegion};
 
 /// Every test stops itself.
@@ -325,9 +324,9 @@ async fn a_holder_dying_or_stalling_mid_read_yields_errors_within_the_timeout() 
             took < read_timeout + Duration::from_secs(2),
             "the failed read took {took:?}"
         );
-        // get_many_into on the dead holder: no hang, nothing read.
+        // A verified batch read on the dead holder: no hang, nothing read.
         let started = Instant::now();
-        assert_eq!(c.nodes[0].get_many_into(&keys, &[], &targets).await, 0);
+        assert_eq!(read_verified(&c.nodes[0], &keys, &[], &targets).await, 0);
         assert!(started.elapsed() < read_timeout * 2 + Duration::from_secs(2));
     })
     .await
@@ -385,7 +384,7 @@ async fn a_holder_stalling_mid_read_fails_its_reads_at_the_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn get_many_into_stops_at_a_corrupt_block_and_reports_it() {
+async fn a_verified_batch_read_stops_at_a_corrupt_block_and_reports_it() {
     tokio::time::timeout(LIMIT, async {
         let c = Cluster::start(2, Options::default()).await;
         let l = layout(64);
@@ -415,7 +414,7 @@ async fn get_many_into_stops_at_a_corrupt_block_and_reports_it() {
             .map(Some)
             .collect();
         assert_eq!(hints.len(), 5);
-        assert_eq!(c.nodes[0].get_many_into(&keys, &hints, &targets).await, 2);
+        assert_eq!(read_verified(&c.nodes[0], &keys, &hints, &targets).await, 2);
         for (i, k) in keys.iter().take(2).enumerate() {
             assert_eq!(
                 bytes_at(&region, i as u64 * block, block),
@@ -445,7 +444,7 @@ async fn get_many_into_stops_at_a_corrupt_block_and_reports_it() {
                 capacity: block,
             })
             .collect();
-        assert_eq!(c.nodes[0].get_many_into(&more, &[], &wide).await, 6);
+        assert_eq!(read_verified(&c.nodes[0], &more, &[], &wide).await, 6);
         assert_eq!(
             bytes_at(&big, 5 * block, block),
             data(&more[5], block as usize)
@@ -453,13 +452,16 @@ async fn get_many_into_stops_at_a_corrupt_block_and_reports_it() {
 
         // A miss ends the batch too.
         let with_gap = [keys[0], key(8, 99), keys[1]];
-        assert_eq!(c.nodes[0].get_many_into(&with_gap, &[], &targets).await, 1);
+        assert_eq!(
+            read_verified(&c.nodes[0], &with_gap, &[], &targets).await,
+            1
+        );
         // Targets too small for the block: nothing counts as read.
         let small = [ReadTarget {
             capacity: block - 1,
             ..targets[0]
         }];
-        assert_eq!(c.nodes[0].get_many_into(&keys[..1], &[], &small).await, 0);
+        assert_eq!(read_verified(&c.nodes[0], &keys[..1], &[], &small).await, 0);
     })
     .await
     .expect("test timed out");

@@ -3,15 +3,13 @@
 //! that restarts is re-seeded by a paced refresh, and the refresh walks the
 //! store chunk by chunk while puts and gets go on.
 
-mod cluster_support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::{data, key, layout, Cluster, Options};
 use kvfabric_store::cluster::ClusterNode;
 use kvfabric_store::{BlockKey, PutOptions};
+use kvfabric_testkit::cluster::{data, key, layout, Cluster, Options};
 
 const LIMIT: Duration = Duration::from_secs(60);
 

@@ -85,7 +85,7 @@ fn durable_blocks_survive_kill_dash_nine() {
         let info = store.get_into(&block_key(i), 0, &mut buf).unwrap();
         assert!(info.is_some(), "acknowledged durable block {i} lost");
         assert!(
-            buf == kvfabric_transfer::testdata::bytes(u64::from(i), len),
+            buf == kvfabric_testkit::testdata::bytes(u64::from(i), len),
             "block {i} not bit-exact"
         );
     }

@@ -31,11 +31,14 @@
 //! added: links have a rate, not a delay.
 
 mod enter;
+mod etcd;
 mod ip;
 mod net;
+pub mod ports;
 mod procs;
 
 pub use enter::enter_namespace;
+pub use etcd::EtcdProcess;
 pub use net::{Host, Testbed, ADDR_PREFIX, NAME_PREFIX};
 pub use procs::{fd_kinds, HostProc, ProcStats};
 

@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use kvfabric_store::cluster::client::{self, CacheClient};
 use kvfabric_store::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 
 #[allow(unused_imports)] // used by tests/cluster.rs, not by tests/ctl.rs
-pub use kvfabric_store::cluster::etcd_process::EtcdProcess;
+pub use kvfabric_testkit::EtcdProcess;
 
 /// A small layout: 2 layers x 2 heads x 16 dims x 16 tokens of f16 = 4 KiB blocks.
 pub fn layout() -> KvLayout {
@@ -53,9 +52,7 @@ pub fn data(key: &BlockKey, len: usize) -> Vec<u8> {
         .collect()
 }
 
-pub fn free_port() -> u16 {
-    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
-}
+pub use kvfabric_testkit::free_port;
 
 /// One `kvfabric node` child process.
 pub struct NodeProc {
@@ -201,23 +198,7 @@ impl Drop for NodeProc {
     }
 }
 
-/// Poll `f` every 100 ms until it returns Some, for at most `within`.
-pub async fn eventually<T, F, Fut>(what: &str, within: Duration, mut f: F) -> (T, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return (v, start.elapsed());
-        }
-        if start.elapsed() > within {
-            panic!("timed out after {within:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use kvfabric_testkit::eventually;
 
 /// Node ids that `node`'s ClusterStatus lists as alive.
 pub async fn alive(c: &mut CacheClient) -> Vec<String> {

@@ -14,16 +14,9 @@ use serde_json::Value;
 
 pub use response::parse_response;
 
-pub fn free_port() -> u16 {
-    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
-}
+pub use kvfabric_testkit::free_port;
 
-/// The reference model: `$KVFABRIC_MODEL_PATH` or the fetched cache path.
-pub fn model_path() -> PathBuf {
-    let p = kvfabric_engine::model::reference_model_path();
-    assert!(p.exists(), "reference model not found at {}", p.display());
-    p
-}
+pub use kvfabric_testkit::engine::model_path;
 
 /// One `kvfabric engine` child process.
 pub struct EngineProc {

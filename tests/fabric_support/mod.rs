@@ -5,39 +5,21 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+
 use std::time::{Duration, Instant};
 
 use bytesize::ByteSize;
 use kvfabric_connector::{ConnectFn, ConnectorConfig, EmbeddedNode, FabricConnector};
-use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, RunningEngine, SamplingParams,
     TransferParams, Usage,
 };
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
+use kvfabric_testkit::EtcdProcess;
 use tokio::sync::mpsc;
 
-/// The reference model: `$KVFABRIC_MODEL_PATH` or the fetched cache path.
-pub fn model_path() -> PathBuf {
-    let p = kvfabric_engine::model::reference_model_path();
-    assert!(
-        p.exists(),
-        "reference model not found at {}: run `kvfabric model fetch`",
-        p.display()
-    );
-    p
-}
-
-/// The model, loaded once per test binary.
-pub fn model() -> Arc<LlamaModel> {
-    static M: OnceLock<Arc<LlamaModel>> = OnceLock::new();
-    M.get_or_init(|| Arc::new(LlamaModel::load(&model_path(), |_, _| {}).expect("load model")))
-        .clone()
-}
+pub use kvfabric_testkit::engine::model;
 
 pub fn engine_config() -> EngineConfig {
     EngineConfig {

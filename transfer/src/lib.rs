@@ -25,8 +25,6 @@ mod metrics;
 mod op;
 pub mod security;
 mod segment;
-#[doc(hidden)]
-pub mod testdata;
 mod transport;
 
 #[cfg(feature = "cuda")]

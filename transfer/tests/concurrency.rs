@@ -2,16 +2,16 @@
 //! shm link from the peer's pool (instead of queueing on one link), the links
 //! go back to the pool, and every byte arrives.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
-use kvfabric_transfer::{
-    testdata, TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice,
-};
+use kvfabric_testkit::testdata;
+use kvfabric_testkit::transfer::*;
+use kvfabric_transfer::{TransferConfig, TransferEngine, TransferOp, Transport, TransportChoice};
 use prometheus_client::registry::Registry;
+
+/// The transfer crate's fixture binary.
+const PEER: &str = env!("CARGO_BIN_EXE_kvfabric-transfer-peer");
 
 /// `kvfabric_transfer_links_opened_total` for `transport` (0 when absent).
 fn links_opened(registry: &Registry, transport: &str) -> u64 {
@@ -27,7 +27,7 @@ fn links_opened(registry: &Registry, transport: &str) -> u64 {
 async fn concurrent_batches_to_one_peer_each_get_their_own_shm_link() {
     const N: u64 = 4;
     let size = 64 * MIB;
-    let peer = Peer::spawn(&["--size", &size.to_string(), "--seed", "9"]).await;
+    let peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "9"]).await;
     let mut registry = Registry::default();
     let config = TransferConfig {
         transport: TransportChoice::Auto,
@@ -100,7 +100,7 @@ async fn concurrent_batches_to_one_peer_each_get_their_own_shm_link() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_shm_link_is_dropped_and_the_next_batch_reconnects() {
     let size = 4 * MIB;
-    let mut peer = Peer::spawn(&["--size", &size.to_string(), "--seed", "3"]).await;
+    let mut peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "3"]).await;
     let engine = engine(TransportChoice::Auto, 2000).await;
     let local = region(size, 0);
     let seg = engine.register(local.clone());
@@ -118,7 +118,7 @@ async fn a_broken_shm_link_is_dropped_and_the_next_batch_reconnects() {
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(engine.transport_for(&peer.addr), None);
     // A new peer: the next batch decides again and works.
-    let peer = Peer::spawn(&["--size", &size.to_string(), "--seed", "4"]).await;
+    let peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "4"]).await;
     engine
         .batch(
             &peer.addr,

@@ -2,24 +2,28 @@
 //! test process, over tcp and shm. 1 GiB both ways with every byte verified,
 //! a peer killed or stalled mid-batch, a corrupted payload.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
-use kvfabric_transfer::{testdata, TransferError, TransferOp, Transport, TransportChoice};
+use kvfabric_testkit::testdata;
+use kvfabric_testkit::transfer::*;
+use kvfabric_transfer::{TransferError, TransferOp, Transport, TransportChoice};
 
+/// The transfer crate's fixture binary.
+const PEER: &str = env!("CARGO_BIN_EXE_kvfabric-transfer-peer");
 const GIB: u64 = 1 << 30;
 
 async fn one_gib_both_ways(choice: TransportChoice, arg: &str, expect: Transport) {
-    let mut peer = Peer::spawn(&[
-        "--size",
-        &GIB.to_string(),
-        "--seed",
-        "11",
-        "--transport",
-        arg,
-    ])
+    let mut peer = Peer::spawn(
+        PEER,
+        &[
+            "--size",
+            &GIB.to_string(),
+            "--seed",
+            "11",
+            "--transport",
+            arg,
+        ],
+    )
     .await;
     assert_eq!(peer.len, GIB);
     let engine = engine(choice, 5000).await;
@@ -62,7 +66,7 @@ async fn one_gib_of_random_data_both_ways_over_tcp_then_shm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_killed_mid_batch_fails_unfinished_ops_within_timeout() {
     let size = 512 * MIB;
-    let peer = Peer::spawn(&["--size", &size.to_string(), "--seed", "5"]).await;
+    let peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "5"]).await;
     let timeout_ms = 2000;
     let engine = std::sync::Arc::new(engine(TransportChoice::Tcp, timeout_ms).await);
     let local = region(size, 0);
@@ -114,14 +118,17 @@ async fn peer_killed_mid_batch_fails_unfinished_ops_within_timeout() {
 
 async fn stall_then_recover(choice: TransportChoice, arg: &str) {
     let size = 64 * MIB;
-    let peer = Peer::spawn(&[
-        "--size",
-        &size.to_string(),
-        "--seed",
-        "9",
-        "--transport",
-        arg,
-    ])
+    let peer = Peer::spawn(
+        PEER,
+        &[
+            "--size",
+            &size.to_string(),
+            "--seed",
+            "9",
+            "--transport",
+            arg,
+        ],
+    )
     .await;
     let engine = engine(choice, 1000).await;
     let local = region(size, 0);
@@ -172,14 +179,17 @@ async fn stalled_peer_times_out_then_next_batch_reconnects_shm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_corrupted_by_the_peer_fails_its_checksum() {
-    let peer = Peer::spawn(&[
-        "--size",
-        &(8 * MIB).to_string(),
-        "--seed",
-        "3",
-        "--corrupt",
-        "1",
-    ])
+    let peer = Peer::spawn(
+        PEER,
+        &[
+            "--size",
+            &(8 * MIB).to_string(),
+            "--seed",
+            "3",
+            "--corrupt",
+            "1",
+        ],
+    )
     .await;
     let engine = engine(TransportChoice::Tcp, 5000).await;
     let local = region(8 * MIB, 0);

@@ -5,12 +5,11 @@
 //! refused with `Unsupported`. The data-path test needs an RDMA device and
 //! says it was skipped otherwise.
 
-mod common;
-
 use std::io::Write;
 
-use common::*;
-use kvfabric_transfer::{testdata, TransferError, TransferOp, Transport, TransportChoice};
+use kvfabric_testkit::testdata;
+use kvfabric_testkit::transfer::*;
+use kvfabric_transfer::{TransferError, TransferOp, Transport, TransportChoice};
 
 /// Say a test was skipped, on the real stderr (libtest captures `eprintln!`).
 fn skipped(why: &str) {

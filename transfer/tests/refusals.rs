@@ -2,9 +2,7 @@
 //! not touch is refused with a precise error and no byte moves; a payload
 //! corrupted in flight fails its checksum; notifications arrive.
 
-mod common;
-
-use common::*;
+use kvfabric_testkit::transfer::*;
 use kvfabric_transfer::{SegmentId, TransferError, TransferOp, Transport, TransportChoice};
 
 const LEN: u64 = 4 * MIB;
@@ -75,7 +73,7 @@ async fn refusals(choice: TransportChoice, expect: Transport) {
     results[7].as_ref().unwrap();
     // No byte of a refused op moved: the remote still holds its own stream.
     assert_eq!(
-        kvfabric_transfer::testdata::first_mismatch(bytes(&remote_region, 0, LEN), 2, 0),
+        kvfabric_testkit::testdata::first_mismatch(bytes(&remote_region, 0, LEN), 2, 0),
         None
     );
     // The only byte range that changed locally is the one good READ.
@@ -84,11 +82,11 @@ async fn refusals(choice: TransportChoice, expect: Transport) {
         bytes(&remote_region, 8192, 4096)
     );
     assert_eq!(
-        kvfabric_transfer::testdata::first_mismatch(bytes(&local_region, 0, 8192), 1, 0),
+        kvfabric_testkit::testdata::first_mismatch(bytes(&local_region, 0, 8192), 1, 0),
         None
     );
     assert_eq!(
-        kvfabric_transfer::testdata::first_mismatch(
+        kvfabric_testkit::testdata::first_mismatch(
             bytes(&local_region, 12288, LEN - 12288),
             1,
             12288

@@ -20,9 +20,9 @@ use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, SamplingParams,
 };
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
+use kvfabric_testbed::EtcdProcess;
 use tokio::sync::mpsc;
 
 use super::engines::{start_engine, stop_engine};

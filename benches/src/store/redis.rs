@@ -59,7 +59,7 @@ pub(super) fn redis(
     clients: usize,
     out: &mut serde_json::Map<String, Value>,
 ) -> anyhow::Result<()> {
-    let port = kvfabric_store::ports::free_loopback_port()?;
+    let port = kvfabric_testbed::ports::free_loopback_port()?;
     let _server = RedisServer(
         Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])

@@ -9,7 +9,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -34,16 +33,7 @@ pub const MODEL: &str = "smollm2";
 /// Every test request/await is bounded by this.
 pub const LIMIT: Duration = Duration::from_secs(60);
 
-/// The reference model: `$KVFABRIC_MODEL_PATH` or `~/.cache/kvfabric/models/...`.
-pub fn model_path() -> PathBuf {
-    let p = kvfabric_engine::model::reference_model_path();
-    assert!(
-        p.exists(),
-        "reference model not found at {}: run `kvfabric model fetch` first",
-        p.display()
-    );
-    p
-}
+pub use kvfabric_testkit::engine::model_path;
 
 /// Model, tokenizer and chat template, loaded once per test binary.
 pub struct Loaded {
@@ -56,12 +46,12 @@ pub fn loaded() -> &'static Loaded {
     static L: OnceLock<Loaded> = OnceLock::new();
     L.get_or_init(|| {
         let path = model_path();
-        let model = LlamaModel::load(&path, |_, _| {}).expect("load model");
+        let model = kvfabric_testkit::engine::model();
         let gguf = GgufFile::open(&path).expect("open gguf");
         let tokenizer = Tokenizer::from_gguf(&gguf).expect("tokenizer");
         let template = ChatTemplate::from_gguf(&gguf, &tokenizer).expect("template");
         Loaded {
-            model: Arc::new(model),
+            model,
             tokenizer: Arc::new(tokenizer),
             template: Arc::new(template),
         }

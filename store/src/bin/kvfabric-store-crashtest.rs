@@ -13,6 +13,12 @@ use kvfabric_store::{
     Registry, Store,
 };
 
+// The test kit's stream, compiled in: a binary cannot take the kit as a
+// dev-dependency, and the test checks the bytes against the same file.
+#[path = "../../../testkit/src/testdata.rs"]
+#[allow(dead_code)]
+mod testdata;
+
 /// Layout of the crash-test blocks (64 KiB each).
 pub fn crash_layout() -> KvLayout {
     KvLayout {
@@ -43,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let layout = crash_layout();
             let mut out = std::io::stdout().lock();
             for i in 0..100_000u32 {
-                let data = kvfabric_transfer::testdata::bytes(u64::from(i), layout.block_bytes());
+                let data = testdata::bytes(u64::from(i), layout.block_bytes());
                 let opts = PutOptions {
                     durable: true,
                     ..Default::default()

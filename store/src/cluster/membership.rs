@@ -407,7 +407,7 @@ fn parse_node(value: &[u8]) -> Option<NodeInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::etcd_process::EtcdProcess;
+    use kvfabric_testkit::EtcdProcess;
 
     fn node(id: &str, port: u16) -> NodeInfo {
         NodeInfo {

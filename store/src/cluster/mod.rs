@@ -8,7 +8,7 @@
 //! - [`client`]: a CacheService client for tools and tests.
 //! - [`node`]: a node's cluster side (announce, locate, remote reads);
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
-//!   [`ClusterNode::read_leased`] of [`RangeRead`]s (or [`ClusterNode::get_many_into`]).
+//!   [`ClusterNode::read_leased`] of [`RangeRead`]s.
 //! - [`security`]: node identity on the gRPC side (mutual TLS, claimed ids).
 //! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
 //!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
@@ -18,8 +18,6 @@ pub mod client;
 pub mod cluster_cache_service;
 pub mod cluster_config;
 pub mod directory;
-#[doc(hidden)]
-pub mod etcd_process;
 mod lease;
 pub mod membership;
 mod membership_metrics;

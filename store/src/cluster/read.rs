@@ -2,9 +2,9 @@
 //! [`ClusterNode::read_leased`] moves byte ranges of many leased blocks into
 //! caller memory — all ranges at one holder in ONE transfer batch, holders in
 //! parallel, blocks leased here copied — and the whole-block reads built on
-//! it: [`ClusterNode::get_many_into`] (a batch, xxh3-verified in place, stops
-//! at the first miss) and the single-block `get` / `get_into` (with an
-//! optional holder hint), which try the next holder when one fails. A failed,
+//! it: the single-block `get` / `get_into` (with an optional holder hint),
+//! which try the next holder when one fails. Batches of whole blocks are the
+//! caller's `lease_many` + `read_leased` (the connector's load path). A failed,
 //! timed-out or corrupt remote read is a miss for that holder, reported stale
 //! to the key's owner.
 
@@ -97,32 +97,6 @@ impl RangeRead<'_> {
         dst.copy_from_slice(src);
         Ok(())
     }
-}
-
-/// Blocks per verification wave of [`ClusterNode::get_many_into`].
-const VERIFY_WAVE: usize = 4;
-
-/// Check a wave's results and xxh3 of each block, in order: (blocks sound,
-/// the first that is not with its read error — None = corrupt bytes).
-fn verify_wave<'r, 'a>(
-    wave: &'r [RangeRead<'a>],
-    results: Vec<Result<(), StoreError>>,
-) -> (usize, Option<(&'r RangeRead<'a>, Option<StoreError>)>) {
-    let mut ok = 0;
-    for (r, res) in wave.iter().zip(results) {
-        if let Err(e) = res {
-            return (ok, Some((r, Some(e))));
-        }
-        let sound = r
-            .target
-            .bytes(r.len)
-            .is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
-        if !sound {
-            return (ok, Some((r, None)));
-        }
-        ok += 1;
-    }
-    (ok, None)
 }
 
 impl ClusterNode {
@@ -253,75 +227,6 @@ impl ClusterNode {
         let view = self.view();
         self.report_stale_many(&view, vec![(block.holder().to_string(), *block.key())])
             .await;
-    }
-
-    /// Whole blocks into `targets[i]`, xxh3-verified in place: leases with
-    /// [`Self::lease_many`], reads the leased prefix with
-    /// [`Self::read_leased`]. Returns how many leading blocks were read and
-    /// verified (stops at the first miss or failure; a failed or corrupt read
-    /// is reported stale).
-    pub async fn get_many_into(
-        &self,
-        keys: &[BlockKey],
-        hints: &[Option<HolderEntry>],
-        targets: &[ReadTarget<'_>],
-    ) -> usize {
-        let n = keys.len().min(targets.len());
-        if n == 0 {
-            return 0;
-        }
-        let leased = self
-            .lease_many(&keys[..n], &hints[..hints.len().min(n)])
-            .await;
-        let reads: Vec<RangeRead<'_>> = leased
-            .iter()
-            .map_while(|b| b.as_ref())
-            .zip(targets)
-            .map(|(b, t)| RangeRead {
-                block: b,
-                offset: 0,
-                len: b.len(),
-                target: *t,
-            })
-            .collect();
-        // Waves of VERIFY_WAVE blocks: the next wave's transfer runs while
-        // this one is hashed (while its bytes are still in cache).
-        let waves: Vec<&[RangeRead<'_>]> = reads.chunks(VERIFY_WAVE).collect();
-        let mut verified = 0;
-        let mut results = match waves.first() {
-            Some(w) => self.read_leased(w).await,
-            None => return 0,
-        };
-        for (w, wave) in waves.iter().enumerate() {
-            let following = async {
-                match waves.get(w + 1) {
-                    Some(next) => self.read_leased(next).await,
-                    None => Vec::new(),
-                }
-            };
-            let check = async { verify_wave(wave, std::mem::take(&mut results)) };
-            let (next_results, (ok, failure)) = futures::future::join(following, check).await;
-            verified += ok;
-            if ok < wave.len() && failure.is_none() {
-                return verified;
-            }
-            if let Some((r, error)) = failure {
-                match error {
-                    None => self.report_corrupt(r.block).await,
-                    Some(e) => {
-                        tracing::info!(holder = %r.block.holder(), error = %e, "batched read failed; miss");
-                        if !matches!(e, StoreError::InvalidArgument(_)) {
-                            let view = self.view();
-                            let stale = vec![(r.block.holder().into(), *r.block.key())];
-                            self.report_stale_many(&view, stale).await;
-                        }
-                    }
-                }
-                return verified;
-            }
-            results = next_results;
-        }
-        verified
     }
 
     /// Read a whole block: from this node's tiers, else from the best remote

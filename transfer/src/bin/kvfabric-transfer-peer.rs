@@ -10,8 +10,14 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use kvfabric_transfer::{testdata, SharedRegion, TransferConfig, TransferEngine, TransportChoice};
+use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransportChoice};
 use tokio::io::AsyncReadExt;
+
+// The test kit's stream, compiled in: a binary cannot take the kit as a
+// dev-dependency, and the test checks the bytes against the same file.
+#[path = "../../../testkit/src/testdata.rs"]
+#[allow(dead_code)]
+mod testdata;
 
 fn main() {
     if let Err(e) = real_main() {

@@ -1,5 +1,5 @@
-//! Shared by the HTTP tests: a scripted scheduler stand-in, a server on
-//! 127.0.0.1:0 and a small hyper client.
+//! Shared by the engine's HTTP tests: a scripted scheduler stand-in, a server
+//! on 127.0.0.1:0 and a small hyper client.
 //!
 //! The stand-in answers through the `EngineHandle` channel exactly as the
 //! scheduler does (token events, then `Finished`) and reports what it received
@@ -7,7 +7,6 @@
 //! in the prompt pick the script: `FAIL` -> an error event, `SLOW` -> a token
 //! every 10 ms until cancelled or `max_tokens`, `TOOLCALL` -> a reply
 //! with two Hermes-style tool calls.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! A real etcd server on loopback (or on one address of a test bed host),
-//! for tests (unit tests here and the multi-process cluster tests in
-//! tests/). Debian's `etcd-server` package provides the binary; the process
-//! is killed when the handle drops.
+//! for the benches that run a cluster on etcd (`bench agentic --hosts`) and,
+//! through `kvfabric-testkit`, for the tests. Debian's `etcd-server` package
+//! provides the binary; the process is killed when the handle drops.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;

@@ -1,31 +1,14 @@
-//! Shared helpers for the model tests: locating the reference model and a
-//! minimal direct driver of the forward pass (no scheduler).
-#![allow(dead_code)]
+//! A minimal direct driver of the forward pass (no scheduler), for the model
+//! tests: the compute pool, KV pools for the reference model, greedy decoding.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use kvfabric_engine::kernels::Compute;
 use kvfabric_engine::kv::{BlockId, KvPool};
-use kvfabric_engine::model::{LlamaModel, SeqChunk};
+use kvfabric_engine::model::SeqChunk;
 pub use kvfabric_types::DType;
 
-/// The reference model: `$KVFABRIC_MODEL_PATH` or `~/.cache/kvfabric/models/...`.
-pub fn model_path() -> PathBuf {
-    let p = kvfabric_engine::model::reference_model_path();
-    assert!(
-        p.exists(),
-        "reference model not found at {}: run `kvfabric model fetch` first",
-        p.display()
-    );
-    p
-}
-
-/// The model, loaded once per test binary.
-pub fn model() -> &'static LlamaModel {
-    static M: OnceLock<LlamaModel> = OnceLock::new();
-    M.get_or_init(|| LlamaModel::load(&model_path(), |_, _| {}).expect("load model"))
-}
+pub use super::{model, model_path};
 
 pub fn compute() -> &'static Compute {
     static C: OnceLock<Compute> = OnceLock::new();
@@ -34,7 +17,8 @@ pub fn compute() -> &'static Compute {
 
 /// A pool of `blocks` blocks of `bt` tokens of `dtype` K/V for the reference model.
 pub fn pool(bt: usize, blocks: usize, dtype: DType) -> KvPool {
-    let c = &model().config;
+    let m = model();
+    let c = &m.config;
     let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, bt, dtype);
     KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64).expect("pool")
 }

@@ -1,5 +1,7 @@
 //! Free loopback ports for the processes tests and benches start (etcd,
 //! nodes, redis) and for listeners whose port must be known before they bind.
+//! Here, beside the test bed, because the `kvfabric bench` drivers need them
+//! too; tests take them through `kvfabric-testkit`.
 //!
 //! Asking the kernel for port 0 and releasing it is racy on a busy test
 //! machine: the port comes from the ephemeral range, the same range every

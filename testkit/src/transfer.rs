@@ -1,17 +1,15 @@
 //! Helpers shared by the transfer integration tests: engines with a test
 //! config, regions filled with the deterministic stream, and spawned peers.
 
-#![allow(dead_code)]
-
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvfabric_transfer::{
-    testdata, SegmentId, SharedRegion, TransferConfig, TransferEngine, TransportChoice,
-};
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferConfig, TransferEngine, TransportChoice};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
+
+use crate::testdata;
 
 pub const MIB: u64 = 1 << 20;
 
@@ -38,7 +36,7 @@ pub fn bytes(r: &SharedRegion, offset: u64, len: u64) -> &[u8] {
     unsafe { r.slice(offset as usize, len as usize).unwrap() }
 }
 
-/// A spawned `kvfabric-transfer-peer`.
+/// A spawned `kvfabric-transfer-peer` (the transfer crate's fixture binary).
 pub struct Peer {
     pub child: Child,
     pub addr: String,
@@ -48,8 +46,10 @@ pub struct Peer {
 }
 
 impl Peer {
-    pub async fn spawn(args: &[&str]) -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kvfabric-transfer-peer"))
+    /// Start the peer binary at `bin` (the test's
+    /// `env!("CARGO_BIN_EXE_kvfabric-transfer-peer")`) and wait for its READY line.
+    pub async fn spawn(bin: &str, args: &[&str]) -> Peer {
+        let mut child = Command::new(bin)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -2,15 +2,13 @@
 //! peers, tcp transport), each with its own store, gRPC server, directory
 //! shard and transfer engine; and a tcp proxy in front of a holder's
 //! transfer port that a test can freeze or cut mid-stream (a holder that
-//! stalls or dies mid-read).
-
-#![allow(dead_code)]
+//! stalls or dies mid-read). Used by the store's cluster tests.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode, HolderEntry, RangeRead, ReadTarget};
 use kvfabric_store::NodeServer;
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
@@ -18,9 +16,7 @@ use kvfabric_store::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-pub fn free_port() -> u16 {
-    kvfabric_store::ports::free_loopback_port().expect("a free loopback port")
-}
+use crate::free_port;
 
 /// 2 layers x K,V x 64 tokens x 1 head x `head_dim` f16.
 pub fn layout(head_dim: u32) -> KvLayout {
@@ -211,6 +207,54 @@ async fn start_node(
         }),
     );
     (node, tx)
+}
+
+/// Whole blocks into `targets[i]`, the way the connector loads a prefix:
+/// [`ClusterNode::lease_many`], one [`ClusterNode::read_leased`] of the
+/// leased prefix, then each block's xxh3 checked in order (a corrupt one is
+/// reported with [`ClusterNode::report_corrupt`]). Returns how many leading
+/// blocks were read and verified: it stops at the first miss, failed read or
+/// corrupt block.
+pub async fn read_verified(
+    node: &ClusterNode,
+    keys: &[BlockKey],
+    hints: &[Option<HolderEntry>],
+    targets: &[ReadTarget<'_>],
+) -> usize {
+    let n = keys.len().min(targets.len());
+    let leased = node
+        .lease_many(&keys[..n], &hints[..hints.len().min(n)])
+        .await;
+    let reads: Vec<RangeRead<'_>> = leased
+        .iter()
+        .map_while(|b| b.as_ref())
+        .zip(targets)
+        .map(|(b, t)| RangeRead {
+            block: b,
+            offset: 0,
+            len: b.len(),
+            target: *t,
+        })
+        .collect();
+    let results = node.read_leased(&reads).await;
+    for (i, (r, res)) in reads.iter().zip(results).enumerate() {
+        if res.is_err() {
+            return i;
+        }
+        // SAFETY: the read into the target has completed; nothing else uses it.
+        let bytes = unsafe {
+            r.target
+                .region
+                .slice(r.target.offset as usize, r.len as usize)
+        };
+        let sound =
+            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
+        if !sound {
+            node.report_corrupt(r.block).await;
+            return i;
+        }
+    }
+    reads.len()
 }
 
 const PASS: u8 = 0;

@@ -1,5 +1,6 @@
-//! The real engine behind the HTTP API, for http_agents and openai_client.
-#![allow(dead_code)]
+//! The real engine (the reference model, the scheduler) behind the OpenAI
+//! HTTP API on 127.0.0.1:0, for the engine's end-to-end HTTP tests
+//! (http_e2e, http_agents, openai_client).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,27 +9,44 @@ use bytesize::ByteSize;
 use kvfabric_engine::chat::ChatTemplate;
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::http::{serve, EngineMetrics, HttpState};
-use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::tokenizer::Tokenizer;
-use kvfabric_engine::EngineConfig;
+use kvfabric_engine::{EngineConfig, EngineError, RunningEngine};
 use prometheus_client::registry::Registry;
+use tokio::sync::oneshot;
 
-use super::common::model_path;
+use super::model_path;
 
+/// The model id the server answers to.
 pub const MODEL_NAME: &str = "smollm2";
 
-/// The engine and its API on 127.0.0.1:0; dropped with the test's runtime.
+/// The engine and its API; dropped with the test's runtime, or stopped
+/// cleanly with [`RealServer::shut_down`].
 pub struct RealServer {
     pub addr: SocketAddr,
-    _engine: kvfabric_engine::RunningEngine,
+    engine: RunningEngine,
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), EngineError>>,
 }
 
+impl RealServer {
+    /// Stop serving, then stop the scheduler and join its thread (panics if
+    /// the scheduler thread panicked).
+    pub async fn shut_down(self) {
+        let _ = self.shutdown.send(());
+        let _ = self.task.await;
+        let RunningEngine { handle, thread, .. } = self.engine;
+        drop(handle);
+        thread.join().expect("scheduler thread");
+    }
+}
+
+/// Two threads, 16-token blocks, 64 MiB of KV.
 pub async fn real_server() -> RealServer {
     let path = model_path();
     let gguf = GgufFile::open(&path).expect("GGUF opens");
     let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf).expect("tokenizer"));
     let template = Arc::new(ChatTemplate::from_gguf(&gguf, &tokenizer).expect("template"));
-    let model = Arc::new(LlamaModel::load(&path, |_, _| {}).expect("model loads"));
+    let model = super::model();
     let context = model.config.context_length;
     let cfg = EngineConfig {
         threads: 2,
@@ -56,9 +74,14 @@ pub async fn real_server() -> RealServer {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(serve(listener, state, std::future::pending()));
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, state, async move {
+        let _ = stop.await;
+    }));
     RealServer {
         addr,
-        _engine: engine,
+        engine,
+        shutdown,
+        task,
     }
 }

@@ -1,6 +1,9 @@
 //! Deterministic pseudo-random test data, seekable by offset, so two processes
 //! can agree on every byte of a gigabyte without shipping it. Used by the
-//! multi-process tests, the peer binary and the bench; not part of the API.
+//! multi-process transfer tests and their peer binary, and the store's crash
+//! test and its writer binary. The two fixture binaries cannot take a
+//! dev-dependency, so they compile this same file in with `#[path]`: one
+//! stream, no copy.
 
 /// Word `i` of the stream for `seed` (splitmix64 of the position).
 fn word(seed: u64, i: u64) -> u64 {

@@ -1,0 +1,40 @@
+//! kvfabric-testkit: what the tests of every crate share, in one dev-only
+//! crate, so the libraries ship no test code (issue 20).
+//!
+//! - [`testdata`]: a deterministic byte stream, seekable by offset, that two
+//!   processes agree on without shipping it.
+//! - [`free_port`] and [`EtcdProcess`]: loopback ports outside the ephemeral
+//!   range and a real etcd. Both live in `kvfabric-testbed` (the `kvfabric
+//!   bench` drivers start etcd and pick ports too); the kit re-exports them so
+//!   a test has one place to import from.
+//! - [`eventually`]: bounded polling.
+//! - feature `engine`: [`engine`], the reference model's path and the model
+//!   loaded once per test binary, a forward-pass driver, blocking requests to
+//!   a running scheduler, and the real engine behind its HTTP API.
+//! - feature `transfer`: [`transfer`], transfer engines, regions holding the
+//!   stream, and a spawned peer process.
+//! - feature `cluster`: [`cluster`], N store nodes in this process on
+//!   loopback and a tcp proxy a test can freeze or cut.
+//!
+//! A harness that starts a binary takes its path from the test
+//! (`env!("CARGO_BIN_EXE_...")` names only the test's own package's binaries).
+
+pub mod testdata;
+
+mod poll;
+
+#[cfg(feature = "cluster")]
+pub mod cluster;
+#[cfg(feature = "engine")]
+pub mod engine;
+#[cfg(feature = "transfer")]
+pub mod transfer;
+
+pub use kvfabric_testbed::ports::free_loopback_port;
+pub use kvfabric_testbed::EtcdProcess;
+pub use poll::eventually;
+
+/// A free loopback port (see [`free_loopback_port`]); panics if none is.
+pub fn free_port() -> u16 {
+    free_loopback_port().expect("a free loopback port")
+}
