@@ -25,11 +25,9 @@ fn logits_bits(cx: &Compute) -> Vec<u8> {
     let m = common::model();
     let blocks_per_seq = 2;
     let mut kv: KvPool = common::pool(16, 3 * blocks_per_seq, DType::F16);
-    let tables: Vec<Vec<u32>> = (0..3u32)
-        .map(|s| (s * 2..s * 2 + 2).collect())
-        .collect();
+    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 2..s * 2 + 2).collect()).collect();
     let mut bits = Vec::new();
-    let mut take = |v: &[f32], bits: &mut Vec<u8>| {
+    let take = |v: &[f32], bits: &mut Vec<u8>| {
         bits.extend(v.iter().flat_map(|x| x.to_bits().to_le_bytes()));
         argmax(v)
     };
