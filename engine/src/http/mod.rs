@@ -126,7 +126,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(list_models))
-        .route_layer(middleware::from_fn_with_state(state.clone(), gate::<HttpState>));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            gate::<HttpState>,
+        ));
     Router::new()
         .merge(v1)
         .route("/health", get(health))
