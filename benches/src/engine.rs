@@ -278,7 +278,7 @@ fn measure_ours(
     args: &EngineArgs,
     path: &std::path::Path,
 ) -> anyhow::Result<(Rates, PeerWorkload, Map<String, Value>)> {
-    let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
+    let model = Arc::new(LlamaModel::load(path, |_, _| {}).context("loading the model")?);
     let c = &model.config;
     let cx = Compute::new(args.threads);
     let threads = cx.pool.threads();
