@@ -146,106 +146,112 @@ fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&cli.log)?)
         .with_writer(std::io::stderr)
         .init();
+    let file = cli.config.as_deref();
     match cli.command {
         Command::Model(cmd) => {
-            let cfg: model::ModelConfig = config::load("model", cli.config.as_deref(), &cmd.flags)?;
+            let cfg: model::ModelConfig = config::load("model", file, &cmd.flags)?;
             match cmd.action {
                 ModelAction::Fetch => println!("{}", model::fetch(&cfg)?.display()),
                 ModelAction::Path => println!("{}", model::model_path(&cfg).display()),
             }
         }
-        Command::Node(cmd) => {
-            let mut cfg: kvfabric_store::NodeConfig =
-                config::load("node", cli.config.as_deref(), &cmd.flags)?;
-            if cmd.tenants_file.is_some() {
-                cfg.tenants_file = cmd.tenants_file;
-            }
-            cfg.validate()?;
-            let cluster: kvfabric_store::cluster::ClusterConfig =
-                config::load("cluster", cli.config.as_deref(), &cmd.cluster)?;
-            cluster.validate()?;
-            tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;
-        }
+        Command::Node(cmd) => run_node(cmd, file)?,
         Command::Ctl(cmd) => ctl::run(cmd)?,
         Command::Tenants(cmd) => tenants::run(cmd)?,
         Command::Certs(cmd) => certs::run(cmd)?,
-        Command::Engine(cmd) => {
-            let cfg: kvfabric_engine::EngineConfig =
-                config::load("engine", cli.config.as_deref(), &cmd.flags)?;
-            cfg.validate()?;
-            let model_cfg: model::ModelConfig =
-                config::load("model", cli.config.as_deref(), &ModelFlags::default())?;
-            let path = model::resolve(&cmd.model, &model_cfg)?;
-            let mut fabric = engine::FabricSettings {
-                node: config::load("node", cli.config.as_deref(), &cmd.node)?,
-                cluster: config::load("cluster", cli.config.as_deref(), &cmd.cluster)?,
-                connector: config::load("connector", cli.config.as_deref(), &cmd.connector)?,
-            };
-            // The embedded node's gRPC takes the engine's tenants unless set apart.
-            if fabric.node.tenants_file.is_none() {
-                fabric.node.tenants_file.clone_from(&cfg.tenants_file);
-            }
-            fabric.node.validate()?;
-            fabric.cluster.validate()?;
-            fabric.connector.validate()?;
-            tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path, fabric))?;
-        }
+        Command::Engine(cmd) => run_engine(*cmd, file)?,
         Command::Router(flags) => {
-            let cfg: kvfabric_router::RouterConfig =
-                config::load("router", cli.config.as_deref(), &flags)?;
+            let cfg: kvfabric_router::RouterConfig = config::load("router", file, &flags)?;
             cfg.validate()?;
             tokio::runtime::Runtime::new()?.block_on(router::run(cfg))?;
         }
-        Command::Bench(cmd) => match cmd.which {
-            BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a)?,
-            BenchWhich::Store(a) => kvfabric_benches::store::run(&a)?,
-            BenchWhich::Cluster(a) => kvfabric_benches::cluster::run(&a)?,
-            BenchWhich::Engine(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::engine::run(&a)?
-            }
-            BenchWhich::Reuse(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::reuse::run(&a)?
-            }
-            BenchWhich::Agentic(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::agentic::run(&a)?
-            }
-            BenchWhich::Spec(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::spec::run(&a)?
-            }
-            BenchWhich::Soak(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::soak::run(&a)?
-            }
-            BenchWhich::Eviction(mut a) => {
-                // A trace file needs no tokenizer.
-                if a.model.is_none() && a.trace.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::eviction::run(&a)?
-            }
-            BenchWhich::Kv(mut a) => {
-                if a.model.is_none() {
-                    a.model = Some(fetched_model(cli.config.as_deref())?);
-                }
-                kvfabric_benches::kv::run(&a)?
-            }
-        },
+        Command::Bench(cmd) => run_bench(cmd.which, file)?,
     }
     Ok(())
+}
+
+/// `kvfabric node`: the node's and the cluster's config, checked, then serve.
+fn run_node(cmd: NodeCmd, file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let mut cfg: kvfabric_store::NodeConfig = config::load("node", file, &cmd.flags)?;
+    if cmd.tenants_file.is_some() {
+        cfg.tenants_file = cmd.tenants_file;
+    }
+    cfg.validate()?;
+    let cluster: kvfabric_store::cluster::ClusterConfig =
+        config::load("cluster", file, &cmd.cluster)?;
+    cluster.validate()?;
+    tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;
+    Ok(())
+}
+
+/// `kvfabric engine`: the engine's config, its model, and the embedded
+/// fabric's settings, checked, then serve.
+fn run_engine(cmd: EngineCmd, file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let cfg: kvfabric_engine::EngineConfig = config::load("engine", file, &cmd.flags)?;
+    cfg.validate()?;
+    let model_cfg: model::ModelConfig = config::load("model", file, &ModelFlags::default())?;
+    let path = model::resolve(&cmd.model, &model_cfg)?;
+    let mut fabric = engine::FabricSettings {
+        node: config::load("node", file, &cmd.node)?,
+        cluster: config::load("cluster", file, &cmd.cluster)?,
+        connector: config::load("connector", file, &cmd.connector)?,
+    };
+    // The embedded node's gRPC takes the engine's tenants unless set apart.
+    if fabric.node.tenants_file.is_none() {
+        fabric.node.tenants_file.clone_from(&cfg.tenants_file);
+    }
+    fabric.node.validate()?;
+    fabric.cluster.validate()?;
+    fabric.connector.validate()?;
+    tokio::runtime::Runtime::new()?.block_on(engine::run(cfg, &path, fabric))?;
+    Ok(())
+}
+
+/// `kvfabric bench ...`; benches that run the model get the fetched
+/// reference model when given no `--model`.
+fn run_bench(which: BenchWhich, file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let fetch_unless_given = |model: &mut Option<PathBuf>| -> anyhow::Result<()> {
+        if model.is_none() {
+            *model = Some(fetched_model(file)?);
+        }
+        Ok(())
+    };
+    match which {
+        BenchWhich::Transfer(a) => kvfabric_benches::transfer::run(&a),
+        BenchWhich::Store(a) => kvfabric_benches::store::run(&a),
+        BenchWhich::Cluster(a) => kvfabric_benches::cluster::run(&a),
+        BenchWhich::Engine(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::engine::run(&a)
+        }
+        BenchWhich::Reuse(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::reuse::run(&a)
+        }
+        BenchWhich::Agentic(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::agentic::run(&a)
+        }
+        BenchWhich::Spec(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::spec::run(&a)
+        }
+        BenchWhich::Soak(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::soak::run(&a)
+        }
+        BenchWhich::Eviction(mut a) => {
+            // A trace file needs no tokenizer.
+            if a.trace.is_none() {
+                fetch_unless_given(&mut a.model)?;
+            }
+            kvfabric_benches::eviction::run(&a)
+        }
+        BenchWhich::Kv(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::kv::run(&a)
+        }
+    }
 }
 
 /// The reference model, fetched (and verified) on first use, for benches given no `--model`.

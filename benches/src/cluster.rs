@@ -27,13 +27,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use futures::StreamExt;
-use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode, RangeRead, ReadTarget};
+use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode};
 use kvfabric_store::{
     BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint, NodeConfig, NodeServer, PutOptions,
     Registry, Store,
 };
-use kvfabric_transfer::{SharedRegion, TransferOp};
 use serde_json::{json, Value};
+
+mod reads;
+use reads::Reads;
 
 /// Arguments of `kvfabric bench cluster`.
 #[derive(clap::Args, Debug, Clone)]
@@ -176,7 +178,60 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
     let ram = ((args.blocks * args.block_bytes) as u64 * 2).max(256 << 20);
     let cluster = start_cluster(ram).await?;
     let (a, c) = (cluster.nodes[0].clone(), cluster.nodes[2].clone());
+    let lat = lookup_latencies(&a, &c, args.lookups).await?;
+    let reads = Reads::prepare(args, a, c).await?;
+    reads.check().await?;
+    let (batch, concurrency) = (reads.batch, args.concurrency.max(1));
+    let batches: Vec<usize> = (0..reads.keys.len().div_ceil(batch)).collect();
+    let singles: Vec<usize> = (0..reads.keys.len()).collect();
 
+    // The four runs take turns, ROUNDS times, so load from elsewhere on the
+    // machine weighs on all of them alike.
+    const ROUNDS: u32 = 3;
+    let slice = Duration::from_secs(args.seconds) / ROUNDS;
+    let mut meters = [Meter::default(); 4];
+    for _ in 0..ROUNDS {
+        meters[0].add(throughput(slice, concurrency, &batches, |b| reads.remote_batched(b)).await?);
+        meters[1].add(
+            throughput(slice, concurrency, &batches, |b| reads.tcp(batch, b))
+                .await
+                .context("tcp baseline")?,
+        );
+        meters[2].add(throughput(slice, concurrency, &singles, |i| reads.remote_single(i)).await?);
+        meters[3].add(
+            throughput(slice, concurrency, &singles, |b| reads.tcp(1, b))
+                .await
+                .context("tcp single-op baseline")?,
+        );
+    }
+    let [remote_gbps, tcp_gbps, remote_single_gbps, tcp_single_gbps] = meters.map(|m| m.gbps());
+    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+
+    Ok(json!({
+        "nodes": 3,
+        "lookup_blocks": 128,
+        "lookup128_p50_us": percentile(&lat, 0.50),
+        "lookup128_p99_us": percentile(&lat, 0.99),
+        "block_bytes": reads.block_bytes,
+        "concurrency": concurrency,
+        "batch": batch,
+        "remote_get_gbps": remote_gbps,
+        "tcp_gbps": tcp_gbps,
+        "remote_get_ratio": ratio(remote_gbps, tcp_gbps),
+        "remote_get_single_gbps": remote_single_gbps,
+        "tcp_single_gbps": tcp_single_gbps,
+        "remote_get_single_ratio": ratio(remote_single_gbps, tcp_single_gbps),
+        "transport": "tcp",
+    }))
+}
+
+/// Latencies (us, sorted) of looking up a 128-block prefix held by `a`
+/// from `c`, `lookups` times after 20 warm-up lookups.
+async fn lookup_latencies(
+    a: &ClusterNode,
+    c: &ClusterNode,
+    lookups: usize,
+) -> anyhow::Result<Vec<f64>> {
     // 128-block prefix held by A; directory entries spread over a, b, c.
     let small = KvLayout {
         head_dim: 16,
@@ -196,8 +251,8 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
         keys: prefix.iter().map(|k| k.as_bytes().to_vec()).collect(),
         with_holders: true,
     };
-    let mut lat = Vec::with_capacity(args.lookups);
-    for i in 0..args.lookups + 20 {
+    let mut lat = Vec::with_capacity(lookups);
+    for i in 0..lookups + 20 {
         let t = Instant::now();
         let r = cc
             .lookup(req.clone())
@@ -215,209 +270,7 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
         }
     }
     lat.sort_by(|x, y| x.total_cmp(y));
-
-    // Remote gets of 1.5 MiB blocks held by A, read by C.
-    let big = layout(args.block_bytes);
-    let block_bytes = big.block_bytes();
-    let bchain = KeyChain::new(
-        b"bench-get",
-        &ModelFingerprint::new(&[2; 32], "llama"),
-        &big,
-    );
-    let btokens: Vec<u32> = (0..(args.blocks * 64) as u32).collect();
-    let keys = bchain.keys(&btokens);
-    let mut data = vec![0u8; block_bytes];
-    for (i, k) in keys.iter().enumerate() {
-        data.iter_mut()
-            .enumerate()
-            .for_each(|(j, b)| *b = (i * 31 + j) as u8);
-        a.store().put(*k, big, &data, PutOptions::default())?;
-    }
-    a.sync().await;
-    let secs = Duration::from_secs(args.seconds);
-    let batch = args.batch.clamp(1, keys.len());
-    let concurrency = args.concurrency.max(1);
-    // Destination: a region registered with C's engine, one slot per block in
-    // flight (the same destination the tcp baselines read into).
-    let slots_n = concurrency * batch;
-    let dest = Arc::new(SharedRegion::create("bench-dest", block_bytes * slots_n)?);
-    let seg = c.transfer().register(dest.clone());
-    let slot_target = |slot: usize| ReadTarget {
-        region: &dest,
-        segment: seg,
-        offset: (slot * block_bytes) as u64,
-        capacity: block_bytes as u64,
-    };
-    // Warm-up and check: every block once through the batched path, compared
-    // byte for byte with what A stored, and once through the single-block path.
-    for (n, chunk) in keys.chunks(batch).enumerate() {
-        let targets: Vec<ReadTarget<'_>> = (0..chunk.len()).map(slot_target).collect();
-        let got = read_batch(&c, chunk, &targets).await;
-        anyhow::ensure!(
-            got == chunk.len(),
-            "batched read got {got} of {}",
-            chunk.len()
-        );
-        for (j, t) in targets.iter().enumerate() {
-            // SAFETY: the read into the slot has completed; nothing else uses it now.
-            let bytes = unsafe { dest.slice(t.offset as usize, block_bytes) }?;
-            let i = n * batch + j;
-            anyhow::ensure!(
-                bytes
-                    .iter()
-                    .enumerate()
-                    .all(|(x, b)| *b == (i * 31 + x) as u8),
-                "block {i} read from A differs from what A stored"
-            );
-        }
-    }
-    for k in &keys {
-        let b = c
-            .get(k)
-            .await?
-            .ok_or_else(|| anyhow!("block {k:?} not found from C"))?;
-        anyhow::ensure!(
-            b.node_id == "a" && b.data.len() == block_bytes,
-            "unexpected read: {} {}",
-            b.node_id,
-            b.data.len()
-        );
-    }
-    let slots = Arc::new(tokio::sync::Mutex::new(
-        (0..concurrency).collect::<Vec<usize>>(),
-    ));
-    let batches: Vec<usize> = (0..keys.len().div_ceil(batch)).collect();
-    let singles: Vec<usize> = (0..keys.len()).collect();
-    let remote_batched = |b: usize| {
-        let (c, dest, slots, keys) = (c.clone(), dest.clone(), slots.clone(), &keys);
-        async move {
-            let chunk = &keys[b * batch..((b + 1) * batch).min(keys.len())];
-            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
-            let targets: Vec<ReadTarget<'_>> = (0..chunk.len())
-                .map(|j| ReadTarget {
-                    region: &dest,
-                    segment: seg,
-                    offset: ((slot * batch + j) * block_bytes) as u64,
-                    capacity: block_bytes as u64,
-                })
-                .collect();
-            let got = read_batch(&c, chunk, &targets).await;
-            slots.lock().await.push(slot);
-            anyhow::ensure!(
-                got == chunk.len(),
-                "batched remote get read {got} of {}",
-                chunk.len()
-            );
-            Ok((got * block_bytes) as u64)
-        }
-    };
-    let remote_single = |i: usize| {
-        let (c, dest, slots, k) = (c.clone(), dest.clone(), slots.clone(), keys[i]);
-        async move {
-            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
-            let target = ReadTarget {
-                region: &dest,
-                segment: seg,
-                // Same destination footprint as the batched runs.
-                offset: ((slot * batch + i % batch) * block_bytes) as u64,
-                capacity: block_bytes as u64,
-            };
-            let r = c.get_into(&k, None, &target).await;
-            slots.lock().await.push(slot);
-            match r {
-                Ok(Some((b, len))) if b.node_id == "a" => Ok(len),
-                Ok(Some((b, _))) => Err(anyhow!("read served by {} instead of a", b.node_id)),
-                Ok(None) => Err(anyhow!("remote get missed")),
-                Err(e) => Err(e.into()),
-            }
-        }
-    };
-
-    // Plain transfer READs of the same ranges of A's RAM arena, same engines,
-    // into the same destination slots.
-    let offsets: Vec<u64> = {
-        let mut v = Vec::new();
-        for k in &keys {
-            let off = a
-                .store()
-                .lease(k)?
-                .map(|l| l.region_offset())
-                .ok_or_else(|| anyhow!("block vanished from A"))?;
-            v.push(off);
-        }
-        v
-    };
-    let remote_seg = a.ram_segment();
-    let peer = a.info().transfer_addr.clone();
-    let tcp_reads = |per: usize, b: usize| {
-        let (c, peer, slots, offsets) = (c.clone(), peer.clone(), slots.clone(), &offsets);
-        async move {
-            let chunk = &offsets[b * per..((b + 1) * per).min(offsets.len())];
-            let slot = slots.lock().await.pop().ok_or_else(|| anyhow!("no slot"))?;
-            let ops = chunk
-                .iter()
-                .enumerate()
-                .map(|(j, off)| {
-                    TransferOp::read(
-                        seg,
-                        ((slot * batch + (b * per + j) % batch) * block_bytes) as u64,
-                        remote_seg,
-                        *off,
-                        block_bytes as u64,
-                    )
-                })
-                .collect();
-            let r = c.transfer().batch(&peer, ops).await;
-            slots.lock().await.push(slot);
-            let mut moved = 0;
-            for r in r {
-                r.map_err(|e| anyhow!("transfer: {e}"))?;
-                moved += block_bytes as u64;
-            }
-            Ok(moved)
-        }
-    };
-    let tcp_batched = |b: usize| tcp_reads(batch, b);
-    let tcp_single = |b: usize| tcp_reads(1, b);
-
-    // The four runs take turns, ROUNDS times, so load from elsewhere on the
-    // machine weighs on all of them alike.
-    const ROUNDS: u32 = 3;
-    let slice = secs / ROUNDS;
-    let mut meters = [Meter::default(); 4];
-    for _ in 0..ROUNDS {
-        meters[0].add(throughput(slice, concurrency, &batches, remote_batched).await?);
-        meters[1].add(
-            throughput(slice, concurrency, &batches, tcp_batched)
-                .await
-                .context("tcp baseline")?,
-        );
-        meters[2].add(throughput(slice, concurrency, &singles, remote_single).await?);
-        meters[3].add(
-            throughput(slice, concurrency, &singles, tcp_single)
-                .await
-                .context("tcp single-op baseline")?,
-        );
-    }
-    let [remote_gbps, tcp_gbps, remote_single_gbps, tcp_single_gbps] = meters.map(|m| m.gbps());
-    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
-
-    Ok(json!({
-        "nodes": 3,
-        "lookup_blocks": 128,
-        "lookup128_p50_us": percentile(&lat, 0.50),
-        "lookup128_p99_us": percentile(&lat, 0.99),
-        "block_bytes": block_bytes,
-        "concurrency": concurrency,
-        "batch": batch,
-        "remote_get_gbps": remote_gbps,
-        "tcp_gbps": tcp_gbps,
-        "remote_get_ratio": ratio(remote_gbps, tcp_gbps),
-        "remote_get_single_gbps": remote_single_gbps,
-        "tcp_single_gbps": tcp_single_gbps,
-        "remote_get_single_ratio": ratio(remote_single_gbps, tcp_single_gbps),
-        "transport": "tcp",
-    }))
+    Ok(lat)
 }
 
 /// Bytes moved and seconds spent, summed over rounds.
@@ -491,47 +344,6 @@ fn print_table(r: &Value) {
     ] {
         println!("{k:<20} {:>10.3}", r[k].as_f64().unwrap_or(0.0));
     }
-}
-
-/// Whole blocks into `targets`, as the connector loads them: lease, one
-/// `read_leased` batch, then each block's xxh3 checked in place. How many
-/// leading blocks arrived sound (a corrupt one is reported to its owner).
-async fn read_batch(
-    c: &ClusterNode,
-    keys: &[kvfabric_store::BlockKey],
-    targets: &[ReadTarget<'_>],
-) -> usize {
-    let leased = c.lease_many(keys, &[]).await;
-    let reads: Vec<RangeRead<'_>> = leased
-        .iter()
-        .map_while(|b| b.as_ref())
-        .zip(targets)
-        .map(|(b, t)| RangeRead {
-            block: b,
-            offset: 0,
-            len: b.len(),
-            target: *t,
-        })
-        .collect();
-    let results = c.read_leased(&reads).await;
-    for (i, (r, res)) in reads.iter().zip(results).enumerate() {
-        if res.is_err() {
-            return i;
-        }
-        // SAFETY: the read into the target has completed; nothing else uses it.
-        let bytes = unsafe {
-            r.target
-                .region
-                .slice(r.target.offset as usize, r.len as usize)
-        };
-        let sound =
-            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
-        if !sound {
-            c.report_corrupt(r.block).await;
-            return i;
-        }
-    }
-    reads.len()
 }
 
 #[cfg(test)]

@@ -260,7 +260,25 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
         report.insert("load_avg_1m_after".into(), json!(load_average()));
         return Ok(Value::Object(report));
     }
-    let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
+    // The engine is freed (weights, KV pool, kernel threads) before the peers run.
+    let (ours, work, mut report) = measure_ours(args, &path)?;
+    // After the engine's RSS: the 32k-token prompts' heap would count in it.
+    let tokenization = tokenize::measure(&path)?;
+    let outcomes = measure_peers(args, &path, &work);
+    report.extend(tokenization);
+    report.insert("load_avg_1m_before".into(), json!(load_before));
+    report.insert("load_avg_1m_after".into(), json!(load_average()));
+    put_peers(&mut report, &ours, &outcomes);
+    Ok(Value::Object(report))
+}
+
+/// kvfabric's rates, the workload the peers get too, and the report's
+/// entries on kvfabric (rates, RSS, the f32-KV decode8).
+fn measure_ours(
+    args: &EngineArgs,
+    path: &std::path::Path,
+) -> anyhow::Result<(Rates, PeerWorkload, Map<String, Value>)> {
+    let model = Arc::new(LlamaModel::load(path, |_, _| {}).context("loading the model")?);
     let c = &model.config;
     let cx = Compute::new(args.threads);
     let threads = cx.pool.threads();
@@ -297,12 +315,6 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
         b.kv = pool(kvfabric_store::DType::F32)?;
         Some(b.decode(&work.decode_prompts, work.decode_steps, work.repeats)?)
     };
-    // Free the engine (weights, KV pool, kernel threads) before the peers run.
-    drop(b);
-    drop(model);
-    // After the engine's RSS: the 32k-token prompts' heap would count in it.
-    let tokenization = tokenize::measure(&path)?;
-    let outcomes = measure_peers(args, &path, &work);
     let mut report = Map::new();
     let mut put = |k: &str, v: Value| {
         report.insert(k.to_string(), v);
@@ -324,17 +336,25 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
     put("rss_budget_bytes", json!(budget));
     put("weights_bytes", json!(weights_bytes));
     put("kv_pool_bytes", json!(kv_pool_bytes));
-    for (k, v) in tokenization {
-        put(&k, v);
-    }
-    put("load_avg_1m_before", json!(load_before));
-    put("load_avg_1m_after", json!(load_average()));
+    Ok((ours, work, report))
+}
+
+/// Each peer's rates and status, and kvfabric over the best measured peer
+/// in each column (> 1: kvfabric ahead).
+fn put_peers(
+    report: &mut Map<String, Value>,
+    ours: &Rates,
+    outcomes: &[(&'static str, PeerOutcome)],
+) {
+    let mut put = |k: &str, v: Value| {
+        report.insert(k.to_string(), v);
+    };
     let all_measured = outcomes
         .iter()
         .all(|(_, o)| matches!(o, PeerOutcome::Measured { .. }));
     put("peers_measured", json!(all_measured));
     let mut best_peer: Option<Rates> = None;
-    for (prefix, outcome) in &outcomes {
+    for (prefix, outcome) in outcomes {
         let (rates, status, details) = match outcome {
             PeerOutcome::Measured { rates, details } => {
                 (Some(rates), json!("measured"), details.clone())
@@ -375,7 +395,6 @@ pub fn measure(args: &EngineArgs) -> anyhow::Result<Value> {
         "decode8_over_best_peer",
         ratio(ours.decode8, best_peer.map(|r| r.decode8)),
     );
-    Ok(Value::Object(report))
 }
 
 /// Run the benchmark and print the report.

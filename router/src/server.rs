@@ -28,7 +28,7 @@ use crate::error::{ApiError, RouterError};
 use crate::metrics::RouterMetrics;
 use crate::proxy::{Relay, RequestRecord, Upstream};
 use crate::request::{Api, ClientRequest};
-use crate::tenancy;
+use kvfabric_tenants::http::gate;
 use kvfabric_tenants::{TenantGate, TenantMetrics};
 
 /// Endpoint sets of the configured mode.
@@ -101,7 +101,10 @@ pub(crate) fn app(state: Arc<RouterState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .route_layer(middleware::from_fn_with_state(state.clone(), tenancy::gate));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            gate::<RouterState>,
+        ));
     Router::new()
         .merge(v1)
         .route("/health", get(health))

@@ -3,30 +3,16 @@
 //! The key library itself (the hash chain, its golden vectors, the layout
 //! encoding and its wire form) lives in `kvfabric-types`, which the engine
 //! and the connector share without depending on the store; this module
-//! re-exports it so `kvfabric_store::keys` keeps its paths, and says how its
-//! errors become the store's.
+//! re-exports it so `kvfabric_store::keys` keeps its paths (how its errors
+//! become the store's is in `error.rs`).
 
 pub use kvfabric_types::keys::{BlockKey, KeyChain, ModelFingerprint, KEY_LEN};
 pub use kvfabric_types::layout::{BlockOrder, DType, KvLayout};
 
-use kvfabric_types::TypesError;
-
-use crate::StoreError;
-
-impl From<TypesError> for StoreError {
-    /// A bad key or layout is the client's (INVALID_ARGUMENT); a region that
-    /// could not be made is the arena's, as when the transfer crate made it.
-    fn from(e: TypesError) -> Self {
-        match e {
-            TypesError::InvalidArgument(msg) => StoreError::InvalidArgument(msg),
-            other => StoreError::Region(other.into()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::StoreError;
 
     #[test]
     fn key_and_layout_errors_are_invalid_arguments() {

@@ -74,7 +74,10 @@ impl NodeServer {
             Store::open(cfg, &mut registry).map(|s| (s, registry))
         })
         .await
-        .map_err(|e| StoreError::Server(format!("store open task: {e}")))??;
+        .map_err(|e| StoreError::Server {
+            what: "store open task",
+            source: e.into(),
+        })??;
         Self::join(store, registry, cluster, grpc, http).await
     }
 
@@ -173,7 +176,10 @@ impl NodeServer {
         let mut builder = match node.as_ref().and_then(|n| n.identity()) {
             Some(id) => grpc_builder()
                 .tls_config(crate::cluster::security::server_tls(id))
-                .map_err(|e| StoreError::Server(format!("grpc tls: {e}")))?,
+                .map_err(|e| StoreError::Server {
+                    what: "grpc tls",
+                    source: e.into(),
+                })?,
             None => grpc_builder(),
         };
         let (reflect_v1, reflect_v1alpha) = reflection_services()?;
@@ -222,8 +228,14 @@ impl NodeServer {
             .unwrap_or_default();
         tracing::info!(node = %node_id, "node serving gRPC on {grpc_addr}, console/metrics/health on http://{http_addr}");
         let (g, h) = tokio::join!(grpc_server, http_server);
-        g.map_err(|e| StoreError::Server(format!("grpc: {e}")))?;
-        h.map_err(|e| StoreError::Server(format!("http: {e}")))?;
+        g.map_err(|e| StoreError::Server {
+            what: "grpc",
+            source: e.into(),
+        })?;
+        h.map_err(|e| StoreError::Server {
+            what: "http",
+            source: e.into(),
+        })?;
         Ok(())
     }
 }
@@ -307,7 +319,10 @@ pub(crate) fn reflection_services() -> Result<
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(kvfabric_proto::FILE_DESCRIPTOR_SET)
     };
-    let err = |e: tonic_reflection::server::Error| StoreError::Server(format!("reflection: {e}"));
+    let err = |e: tonic_reflection::server::Error| StoreError::Server {
+        what: "reflection",
+        source: e.into(),
+    };
     Ok((
         builder().build_v1().map_err(err)?,
         builder().build_v1alpha().map_err(err)?,

@@ -11,13 +11,17 @@
 //! - [`limits`]: per-tenant rate (token bucket) and concurrency limits;
 //! - [`metrics`]: per-tenant Prometheus series;
 //! - [`gate`]: [`TenantGate`], the handle a listener asks, which reloads the
-//!   file without a restart.
+//!   file without a restart;
+//! - [`http`] (feature `axum`): the gate as axum middleware, shared by the
+//!   engine's and the router's APIs.
 //!
 //! The threat model and setup are in docs/SECURITY.md.
 
 pub mod config;
 mod error;
 pub mod gate;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod keys;
 pub mod limits;
 pub mod metrics;

@@ -38,6 +38,7 @@ pub use crate::metrics::{EngineMetrics, RequestOutcomeLabels};
 use crate::request::EngineHandle;
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
+use kvfabric_tenants::http::gate;
 use kvfabric_tenants::TenantGate;
 pub use openai::ApiError;
 
@@ -125,7 +126,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(list_models))
-        .route_layer(middleware::from_fn_with_state(state.clone(), tenancy::gate));
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            gate::<HttpState>,
+        ));
     Router::new()
         .merge(v1)
         .route("/health", get(health))

@@ -1,84 +1,29 @@
-//! The tenant gate in front of `/v1/*`: the API key names the tenant
-//! (401 when it is missing or unknown), the tenant's limits admit the
-//! request or refuse it (429 with `Retry-After`), and the tenant's
-//! [`Identity`] rides in the request's extensions to the handler, which
-//! keys the request's blocks under its namespace. The admission is held
-//! until the response body has been sent (or dropped), so a streamed answer
-//! occupies its concurrency slot for as long as it streams.
-//!
-//! The rules themselves (file, keys, limits, status and error codes) are
-//! `kvfabric-tenants`'; this module only maps them onto axum (the router
-//! has the same module over its own state and error type).
+//! The tenant gate in front of `/v1/*` is `kvfabric_tenants::http::gate`
+//! (shared with the router): this module gives it the API's state (its
+//! [`TenantGate`]) and the API's error body for a refusal.
 
-use std::sync::Arc;
-
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use kvfabric_tenants::{Denied, Identity};
+use kvfabric_tenants::http::{GateState, Refusal};
+use kvfabric_tenants::TenantGate;
 
 use super::openai::ApiError;
 use super::HttpState;
 
-/// Authenticate, admit (completions only), then run the handler.
-pub(super) async fn gate(
-    State(state): State<Arc<HttpState>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let auth = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or(""));
-    let who: Identity = match state.tenants.authenticate(auth) {
-        Ok(who) => who,
-        Err(d) => return denied(&d),
-    };
-    let admission = if req.method() == Method::POST {
-        match state.tenants.admit(&who) {
-            Ok(a) => Some(a),
-            Err(d) => return denied(&d),
-        }
-    } else {
-        None
-    };
-    req.extensions_mut().insert(who);
-    let response = next.run(req).await;
-    match admission {
-        // The body owns the admission: the slot frees when it ends or drops.
-        Some(admission) => response.map(|body| {
-            Body::from_stream(body.into_data_stream().map(move |chunk| {
-                let _held = &admission;
-                chunk
-            }))
-        }),
-        None => response,
+impl GateState for HttpState {
+    type Error = ApiError;
+
+    fn tenant_gate(&self) -> &TenantGate {
+        &self.tenants
     }
 }
 
-/// The OpenAI-style error of a refusal (`Retry-After` on a 429,
-/// `WWW-Authenticate` on a 401).
-pub(crate) fn denied(d: &Denied) -> Response {
-    let (kind, code) = d.openai_type_and_code();
-    let err = ApiError {
-        status: StatusCode::from_u16(d.http_status()).unwrap_or(StatusCode::UNAUTHORIZED),
-        message: d.message(),
-        kind,
-        param: None,
-        code: Some(code),
-    };
-    let mut response = err.into_response();
-    let headers = response.headers_mut();
-    match d.retry_after_secs() {
-        Some(secs) => {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        None => {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+impl From<Refusal> for ApiError {
+    fn from(r: Refusal) -> ApiError {
+        ApiError {
+            status: r.status,
+            message: r.message,
+            kind: r.kind,
+            param: None,
+            code: Some(r.code),
         }
     }
-    response
 }

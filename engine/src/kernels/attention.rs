@@ -20,6 +20,7 @@
 use super::exp16;
 use super::{exp_det, Isa};
 use elem::{Bf16, KvElem, F16};
+pub use geometry::{AttnGeometry, BlockKv};
 use kvfabric_types::DType;
 
 #[cfg(target_arch = "x86_64")]
@@ -27,34 +28,11 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod elem;
+mod geometry;
 #[cfg(target_arch = "x86_64")]
 use avx2::attend_group_avx2;
 #[cfg(target_arch = "x86_64")]
 use avx512::attend_group_avx512;
-
-/// Where one sequence's KV of one layer lives: per block, K and V base pointers,
-/// each `[block_tokens][kv_heads][head_dim]` values of the geometry's dtype.
-#[derive(Clone, Copy, Debug)]
-pub struct BlockKv {
-    pub k: *const u8,
-    pub v: *const u8,
-}
-
-// SAFETY: read-only pointers into the KV pool, which outlives every kernel call
-// and is not written while attention reads it.
-unsafe impl Send for BlockKv {}
-unsafe impl Sync for BlockKv {}
-
-/// Geometry shared by all rows of a call.
-#[derive(Clone, Copy, Debug)]
-pub struct AttnGeometry {
-    pub block_tokens: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-    /// Element type of the stored K and V.
-    pub dtype: DType,
-}
 
 /// Fixed-order dot product: 16 lanes, FMA over head_dim/16 steps, then a halving tree.
 #[inline(always)]

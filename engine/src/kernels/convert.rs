@@ -145,6 +145,29 @@ unsafe fn round_f16_f16c(src: &[f32], dst: *mut u16) {
     }
 }
 
+/// f32 to f16 for values that came from f16 (packed scales): an exact round trip.
+pub(crate) fn f32_to_f16_exact(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0 && man == 0 {
+        return sign;
+    }
+    if exp == 0xff {
+        return sign | 0x7c00 | ((man >> 13) as u16);
+    }
+    let e = exp - 127 + 15;
+    if e >= 1 {
+        sign | ((e as u16) << 10) | ((man >> 13) as u16)
+    } else {
+        // Subnormal half.
+        let full = man | 0x80_0000;
+        let shift = 14 - e;
+        sign | ((full >> shift) as u16)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,18 +7,18 @@
 //! Accumulation always uses fused multiply-add, and dequantization gives the
 //! f32 reference's exact value on every ISA path (see [`matmul`]), so the
 //! AVX-512, AVX2 and scalar paths give the same bits.
+//!
+//! Kernels are grouped by what they compute, then by ISA ([`matmul`]: by
+//! weight format, each with `avx2` and `avx512` submodules; [`attention`]:
+//! `avx2`, `avx512`). A dispatcher imports its kernels, never the reverse.
 
 pub mod attention;
 pub mod convert;
-#[cfg(target_arch = "x86_64")]
-mod fused;
 pub mod matmul;
 #[cfg(test)]
 mod perf_tests;
 pub mod pool;
 pub mod prefetch;
-#[cfg(target_arch = "x86_64")]
-mod simd;
 #[cfg(test)]
 mod test_weights;
 

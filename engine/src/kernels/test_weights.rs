@@ -1,8 +1,8 @@
 //! Random quantized weight matrices for the kernel tests and probes: GGUF
 //! bytes plus the f32 values the reference dequantizes them to.
 
+use super::convert::f32_to_f16_exact;
 use super::f16_to_f32;
-use super::matmul::f32_to_f16_exact;
 use crate::gguf::{GgmlType, TensorInfo};
 
 /// A xorshift64 generator (test data only; `seed` must not be 0).

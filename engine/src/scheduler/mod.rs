@@ -42,13 +42,12 @@ use kvfabric_types::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
 use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
-use token::take_token;
 
 use crate::config::Role;
 use crate::kernels::Compute;
 use crate::kv::{BlockPool, BlockTable, KvPool};
 use crate::metrics::EngineMetrics;
-use crate::model::{LlamaModel, SeqChunk};
+use crate::model::{LlamaModel, RowLogits, SeqChunk};
 use crate::request::{FinishReason, Fork, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
 use crate::spec::shared::SharedContinuations;
@@ -363,17 +362,10 @@ impl Scheduler {
         self.report_gauges();
     }
 
+    /// One scheduling step: drop cancelled requests, admit waiting ones,
+    /// run one forward pass over the plan, then take its tokens.
     fn step_batch(&mut self) {
-        // Cancelled requests free their blocks.
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].events.is_closed() {
-                self.running.remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        self.waiting.retain(|s| !s.events.is_closed());
+        self.drop_cancelled();
         self.poll_fabric(std::time::Duration::ZERO);
         while self.running.len() + self.loading.len() < self.cfg.max_seqs.max(1) {
             let Some(s) = self.waiting.pop_front() else {
@@ -391,6 +383,28 @@ impl Scheduler {
         if plan.is_empty() {
             return;
         }
+        let (result, mut unloaded) = self.forward(&plan);
+        let done = self.take_results(&plan, result, &mut unloaded);
+        self.retire(done, unloaded);
+    }
+
+    /// Cancelled requests free their blocks.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].events.is_closed() {
+                self.running.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        self.waiting.retain(|s| !s.events.is_closed());
+    }
+
+    /// The forward pass over `plan`'s chunks, waiting per layer for blocks
+    /// still streaming in; with the running indices whose stream ran late
+    /// (their step is void).
+    fn forward(&mut self, plan: &[(usize, usize)]) -> (Result<RowLogits, EngineError>, Vec<usize>) {
         let chunks: Vec<SeqChunk> = plan
             .iter()
             .map(|&(i, n)| {
@@ -440,16 +454,27 @@ impl Scheduler {
         }
         let mut late = late.into_iter();
         let mut unloaded = Vec::new();
-        for &(i, _) in &plan {
+        for &(i, _) in plan {
             if self.running[i].stream.is_some() && late.next() != Some(false) {
                 self.cfg.metrics.stream_fallbacks.inc();
                 unloaded.push(i);
             }
         }
+        (result, unloaded)
+    }
+
+    /// Take each planned sequence's logits (an error ends them all); returns
+    /// the finished ones. A stream that failed or ran late joins `unloaded`.
+    fn take_results(
+        &mut self,
+        plan: &[(usize, usize)],
+        result: Result<RowLogits, EngineError>,
+        unloaded: &mut Vec<usize>,
+    ) -> Vec<usize> {
         let mut done = Vec::new();
         match result {
             Err(e) => {
-                for &(i, _) in &plan {
+                for &(i, _) in plan {
                     self.running[i].take_drafts();
                     let _ = self.running[i]
                         .events
@@ -473,6 +498,13 @@ impl Scheduler {
                 }
             }
         }
+        done
+    }
+
+    /// Remove finished and unloaded sequences from the running set: finished
+    /// ones flush their saves or record their continuation, unloaded ones go
+    /// back to waiting for their loads to end.
+    fn retire(&mut self, done: Vec<usize>, unloaded: Vec<usize>) {
         // Unloaded sequences go back to waiting for their loads to end.
         let mut gone: Vec<(usize, bool)> = done.into_iter().map(|i| (i, true)).collect();
         gone.extend(unloaded.into_iter().map(|i| (i, false)));
@@ -581,78 +613,5 @@ impl Scheduler {
             }
         }
         plan
-    }
-
-    /// Account a computed chunk and sample its logits rows (one, or one
-    /// per verified draft token and one more); returns true when the
-    /// sequence is finished.
-    fn advance(&mut self, i: usize, n: usize, rows: Vec<Vec<f32>>) -> bool {
-        let drafts = self.running[i].take_drafts();
-        let s = &mut self.running[i];
-        let computed = n - drafts.len();
-        // Prompt tokens this chunk computed (drafts are never prompt tokens).
-        let prompt_part = (s.computed + computed)
-            .min(s.prompt_len)
-            .saturating_sub(s.computed);
-        self.cfg
-            .metrics
-            .prompt_tokens_computed
-            .inc_by(prompt_part as u64);
-        s.computed += computed;
-        self.register_full(i);
-        let mut accepted = 0;
-        let mut finished = false;
-        for (j, logits) in rows.into_iter().enumerate() {
-            match self.emit(i, logits) {
-                None => {
-                    finished = true;
-                    break;
-                }
-                // The drafted token is the sampled one: its KV row stands.
-                Some(tok) if drafts.get(j) == Some(&tok) => {
-                    accepted += 1;
-                    self.running[i].computed += 1;
-                    self.register_full(i);
-                }
-                Some(_) => break,
-            }
-        }
-        if !drafts.is_empty() {
-            self.verified(i, drafts.len(), accepted);
-        }
-        finished
-    }
-
-    /// Register (and queue for saving) every block of sequence `i` whose
-    /// tokens are all computed.
-    fn register_full(&mut self, i: usize) {
-        let bt = self.kv.layout().block_tokens as usize;
-        let s = &mut self.running[i];
-        while (s.registered + 1) * bt <= s.computed {
-            let r = s.registered;
-            let key = s
-                .chain
-                .next(s.parent.as_ref(), &s.tokens[r * bt..(r + 1) * bt]);
-            s.table.register(r, key);
-            s.parent = Some(key);
-            s.registered += 1;
-            if let Some(c) = &self.connector {
-                fabric::save_block(c.as_ref(), &mut self.saves, s, r, key, bt);
-            }
-        }
-    }
-
-    /// Sample the next token of sequence `i` from `logits` and send it;
-    /// None when the sequence finished (stop token, length, gone). The
-    /// prompt's first logits also start its other samples (`n`; fork.rs).
-    fn emit(&mut self, i: usize, logits: Vec<f32>) -> Option<u32> {
-        let role = self.cfg.role;
-        let ctx = self.model.config.context_length;
-        if !self.running[i].forks.is_empty() {
-            self.spawn_forks(i, &logits);
-        }
-        // A prefill-role engine with a fabric answers once its saves are done.
-        let flush = role == Role::Prefill && self.connector.is_some();
-        take_token(&mut self.running[i], logits, role, flush, ctx)
     }
 }

@@ -36,10 +36,10 @@ pub async fn connect_with(
             .tls_config(crate::cluster::security::client_tls(id))
             .map_err(|e| StoreError::Config(format!("tls: {e}")))?;
     }
-    let ch = e
-        .connect()
-        .await
-        .map_err(|e| StoreError::Server(format!("connect {addr}: {e}")))?;
+    let ch = e.connect().await.map_err(|source| StoreError::Connect {
+        addr: addr.to_string(),
+        source,
+    })?;
     Ok(client(ch))
 }
 

@@ -193,19 +193,33 @@ impl ClusterNode {
             }
             res
         };
-        let fail = |m: String| StoreError::Server(format!("read from {holder}: {m}"));
+        let holder = holder.to_string();
         match tokio::time::timeout(self.cfg.remote_read_timeout(), run).await {
             Ok(res) if res.len() == n => res
                 .into_iter()
-                .map(|r| r.map_err(|e| fail(format!("transfer: {e}"))))
+                .map(|r| {
+                    r.map_err(|source| StoreError::RemoteRead {
+                        holder: holder.clone(),
+                        source,
+                    })
+                })
                 .collect(),
             Ok(_) => (0..n)
-                .map(|_| Err(fail("transfer answered the wrong number of ops".into())))
+                .map(|_| {
+                    Err(StoreError::Internal {
+                        what: "transfer answered the wrong number of ops",
+                    })
+                })
                 .collect(),
             Err(_) => {
                 let ms = self.cfg.remote_read_timeout_ms;
                 (0..n)
-                    .map(|_| Err(fail(format!("timed out after {ms} ms"))))
+                    .map(|_| {
+                        Err(StoreError::RemoteReadTimeout {
+                            holder: holder.clone(),
+                            ms,
+                        })
+                    })
                     .collect()
             }
         }
@@ -292,7 +306,11 @@ impl ClusterNode {
                     offset: s.offset(),
                     capacity: block.len(),
                 },
-                (None, None) => return Err(StoreError::Server("no read destination".into())),
+                (None, None) => {
+                    return Err(StoreError::Internal {
+                        what: "no read destination",
+                    })
+                }
             };
             let read = RangeRead {
                 block: &block,
@@ -328,7 +346,11 @@ impl ClusterNode {
                     self.report_stale_many(&view, vec![(block.holder().into(), *key)])
                         .await;
                 }
-                None => return Err(StoreError::Server("read returned no result".into())),
+                None => {
+                    return Err(StoreError::Internal {
+                        what: "read returned no result",
+                    })
+                }
             }
             skip.push(block.holder().to_string());
         }

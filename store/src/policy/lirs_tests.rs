@@ -5,26 +5,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::tests::{key, same_victim, Rng};
 use super::*;
-
-fn key(i: u64) -> BlockKey {
-    let mut b = [0u8; 32];
-    b[..8].copy_from_slice(&i.to_le_bytes());
-    BlockKey(b)
-}
-
-/// SplitMix64: a reproducible stream without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum St {
@@ -267,25 +249,7 @@ fn lirs_differential(hir: f64, history: usize, idle: f64, keys: u64, seed: u64, 
                 old.remove(x);
             }
             68.. => {
-                let (mode, salt) = (rng.next() % 8, rng.next());
-                let eligible = |b: &BlockKey| match mode {
-                    0 => false,
-                    1..=3 => true,
-                    _ => {
-                        Rng(salt ^ u64::from_le_bytes(b.0[..8].try_into().unwrap())).next() % 3 != 0
-                    }
-                };
-                let (mut seen_new, mut seen_old) = (Vec::new(), Vec::new());
-                let v = new.victim(|b| {
-                    seen_new.push(*b);
-                    eligible(b)
-                });
-                let w = old.victim(|b| {
-                    seen_old.push(*b);
-                    eligible(b)
-                });
-                assert_eq!(v, w, "victim, {ctx}");
-                assert_eq!(seen_new, seen_old, "candidates, {ctx}");
+                let v = same_victim(&mut rng, |e| new.victim(e), |e| old.victim(e), &ctx);
                 if let Some(v) = v.filter(|_| rng.next() % 5 != 0) {
                     new.remove(slots.remove(&v).unwrap(), &v);
                     old.remove(v);

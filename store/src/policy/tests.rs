@@ -120,10 +120,10 @@ fn same_victims_as_the_reference_implementations() {
 }
 
 /// SplitMix64: a reproducible stream without a dependency.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -132,10 +132,39 @@ impl Rng {
     }
 }
 
-fn key(i: u64) -> BlockKey {
+pub(super) fn key(i: u64) -> BlockKey {
     let mut b = [0u8; 32];
     b[..8].copy_from_slice(&i.to_le_bytes());
     BlockKey(b)
+}
+
+/// Ask two orders for a victim under one random eligibility rule (none, all,
+/// or a random two thirds): they must offer the same candidates in the same
+/// order and name the same victim, which is returned.
+pub(super) fn same_victim(
+    rng: &mut Rng,
+    mut new: impl FnMut(&mut dyn FnMut(&BlockKey) -> bool) -> Option<BlockKey>,
+    mut old: impl FnMut(&mut dyn FnMut(&BlockKey) -> bool) -> Option<BlockKey>,
+    ctx: &str,
+) -> Option<BlockKey> {
+    let (mode, salt) = (rng.next() % 8, rng.next());
+    let eligible = |b: &BlockKey| match mode {
+        0 => false,
+        1..=3 => true,
+        _ => Rng(salt ^ u64::from_le_bytes(b.0[..8].try_into().unwrap())).next() % 3 != 0,
+    };
+    let (mut seen_new, mut seen_old) = (Vec::new(), Vec::new());
+    let v_new = new(&mut |b| {
+        seen_new.push(*b);
+        eligible(b)
+    });
+    let v_old = old(&mut |b| {
+        seen_old.push(*b);
+        eligible(b)
+    });
+    assert_eq!(v_new, v_old, "victim, {ctx}");
+    assert_eq!(seen_new, seen_old, "candidates, {ctx}");
+    v_new
 }
 
 fn differential(policy: EvictionPolicy, keys: u64, seed: u64, ops: usize) {
@@ -160,25 +189,7 @@ fn differential(policy: EvictionPolicy, keys: u64, seed: u64, ops: usize) {
                 old.remove(&x);
             }
             _ => {
-                let (mode, salt) = (rng.next() % 8, rng.next());
-                let eligible = |b: &BlockKey| match mode {
-                    0 => false,
-                    1..=3 => true,
-                    _ => {
-                        Rng(salt ^ u64::from_le_bytes(b.0[..8].try_into().unwrap())).next() % 3 != 0
-                    }
-                };
-                let (mut seen_new, mut seen_old) = (Vec::new(), Vec::new());
-                let v_new = new.victim(|b| {
-                    seen_new.push(*b);
-                    eligible(b)
-                });
-                let v_old = old.victim(|b| {
-                    seen_old.push(*b);
-                    eligible(b)
-                });
-                assert_eq!(v_new, v_old, "victim, {}", ctx(step));
-                assert_eq!(seen_new, seen_old, "candidates, {}", ctx(step));
+                let v_new = same_victim(&mut rng, |e| new.victim(e), |e| old.victim(e), &ctx(step));
                 if let Some(v) = v_new.filter(|_| rng.next() % 5 != 0) {
                     new.remove(&v);
                     old.remove(&v);

@@ -13,7 +13,7 @@ use std::arch::x86_64::*;
 use std::marker::PhantomData;
 
 use super::elem::{stage_row, KvElem};
-use super::{AttnGeometry, BlockKv};
+use super::geometry::{AttnGeometry, BlockKv};
 use crate::kernels::{EXP_C, EXP_LO, LN2_HI, LN2_LO, LOG2E};
 
 /// Keys per score tile of the AVX2 group kernel (one 8-lane vector of scores).

@@ -17,7 +17,8 @@ use kvfabric_types::DType;
 
 use super::avx2::{reduce8x8, RowPrefetch, RowWalk, KCHUNK, SLOT_OF_KEY, TILE};
 use super::elem::{stage_row, KvElem};
-use super::{exp16, AttnGeometry, BlockKv};
+use super::geometry::{AttnGeometry, BlockKv};
+use crate::kernels::exp16;
 
 const HD: usize = 64;
 /// Queries whose value rows accumulate together (4 x 4 accumulators).

@@ -173,39 +173,17 @@ pub(crate) async fn open(
 ) -> Result<(Link, Hello), TransferError> {
     let Some(id) = secured(inner) else {
         let hello = hellos(inner, peer, &mut tcp, true).await?;
-        let link = Link {
-            conn: Conn::Plain(tcp),
-            mac: None,
-            peer_id: None,
-        };
-        return Ok((link, hello));
+        return Ok((Link::plain(tcp), hello));
     };
     let connector = TlsConnector::from(id.client.clone());
     let timeout = inner.config.op_timeout();
-    let mut tls = bounded(
+    let tls = bounded(
         peer,
         timeout,
         connector.connect(NodeIdentity::server_name(), tcp),
     )
     .await?;
-    let hello = hellos(inner, peer, &mut tls, true).await?;
-    let peer_id = peer_id(peer, tls.get_ref().1)?;
-    let link = if id.mode == SecurityMode::Encrypt {
-        Link {
-            conn: Conn::Tls(Box::new(TlsStream::Client(tls))),
-            mac: None,
-            peer_id: Some(peer_id),
-        }
-    } else {
-        let mac = ConnMac::export(tls.get_ref().1, true)?;
-        let (tcp, _) = tls.into_inner();
-        Link {
-            conn: Conn::Plain(tcp),
-            mac: Some(Arc::new(mac)),
-            peer_id: Some(peer_id),
-        }
-    };
-    Ok((link, hello))
+    secured_link(inner, peer, id.mode, tls).await
 }
 
 /// Accept the serving end of a connection from `peer` on `tcp`.
@@ -216,31 +194,86 @@ pub(crate) async fn accept(
 ) -> Result<(Link, Hello), TransferError> {
     let Some(id) = secured(inner) else {
         let hello = hellos(inner, peer, &mut tcp, false).await?;
-        let link = Link {
-            conn: Conn::Plain(tcp),
-            mac: None,
-            peer_id: None,
-        };
-        return Ok((link, hello));
+        return Ok((Link::plain(tcp), hello));
     };
     let acceptor = TlsAcceptor::from(id.server.clone());
     let timeout = inner.config.op_timeout();
-    let mut tls = bounded(peer, timeout, acceptor.accept(tcp)).await?;
-    let hello = hellos(inner, peer, &mut tls, false).await?;
-    let peer_id = peer_id(peer, tls.get_ref().1)?;
-    let link = if id.mode == SecurityMode::Encrypt {
-        Link {
-            conn: Conn::Tls(Box::new(TlsStream::Server(tls))),
-            mac: None,
-            peer_id: Some(peer_id),
-        }
-    } else {
-        let mac = ConnMac::export(tls.get_ref().1, false)?;
-        let (tcp, _) = tls.into_inner();
+    let tls = bounded(peer, timeout, acceptor.accept(tcp)).await?;
+    secured_link(inner, peer, id.mode, tls).await
+}
+
+impl Link {
+    /// A link with no security: the bare TCP stream.
+    fn plain(tcp: TcpStream) -> Link {
         Link {
             conn: Conn::Plain(tcp),
+            mac: None,
+            peer_id: None,
+        }
+    }
+}
+
+/// Either end of a finished TLS handshake over TCP, for [`secured_link`].
+trait TlsEnd: AsyncRead + AsyncWrite + Unpin {
+    /// The initiating end (it speaks first, and keys the MAC as the client).
+    const INITIATOR: bool;
+    type Data;
+    fn session(&self) -> &rustls::ConnectionCommon<Self::Data>;
+    fn into_tls(self) -> TlsStream<TcpStream>;
+    fn into_tcp(self) -> TcpStream;
+}
+
+impl TlsEnd for tokio_rustls::client::TlsStream<TcpStream> {
+    const INITIATOR: bool = true;
+    type Data = rustls::client::ClientConnectionData;
+    fn session(&self) -> &rustls::ConnectionCommon<Self::Data> {
+        self.get_ref().1
+    }
+    fn into_tls(self) -> TlsStream<TcpStream> {
+        TlsStream::Client(self)
+    }
+    fn into_tcp(self) -> TcpStream {
+        self.into_inner().0
+    }
+}
+
+impl TlsEnd for tokio_rustls::server::TlsStream<TcpStream> {
+    const INITIATOR: bool = false;
+    type Data = rustls::server::ServerConnectionData;
+    fn session(&self) -> &rustls::ConnectionCommon<Self::Data> {
+        self.get_ref().1
+    }
+    fn into_tls(self) -> TlsStream<TcpStream> {
+        TlsStream::Server(self)
+    }
+    fn into_tcp(self) -> TcpStream {
+        self.into_inner().0
+    }
+}
+
+/// Hellos over a finished TLS session, the peer's node id from its
+/// certificate, then the link: the TLS stream itself (`encrypt`), or the
+/// bare TCP stream with a MAC keyed from the session (`authenticate`).
+async fn secured_link<T: TlsEnd>(
+    inner: &Inner,
+    peer: &str,
+    mode: SecurityMode,
+    mut tls: T,
+) -> Result<(Link, Hello), TransferError> {
+    let hello = hellos(inner, peer, &mut tls, T::INITIATOR).await?;
+    let peer_id = Some(peer_id(peer, tls.session())?);
+    let link = if mode == SecurityMode::Encrypt {
+        Link {
+            conn: Conn::Tls(Box::new(tls.into_tls())),
+            mac: None,
+            peer_id,
+        }
+    } else {
+        let mac = ConnMac::export(tls.session(), T::INITIATOR)?;
+        Link {
+            conn: Conn::Plain(tls.into_tcp()),
             mac: Some(Arc::new(mac)),
-            peer_id: Some(peer_id),
+            peer_id,
         }
     };
     Ok((link, hello))

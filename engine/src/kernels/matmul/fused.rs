@@ -1,0 +1,120 @@
+//! Picking a fused kernel (dequantize in registers, accumulate at once) by
+//! ISA, format and column or row count; the kernels are the formats' own
+//! (`q4_1::avx512`, ...). Each vector of weights is dequantized to exactly
+//! the reference's f32 value and consumed by one FMA straight away; each
+//! output is still accumulated from 0 with one FMA per k, k = 0..K in
+//! order, so the bits equal the scratch path and the scalar reference for
+//! every row count, tiling and thread split. The AVX-512 and AVX2 twins
+//! differ only in how many columns one instruction covers (16 or 8).
+
+use super::layout::{PackedFormat, TILE_N};
+use super::{q4_1, q8_0};
+use crate::kernels::prefetch::SideCursor;
+use crate::kernels::Isa;
+
+/// Columns of one fused call: a whole tile, or half of one when a matrix has
+/// too few tiles to share evenly between threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FusedCols {
+    Half,
+    Whole,
+}
+
+impl FusedCols {
+    pub(crate) fn count(self) -> usize {
+        match self {
+            FusedCols::Half => TILE_N / 2,
+            FusedCols::Whole => TILE_N,
+        }
+    }
+}
+
+/// Columns `col0..col0 + cols.count()` of one tile for one row.
+///
+/// # Safety
+/// `isa` is a SIMD ISA this CPU has (both imply AVX2, F16C and FMA); `tile`
+/// points to the tile's `kbs` chunks of `format` (Q4_1 or Q8_0); `x` holds
+/// `32 * kbs` values; `out` has `cols.count()` writable values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn fused_cols(
+    isa: Isa,
+    format: PackedFormat,
+    tile: *const u8,
+    kbs: usize,
+    col0: usize,
+    cols: FusedCols,
+    x: *const f32,
+    out: *mut f32,
+) {
+    let cb = format.chunk_bytes();
+    match (isa, format, cols) {
+        (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Whole) => {
+            q4_1::avx512::cols::<4>(tile, cb, kbs, col0, x, out)
+        }
+        (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Half) => {
+            q4_1::avx512::cols::<2>(tile, cb, kbs, col0, x, out)
+        }
+        (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Whole) => {
+            q8_0::avx512::cols::<4>(tile, cb, kbs, col0, x, out)
+        }
+        (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Half) => {
+            q8_0::avx512::cols::<2>(tile, cb, kbs, col0, x, out)
+        }
+        // Passes of 16 (Q4_1) or 32 (Q8_0) columns: with more at once the compiler
+        // runs out of the 16 AVX2 registers and spills inside the k loop (3x slower).
+        // Every pass reads the same cache lines: only the first prefetches them.
+        (_, PackedFormat::Q4_1, _) => {
+            for c in (0..cols.count()).step_by(16) {
+                q4_1::avx2::cols::<2>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
+            }
+        }
+        (_, PackedFormat::Q8_0, _) => {
+            for c in (0..cols.count()).step_by(32) {
+                q8_0::avx2::cols::<4>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
+            }
+        }
+        (_, PackedFormat::F32, _) => unreachable!("fused kernels take Q4_1 and Q8_0"),
+    }
+}
+
+/// Rows of a small batch (2..=[`FUSED_ROWS`]) at once, AVX-512 only: half a
+/// tile (32 columns) of `rows` rows, each dequantized weight vector feeding
+/// one FMA per row. `x` rows are `ldx` floats apart, `out` rows `ldo`.
+///
+/// (Why half tiles and these row counts: see [`super`].)
+///
+/// # Safety
+/// As [`fused_cols`], with `isa == Isa::Avx512`, `x` holding `rows` rows and
+/// `out` `rows` rows of 32 writable values. `side`: lines a later step will
+/// read, requested evenly over the task's inner loop (see [`crate::kernels::prefetch`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn fused_rows_avx512(
+    format: PackedFormat,
+    tile: *const u8,
+    kbs: usize,
+    col0: usize,
+    x: *const f32,
+    ldx: usize,
+    rows: usize,
+    out: *mut f32,
+    ldo: usize,
+    side: &mut SideCursor,
+) {
+    let cb = format.chunk_bytes();
+    macro_rules! by_rows {
+        ($format:ident: $($r:literal)*) => {
+            match rows {
+                $($r => $format::avx512::rows::<$r>(tile, cb, kbs, col0, x, ldx, out, ldo, side),)*
+                _ => unreachable!("fused_rows_avx512 takes 2..=8 rows"),
+            }
+        };
+    }
+    match format {
+        PackedFormat::Q4_1 => by_rows!(q4_1: 2 3 4 5 6 7 8),
+        PackedFormat::Q8_0 => by_rows!(q8_0: 2 3 4 5 6 7 8),
+        PackedFormat::F32 => unreachable!("fused kernels take Q4_1 and Q8_0"),
+    }
+}
+
+/// Most rows [`fused_rows_avx512`] takes.
+pub(crate) const FUSED_ROWS: usize = 8;
