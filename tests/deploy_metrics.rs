@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engine_procs::{free_port, http, model_path, parse_response};
-use kvfabric_store::cluster::etcd_process::EtcdProcess;
+use kvfabric_testkit::EtcdProcess;
 
 /// Every `kvfabric_...` metric name in `text`.
 fn referenced(text: &str) -> BTreeSet<String> {
