@@ -6,9 +6,8 @@
 //! figure before it (`cargo test -p kvfabric-engine --test isa_invariance
 //! -- --nocapture`).
 
-mod common;
-
-use common::{argmax, DType};
+use kvfabric_testkit::engine::driver as common;
+use kvfabric_testkit::engine::driver::{argmax, DType};
 use kvfabric_engine::kernels::{Compute, Isa, ThreadPool};
 use kvfabric_engine::kv::KvPool;
 use kvfabric_engine::model::SeqChunk;

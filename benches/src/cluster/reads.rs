@@ -146,7 +146,7 @@ impl Reads {
         let targets: Vec<ReadTarget<'_>> = (0..chunk.len())
             .map(|j| self.slot_target(slot * batch + j))
             .collect();
-        let got = self.read_batch(c, chunk, &targets).await;
+        let got = read_batch(&self.c, chunk, &targets).await;
         self.slots.lock().await.push(slot);
         anyhow::ensure!(
             got == chunk.len(),
