@@ -6,11 +6,11 @@
 //! figure before it (`cargo test -p kvfabric-engine --test isa_invariance
 //! -- --nocapture`).
 
-use kvfabric_testkit::engine::driver as common;
-use kvfabric_testkit::engine::driver::{argmax, DType};
 use kvfabric_engine::kernels::{Compute, Isa, ThreadPool};
 use kvfabric_engine::kv::KvPool;
 use kvfabric_engine::model::SeqChunk;
+use kvfabric_testkit::engine::driver as common;
+use kvfabric_testkit::engine::driver::{argmax, DType};
 
 const PROMPTS: [&[u32]; 3] = [
     &[1, 504, 3458, 282, 4649, 30, 2],
