@@ -101,8 +101,19 @@ pub async fn run(
     fabric: FabricSettings,
 ) -> anyhow::Result<()> {
     tracing::info!(listen = %cfg.listen, model = %model.display(), fabric = %fabric.connector.mode, "starting engine");
+    // The engine's metrics, registered once more for the embedded node's
+    // console (its TTFT and cached-prompt plots); the engine's own /metrics
+    // serves them, the node's does not (no double counting in Prometheus).
+    let metrics = kvfabric_engine::EngineMetrics::new();
+    let mut engine_registry = kvfabric_store::Registry::default();
+    metrics.register(&mut engine_registry);
     let embedded = if fabric.connector.embedded() {
-        let node = kvfabric_connector::EmbeddedNode::start(fabric.node, fabric.cluster).await?;
+        let node = kvfabric_connector::EmbeddedNode::start_with_console_sources(
+            fabric.node,
+            fabric.cluster,
+            vec![std::sync::Arc::new(engine_registry)],
+        )
+        .await?;
         tracing::info!(node = %node.node().info().node_id, grpc = %node.grpc_addr(), metrics = %node.http_addr(), "embedded fabric node started");
         Some(node)
     } else {
@@ -120,6 +131,7 @@ pub async fn run(
         _ => None,
     };
     let served = kvfabric_engine::EngineBuilder::new(cfg)
+        .metrics(metrics)
         .connector(connect)
         .serve(model, crate::node::shutdown_signal())
         .await;

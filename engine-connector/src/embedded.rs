@@ -42,6 +42,17 @@ impl EmbeddedNode {
         node: NodeConfig,
         cluster: ClusterConfig,
     ) -> Result<EmbeddedNode, ConnectorError> {
+        Self::start_with_console_sources(node, cluster, Vec::new()).await
+    }
+
+    /// [`EmbeddedNode::start`], with the node's console also sampling
+    /// `console_sources` (the engine's registry: its TTFT and cached-prompt
+    /// plots), which the node's `/metrics` does not serve.
+    pub async fn start_with_console_sources(
+        node: NodeConfig,
+        cluster: ClusterConfig,
+        console_sources: Vec<Arc<Registry>>,
+    ) -> Result<EmbeddedNode, ConnectorError> {
         cluster.validate()?;
         let grpc = TcpListener::bind(node.grpc_listen).await?;
         let http = TcpListener::bind(node.http_listen).await?;
@@ -55,9 +66,11 @@ impl EmbeddedNode {
         let cluster_node = ClusterNode::start(store, cluster, grpc_addr, &mut registry).await?;
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = tokio::spawn(
-            NodeServer::cluster(cluster_node.clone(), registry, grpc, http).serve(async move {
-                let _ = stopped.await;
-            }),
+            NodeServer::cluster(cluster_node.clone(), registry, grpc, http)
+                .console_sources(console_sources)
+                .serve(async move {
+                    let _ = stopped.await;
+                }),
         );
         Ok(EmbeddedNode {
             node: cluster_node,
@@ -78,7 +91,7 @@ impl EmbeddedNode {
         self.grpc_addr
     }
 
-    /// The bound HTTP address (/metrics, /health of the node).
+    /// The bound HTTP address (the console at /, /metrics, /health of the node).
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
     }

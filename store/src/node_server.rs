@@ -59,6 +59,7 @@ pub struct NodeServer {
     store: Store,
     node: Option<Arc<ClusterNode>>,
     registry: Registry,
+    console_sources: Vec<Arc<Registry>>,
     grpc: TcpListener,
     http: TcpListener,
 }
@@ -106,6 +107,7 @@ impl NodeServer {
             store: node.store().clone(),
             node: Some(node),
             registry,
+            console_sources: Vec::new(),
             grpc,
             http,
         }
@@ -123,9 +125,18 @@ impl NodeServer {
             store,
             node: None,
             registry,
+            console_sources: Vec::new(),
             grpc,
             http,
         }
+    }
+
+    /// Let the console also sample `sources`: registries of this process
+    /// that `/metrics` does not serve (an embedding engine's, which serves
+    /// them on its own port), so its engine plots have data.
+    pub fn console_sources(mut self, sources: Vec<Arc<Registry>>) -> Self {
+        self.console_sources = sources;
+        self
     }
 
     /// The cluster side, when this node has one.
@@ -142,6 +153,7 @@ impl NodeServer {
             store,
             node,
             mut registry,
+            console_sources,
             grpc,
             http,
         } = self;
@@ -170,7 +182,13 @@ impl NodeServer {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let console = Console::start(store.clone(), registry, node.clone(), stop_rx.clone());
+        let console = Console::start(
+            store.clone(),
+            registry,
+            console_sources,
+            node.clone(),
+            stop_rx.clone(),
+        );
 
         let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
         let mut builder = match node.as_ref().and_then(|n| n.identity()) {

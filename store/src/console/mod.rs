@@ -12,7 +12,10 @@
 //!   page's assets, embedded in the binary (uPlot vendored, no CDN).
 //!
 //! [`Console`] owns the state; [`crate::NodeServer`] creates one per node,
-//! starts its sampler and mounts its routes next to `/metrics`.
+//! starts its sampler and mounts its routes next to `/metrics`. Registries of
+//! the same process that the node's `/metrics` does not serve (an engine's,
+//! for its TTFT and cached-prompt plots) are sampled too when the embedder
+//! hands them in ([`crate::NodeServer::console_sources`]).
 
 pub mod cluster;
 pub mod history;
@@ -47,6 +50,8 @@ const PREFIXES_REPORTED: usize = 50;
 pub struct Console {
     store: Store,
     registry: Arc<Registry>,
+    /// Further registries sampled into the history (not served on `/metrics`).
+    sources: Vec<Arc<Registry>>,
     node: Option<Arc<ClusterNode>>,
     history: Mutex<History>,
     prefixes: Arc<PrefixTracker>,
@@ -69,18 +74,27 @@ impl Console {
             interval: Duration::from_millis(interval_ms),
             store,
             registry,
+            sources: Vec::new(),
             node,
         }
+    }
+
+    /// Also sample `sources` (registries of this process the node's
+    /// `/metrics` does not serve, e.g. an embedding engine's) into the history.
+    pub fn with_sources(mut self, sources: Vec<Arc<Registry>>) -> Console {
+        self.sources = sources;
+        self
     }
 
     /// [`Console::new`] with its sampler running until `stop` turns true.
     pub fn start(
         store: Store,
         registry: Registry,
+        sources: Vec<Arc<Registry>>,
         node: Option<Arc<ClusterNode>>,
         stop: watch::Receiver<bool>,
     ) -> Arc<Console> {
-        let console = Arc::new(Console::new(store, Arc::new(registry), node));
+        let console = Arc::new(Console::new(store, Arc::new(registry), node).with_sources(sources));
         console.spawn_sampler(stop);
         console
     }
@@ -105,10 +119,15 @@ impl Console {
         self.interval
     }
 
-    /// The exposition text of now, per-tier gauges refreshed first (as `/metrics` does).
+    /// The exposition text of now (the node's registry, then every extra
+    /// source), per-tier gauges refreshed first (as `/metrics` does).
     fn snapshot(&self) -> Snapshot {
         self.store.stats();
-        Snapshot::parse(&encode_text(&self.registry))
+        let mut text = encode_text(&self.registry);
+        for source in &self.sources {
+            text.push_str(&encode_text(source));
+        }
+        Snapshot::parse(&text)
     }
 
     /// Take one history sample now.
