@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{ClusterConfig, ClusterNode, HolderEntry, RangeRead, ReadTarget};
+use kvfabric_store::cluster::{ClusterConfig, ClusterNode, HolderEntry, ReadTarget};
 use kvfabric_store::NodeServer;
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
@@ -221,40 +221,7 @@ pub async fn read_verified(
     hints: &[Option<HolderEntry>],
     targets: &[ReadTarget<'_>],
 ) -> usize {
-    let n = keys.len().min(targets.len());
-    let leased = node
-        .lease_many(&keys[..n], &hints[..hints.len().min(n)])
-        .await;
-    let reads: Vec<RangeRead<'_>> = leased
-        .iter()
-        .map_while(|b| b.as_ref())
-        .zip(targets)
-        .map(|(b, t)| RangeRead {
-            block: b,
-            offset: 0,
-            len: b.len(),
-            target: *t,
-        })
-        .collect();
-    let results = node.read_leased(&reads).await;
-    for (i, (r, res)) in reads.iter().zip(results).enumerate() {
-        if res.is_err() {
-            return i;
-        }
-        // SAFETY: the read into the target has completed; nothing else uses it.
-        let bytes = unsafe {
-            r.target
-                .region
-                .slice(r.target.offset as usize, r.len as usize)
-        };
-        let sound =
-            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
-        if !sound {
-            node.report_corrupt(r.block).await;
-            return i;
-        }
-    }
-    reads.len()
+    node.read_verified(keys, hints, targets).await
 }
 
 const PASS: u8 = 0;

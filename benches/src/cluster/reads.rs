@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::anyhow;
-use kvfabric_store::cluster::{ClusterNode, RangeRead, ReadTarget};
+use kvfabric_store::cluster::{ClusterNode, ReadTarget};
 use kvfabric_store::{BlockKey, KeyChain, ModelFingerprint, PutOptions};
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferOp};
 
@@ -104,7 +104,7 @@ impl Reads {
         for (n, chunk) in keys.chunks(batch).enumerate() {
             let targets: Vec<ReadTarget<'_>> =
                 (0..chunk.len()).map(|s| self.slot_target(s)).collect();
-            let got = read_batch(c, chunk, &targets).await;
+            let got = c.read_verified(chunk, &[], &targets).await;
             anyhow::ensure!(
                 got == chunk.len(),
                 "batched read got {got} of {}",
@@ -146,7 +146,7 @@ impl Reads {
         let targets: Vec<ReadTarget<'_>> = (0..chunk.len())
             .map(|j| self.slot_target(slot * batch + j))
             .collect();
-        let got = read_batch(&self.c, chunk, &targets).await;
+        let got = self.c.read_verified(chunk, &[], &targets).await;
         self.slots.lock().await.push(slot);
         anyhow::ensure!(
             got == chunk.len(),
@@ -207,41 +207,4 @@ impl Reads {
             .pop()
             .ok_or_else(|| anyhow!("no slot"))
     }
-}
-
-/// Whole blocks into `targets`, as the connector loads them: lease, one
-/// `read_leased` batch, then each block's xxh3 checked in place. How many
-/// leading blocks arrived sound (a corrupt one is reported to its owner).
-async fn read_batch(c: &ClusterNode, keys: &[BlockKey], targets: &[ReadTarget<'_>]) -> usize {
-    let leased = c.lease_many(keys, &[]).await;
-    let reads: Vec<RangeRead<'_>> = leased
-        .iter()
-        .map_while(|b| b.as_ref())
-        .zip(targets)
-        .map(|(b, t)| RangeRead {
-            block: b,
-            offset: 0,
-            len: b.len(),
-            target: *t,
-        })
-        .collect();
-    let results = c.read_leased(&reads).await;
-    for (i, (r, res)) in reads.iter().zip(results).enumerate() {
-        if res.is_err() {
-            return i;
-        }
-        // SAFETY: the read into the target has completed; nothing else uses it.
-        let bytes = unsafe {
-            r.target
-                .region
-                .slice(r.target.offset as usize, r.len as usize)
-        };
-        let sound =
-            bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
-        if !sound {
-            c.report_corrupt(r.block).await;
-            return i;
-        }
-    }
-    reads.len()
 }

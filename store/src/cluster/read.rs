@@ -100,6 +100,54 @@ impl RangeRead<'_> {
 }
 
 impl ClusterNode {
+    /// Whole blocks of `keys` into `targets`, as an engine loads them:
+    /// [`ClusterNode::lease_many`], one [`ClusterNode::read_leased`] batch,
+    /// then each block's xxh3 checked in place (a corrupt block is reported
+    /// with [`ClusterNode::report_corrupt`]). How many leading blocks were
+    /// read and verified: it stops at the first miss, failed read or corrupt
+    /// block.
+    pub async fn read_verified(
+        &self,
+        keys: &[BlockKey],
+        hints: &[Option<HolderEntry>],
+        targets: &[ReadTarget<'_>],
+    ) -> usize {
+        let n = keys.len().min(targets.len());
+        let leased = self
+            .lease_many(&keys[..n], &hints[..hints.len().min(n)])
+            .await;
+        let reads: Vec<RangeRead<'_>> = leased
+            .iter()
+            .map_while(|b| b.as_ref())
+            .zip(targets)
+            .map(|(b, t)| RangeRead {
+                block: b,
+                offset: 0,
+                len: b.len(),
+                target: *t,
+            })
+            .collect();
+        let results = self.read_leased(&reads).await;
+        for (i, (r, res)) in reads.iter().zip(results).enumerate() {
+            if res.is_err() {
+                return i;
+            }
+            // SAFETY: the read into the target has completed; nothing else uses it.
+            let bytes = unsafe {
+                r.target
+                    .region
+                    .slice(r.target.offset as usize, r.len as usize)
+            };
+            let sound =
+                bytes.is_ok_and(|b| kvfabric_transfer::checksum::checksum(b) == r.block.checksum());
+            if !sound {
+                self.report_corrupt(r.block).await;
+                return i;
+            }
+        }
+        reads.len()
+    }
+
     /// Read byte ranges of leased blocks into their targets: all ops to one
     /// holder in ONE transfer batch, holders in parallel; blocks leased here
     /// are copied. Each op is bounds-checked against its block and target
