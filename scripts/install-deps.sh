@@ -55,10 +55,12 @@ fi
 
 # Python venv with the official openai client (engine/tests/openai_client.rs).
 OPENAI_VENV="${KVFABRIC_OPENAI_VENV:-$HOME/.cache/kvfabric/openai-venv}"
-if ! "$OPENAI_VENV/bin/python" -c "import openai" 2>/dev/null; then
+# jsonschema validates the structured outputs (response_format json_schema).
+if ! "$OPENAI_VENV/bin/python" -c "import openai, jsonschema" 2>/dev/null; then
   echo "install-deps: creating the openai client venv in $OPENAI_VENV"
-  python3 -m venv "$OPENAI_VENV"
-  "$OPENAI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "openai>=1.50,<3"
+  [ -x "$OPENAI_VENV/bin/python" ] || python3 -m venv "$OPENAI_VENV"
+  "$OPENAI_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "openai>=1.50,<3" "jsonschema>=4.17,<5"
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -9,6 +9,10 @@ pub enum EngineError {
     /// Bad input from a user.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// A grammar (JSON schema, Lark) that does not compile, or a
+    /// constrained sample whose parser failed.
+    #[error("grammar: {reason}")]
+    Grammar { reason: String },
     /// A malformed or unsupported model file.
     #[error("model file: {0}")]
     Model(String),

@@ -9,6 +9,7 @@ pub mod config;
 pub mod engine;
 mod error;
 pub mod gguf;
+pub mod grammar;
 pub mod http;
 pub mod kernels;
 pub mod kv;

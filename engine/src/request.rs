@@ -20,6 +20,9 @@ pub struct SamplingParams {
     /// Seed of the request's own RNG: same seed, same prompt -> same tokens.
     /// None = drawn from the OS.
     pub seed: Option<u64>,
+    /// Only tokens this grammar allows (`response_format`, forced tool
+    /// calls); each sample runs its own matcher from it (`crate::grammar`).
+    pub constraint: Option<crate::grammar::Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -29,6 +32,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: None,
+            constraint: None,
         }
     }
 }

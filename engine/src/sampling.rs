@@ -5,17 +5,27 @@
 //! so the same seed and the same logits give the same tokens regardless of what
 //! else runs in the batch. Candidate ordering is total (logit descending, then
 //! token id ascending), so ties never depend on sort stability or hash order.
+//!
+//! A request with a grammar (`response_format`, a forced tool call) gives
+//! each sampler a matcher of its own ([`GrammarMatcher`]): the caller masks
+//! the row with [`Sampler::constrain`] (the masked row is also the one
+//! `logprobs` reports), samples, and hands the token back with
+//! [`Sampler::accept`], which advances the grammar.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::grammar::GrammarMatcher;
 use crate::request::SamplingParams;
+use crate::EngineError;
 
 /// Picks tokens for one request.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// Where this sample is in its grammar (None: unconstrained).
+    grammar: Option<GrammarMatcher>,
     /// Scratch buffer reused across steps (candidate ids).
     candidates: Vec<u32>,
     /// Scratch buffer reused across steps (probabilities of `candidates`).
@@ -48,8 +58,30 @@ impl Sampler {
         Sampler {
             params: params.clone(),
             rng,
+            grammar: params.constraint.as_ref().map(|c| c.matcher()),
             candidates: Vec::new(),
             probs: Vec::new(),
+        }
+    }
+
+    /// Set the logits of every token the grammar forbids next to -inf (a
+    /// no-op without a grammar). Call before [`sample`](Self::sample).
+    pub fn constrain(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
+        match &mut self.grammar {
+            Some(g) => g.mask(logits),
+            None => Ok(()),
+        }
+    }
+
+    /// Advance the grammar past the sampled `token` (not a stop id);
+    /// returns true when the grammar is complete and allows nothing more.
+    pub fn accept(&mut self, token: u32) -> Result<bool, EngineError> {
+        match &mut self.grammar {
+            Some(g) => {
+                g.advance(token)?;
+                Ok(g.is_stopped())
+            }
+            None => Ok(false),
         }
     }
 
@@ -176,6 +208,7 @@ mod tests {
             top_p,
             top_k,
             seed: Some(seed),
+            constraint: None,
         }
     }
 

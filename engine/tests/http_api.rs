@@ -173,7 +173,8 @@ async fn max_tokens_ends_with_length_and_sampling_params_pass_through() {
             temperature: 0.7,
             top_p: 0.9,
             top_k: 40,
-            seed: Some(1234)
+            seed: Some(1234),
+            constraint: None,
         }
     );
     // OpenAI defaults when absent: temperature 1, top_p 1, no top_k, no seed.
@@ -192,7 +193,8 @@ async fn max_tokens_ends_with_length_and_sampling_params_pass_through() {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
-            seed: None
+            seed: None,
+            constraint: None,
         }
     );
 }

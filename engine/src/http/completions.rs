@@ -28,6 +28,7 @@ use super::logprobs::{MAX_TOP_LOGPROBS_CHAT, MAX_TOP_LOGPROBS_COMPLETION};
 use super::openai::{convert_messages, from_value, parse_json, ApiError, CompletionBody, PromptIn};
 use super::params;
 use super::response::{Api, ResponseMeta};
+use super::structured;
 use super::tools::{self, fallback_messages, ToolMode, ToolRequest};
 use super::{unix_now, HttpState};
 use crate::request::SamplingParams;
@@ -123,7 +124,12 @@ async fn run(
         req.tool_choice.take(),
         req.parallel_tool_calls,
     )?;
+    let format = structured::response_format(req.response_format.take())?;
+    let wanted = structured::wanted(format, tools.as_ref())?;
     let mut plan = plan(state, req, meta.api, arrived, tools.as_ref())?;
+    if let Some(w) = wanted {
+        plan.sampling.constraint = Some(structured::compile(&state.grammars, w).await?);
+    }
     plan.namespace = who.namespace(salt.as_deref());
     plan.tenant = Some(TenantUsage {
         gate: state.tenants.clone(),
@@ -370,6 +376,7 @@ fn sampling_params(req: &CompletionBody) -> Result<SamplingParams, ApiError> {
         top_p,
         top_k,
         seed,
+        constraint: None,
     })
 }
 

@@ -15,6 +15,7 @@ pub mod openai;
 mod params;
 mod response;
 pub mod stop;
+mod structured;
 mod tenancy;
 mod tools;
 
@@ -34,6 +35,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use crate::chat::ChatTemplate;
+use crate::grammar::Grammars;
 pub use crate::metrics::{EngineMetrics, RequestOutcomeLabels};
 use crate::request::EngineHandle;
 use crate::tokenizer::Tokenizer;
@@ -62,6 +64,8 @@ pub struct HttpState {
     /// API keys, limits and namespaces (single-tenant mode unless
     /// [`with_tenants`](Self::with_tenants) is given a tenants file's gate).
     pub tenants: TenantGate,
+    /// Compiles `response_format` schemas and forced tool calls.
+    pub grammars: Arc<Grammars>,
     next_request_id: Arc<AtomicU64>,
 }
 
@@ -83,6 +87,7 @@ impl HttpState {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
+        let grammars = Arc::new(Grammars::new(tokenizer.clone(), stop_token_ids.clone()));
         HttpState {
             engine,
             tokenizer,
@@ -93,6 +98,7 @@ impl HttpState {
             metrics,
             registry,
             tenants: TenantGate::single_tenant(Default::default()),
+            grammars,
             next_request_id: Arc::new(AtomicU64::new(first_id)),
         }
     }

@@ -125,6 +125,8 @@ pub struct CompletionBody {
     pub tool_choice: Option<serde_json::Value>,
     /// Chat: false keeps only the first call.
     pub parallel_tool_calls: Option<bool>,
+    /// `text`, `json_object` or `json_schema` (see `http/structured.rs`).
+    pub response_format: Option<serde_json::Value>,
     pub max_tokens: Option<u64>,
     /// The chat API's newer name for `max_tokens`.
     pub max_completion_tokens: Option<u64>,

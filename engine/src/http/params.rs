@@ -67,7 +67,7 @@ const CHAT: &[(&str, Support)] = &[
     ("tools", Support::Yes),
     ("tool_choice", Support::Yes),
     ("parallel_tool_calls", Support::Yes),
-    ("response_format", Support::Neutral(|_| false)),
+    ("response_format", Support::Yes),
     ("store", Support::Neutral(is_false)),
     ("metadata", Support::Neutral(empty_object)),
 ];
@@ -77,6 +77,8 @@ const COMPLETION: &[(&str, Support)] = &[
     ("prompt", Support::Yes),
     ("echo", Support::Yes),
     ("best_of", Support::Yes),
+    // An extension (vLLM's): the same grammars as chat's.
+    ("response_format", Support::Yes),
     ("suffix", Support::Neutral(|v| v.as_str() == Some(""))),
 ];
 

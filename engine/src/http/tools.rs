@@ -16,9 +16,10 @@
 //! calls; `auto` lets the model choose; `required` and a named function
 //! end the prompt with the opening of a call (`<tool_call>\n{"name": "`,
 //! or with the name and `"arguments": ` filled in), so the model continues
-//! inside a call. That forces a call, not valid arguments: constraining
-//! the arguments to the schema needs grammar-constrained decoding, which is
-//! not built (docs/API.md).
+//! inside a call, and constrain the rest of the answer with a grammar
+//! ([`ToolRequest::forced_grammar`]): one of the allowed names, arguments
+//! valid against that function's `parameters` schema, the call's closing,
+//! then the end of the answer. A forced answer is exactly one call.
 //!
 //! Streaming with tools holds the text back until the sample ends, then
 //! sends the content (if any) and every call as `delta.tool_calls`.
@@ -199,6 +200,49 @@ impl ToolRequest {
                 format!("{CALL_OPEN}\n{{\"name\": {}, \"arguments\": ", json!(name))
             }
         }
+    }
+
+    /// For `required` and a named function: the Lark grammar of the rest
+    /// of the answer after [`forced_prefix`](Self::forced_prefix), with
+    /// the `parameters` schema (compact JSON) of each function it may call,
+    /// and each schema's index in `tools` (to name a bad one). None for `auto`.
+    pub(super) fn forced_grammar(&self) -> Option<(String, Vec<(usize, Value)>)> {
+        let named = |n: &str| {
+            self.tools
+                .iter()
+                .position(|t| t["function"]["name"].as_str() == Some(n))
+        };
+        let allowed: Vec<usize> = match &self.choice {
+            Choice::Auto => return None,
+            Choice::Required => (0..self.tools.len()).collect(),
+            Choice::Named(name) => named(name).into_iter().collect(),
+        };
+        let close = json!("}\n</tool_call>").to_string();
+        let mut lark = String::from("start: ");
+        let mut rules = String::new();
+        let mut schemas = Vec::new();
+        for (k, &i) in allowed.iter().enumerate() {
+            let f = &self.tools[i]["function"];
+            let schema = match &f["parameters"] {
+                Value::Null => json!({"type": "object"}),
+                p => p.clone(),
+            };
+            let schema = crate::grammar::compact(schema);
+            rules.push_str(&format!("args{k}: %json {schema}\n"));
+            schemas.push((i, schema));
+            if k > 0 {
+                lark.push_str(" | ");
+            }
+            if let Choice::Named(_) = self.choice {
+                lark.push_str(&format!("args{k} {close}"));
+            } else {
+                // The prompt ends inside the name's string: the rest of it.
+                let name = json!(f["name"]).to_string();
+                let head = json!(format!("{}, \"arguments\": ", &name[1..]));
+                lark.push_str(&format!("{head} args{k} {close}"));
+            }
+        }
+        Some((format!("{lark}\n{rules}"), schemas))
     }
 
     /// How the answer is read back.
@@ -452,13 +496,13 @@ mod tests {
         );
         assert_eq!(out[0].role, "system");
         assert!(
-            out[0].content.contains("<tools>\n{\"function\""),
+            out[0].content.contains("<tools>\n{\"type\":\"function\""),
             "{}",
             out[0].content
         );
         assert_eq!(
             out[2].content,
-            "<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n</tool_call>"
+            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
         );
         assert_eq!(out[3].role, "user");
         assert_eq!(out[3].content, "<tool_response>\n18C\n</tool_response>");

@@ -9,31 +9,36 @@ use crate::request::{FinishReason, GenerationEvent, Usage};
 
 /// Sample the next token of `s` from `logits` and send it; returns the
 /// token, or None when the sequence is finished. A prefill-role engine with a fabric
-/// (`flush`) answers once its saves are done.
+/// (`flush`) answers once its saves are done. A grammar masks the row
+/// first (the masked row is the one sent for logprobs), and a grammar
+/// that is complete after the token ends the sample (`stop`).
 pub(super) fn take_token(
     s: &mut Seq,
-    logits: Vec<f32>,
+    mut logits: Vec<f32>,
     role: Role,
     flush: bool,
     ctx: usize,
 ) -> Option<u32> {
-    let tok = s.sampler.sample(&logits);
-    let usage = |s: &Seq| Usage {
-        prompt_tokens: s.prompt_len,
-        completion_tokens: s.generated,
-        cached_tokens: s.cached_tokens.unwrap_or(0),
-    };
-    if s.stop.contains(&tok) {
-        if flush {
-            s.finished = Some((FinishReason::Stop, usage(s)));
-        } else {
-            let _ = s.events.blocking_send(GenerationEvent::Finished {
-                reason: FinishReason::Stop,
-                usage: usage(s),
-            });
-        }
+    if let Err(e) = s.sampler.constrain(&mut logits) {
+        let _ = s
+            .events
+            .blocking_send(GenerationEvent::Error(e.to_string()));
         return None;
     }
+    let tok = s.sampler.sample(&logits);
+    if s.stop.contains(&tok) {
+        finish(s, FinishReason::Stop, flush);
+        return None;
+    }
+    let complete = match s.sampler.accept(tok) {
+        Ok(complete) => complete,
+        Err(e) => {
+            let _ = s
+                .events
+                .blocking_send(GenerationEvent::Error(e.to_string()));
+            return None;
+        }
+    };
     let ev = GenerationEvent::Token {
         id: tok,
         logits: s.return_logits.then_some(logits),
@@ -43,18 +48,31 @@ pub(super) fn take_token(
     }
     s.tokens.push(tok);
     s.generated += 1;
+    if complete {
+        finish(s, FinishReason::Stop, flush);
+        return None;
+    }
     if s.generated >= s.max_tokens || s.tokens.len() >= ctx || role == Role::Prefill {
-        if flush {
-            s.finished = Some((FinishReason::Length, usage(s)));
-        } else {
-            let _ = s.events.blocking_send(GenerationEvent::Finished {
-                reason: FinishReason::Length,
-                usage: usage(s),
-            });
-        }
+        finish(s, FinishReason::Length, flush);
         return None;
     }
     Some(tok)
+}
+
+/// End `s` for `reason`: now, or (`flush`) once its saves are done.
+fn finish(s: &mut Seq, reason: FinishReason, flush: bool) {
+    let usage = Usage {
+        prompt_tokens: s.prompt_len,
+        completion_tokens: s.generated,
+        cached_tokens: s.cached_tokens.unwrap_or(0),
+    };
+    if flush {
+        s.finished = Some((reason, usage));
+    } else {
+        let _ = s
+            .events
+            .blocking_send(GenerationEvent::Finished { reason, usage });
+    }
 }
 
 impl Scheduler {

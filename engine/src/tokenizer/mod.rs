@@ -308,7 +308,7 @@ impl Tokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A tiny vocabulary: all 256 byte stand-ins, a few merges, two specials.
