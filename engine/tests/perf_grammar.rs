@@ -1,0 +1,136 @@
+//! Cost of grammar-constrained decoding per step on the reference model
+//! (ignored probe; prints one JSON line):
+//! `cargo test --release -p kvfabric-engine --test perf_grammar -- --ignored --nocapture`.
+//!
+//! Decodes `json_schema` answers (temperature 1.0, several seeds) one token
+//! at a time and times, in the same run, the model's batch-1 decode step
+//! and the grammar's work for that step (mask the row, advance past the
+//! token): `mask_over_step` is the share a constrained sequence adds to
+//! its own step. Also times building the vocabulary trie with the first
+//! compile, a compile of a new schema, and a cache hit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvfabric_engine::gguf::GgufFile;
+use kvfabric_engine::grammar::{GrammarSpec, Grammars};
+use kvfabric_engine::model::SeqChunk;
+use kvfabric_engine::sampling::Sampler;
+use kvfabric_engine::tokenizer::Tokenizer;
+use kvfabric_engine::SamplingParams;
+use kvfabric_testkit::engine::driver::{self as common, DType};
+use serde_json::json;
+
+const BT: usize = 16;
+const MAX_STEPS: usize = 80;
+
+fn person() -> serde_json::Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "pet": {"enum": ["cat", "dog", "none"]},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}
+        },
+        "required": ["name", "age", "pet", "tags"],
+        "additionalProperties": false
+    })
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> f64 {
+    v.sort_unstable();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i].as_secs_f64() * 1e3
+}
+
+fn chunk<'a>(tokens: &'a [u32], start: usize, blocks: &'a [u32]) -> SeqChunk<'a> {
+    SeqChunk {
+        tokens,
+        start,
+        blocks,
+        logits: true,
+    }
+}
+
+#[test]
+#[ignore]
+fn perf_grammar_mask_per_step() {
+    let (model, cx) = (common::model(), common::compute());
+    let g = GgufFile::open(&common::model_path()).expect("gguf");
+    let t = Arc::new(Tokenizer::from_gguf(&g).expect("tokenizer"));
+    let grammars = Grammars::new(t.clone(), t.stop_token_ids());
+    let at = Instant::now();
+    let c = grammars
+        .compile(&GrammarSpec::json_schema(person()))
+        .expect("compiles");
+    let first_compile_ms = at.elapsed().as_secs_f64() * 1e3;
+    let at = Instant::now();
+    let mut other = person();
+    other["properties"]["city"] = json!({"type": "string"});
+    grammars
+        .compile(&GrammarSpec::json_schema(other))
+        .expect("compiles");
+    let compile_ms = at.elapsed().as_secs_f64() * 1e3;
+    let at = Instant::now();
+    grammars
+        .compile(&GrammarSpec::json_schema(person()))
+        .expect("cached");
+    let cache_hit_ms = at.elapsed().as_secs_f64() * 1e3;
+
+    let prompt = t.encode_prompt(
+        "<|im_start|>user\nDescribe a person as JSON.<|im_end|>\n<|im_start|>assistant\n",
+    );
+    let blocks = (prompt.len() + MAX_STEPS).div_ceil(BT);
+    let mut kv = common::pool(BT, blocks, DType::F16);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let (mut steps, mut masks) = (Vec::new(), Vec::new());
+    for seed in 0..6u64 {
+        let mut s = Sampler::new(&SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            constraint: Some(c.clone()),
+            ..SamplingParams::default()
+        });
+        let out = model
+            .forward(cx, &mut kv, &[chunk(&prompt, 0, &table)])
+            .expect("prefill");
+        let mut row = out[0].clone().expect("logits");
+        let stop = t.stop_token_ids();
+        for pos in prompt.len()..prompt.len() + MAX_STEPS {
+            let at = Instant::now();
+            s.constrain(&mut row).expect("mask");
+            let tok = s.sample(&row);
+            let done = stop.contains(&tok) || s.accept(tok).expect("advance");
+            masks.push(at.elapsed());
+            if done {
+                break;
+            }
+            let one = [tok];
+            let at = Instant::now();
+            let out = model
+                .forward(cx, &mut kv, &[chunk(&one, pos, &table)])
+                .expect("decode");
+            steps.push(at.elapsed());
+            row = out[0].clone().expect("logits");
+        }
+    }
+    let n = masks.len();
+    let mask_mean = masks.iter().sum::<Duration>().as_secs_f64() * 1e3 / n as f64;
+    let step_mean = steps.iter().sum::<Duration>().as_secs_f64() * 1e3 / steps.len() as f64;
+    println!(
+        "{}",
+        json!({
+            "tokens": n,
+            "first_compile_ms": first_compile_ms,
+            "compile_ms": compile_ms,
+            "cache_hit_ms": cache_hit_ms,
+            "mask_ms_mean": mask_mean,
+            "mask_ms_p50": percentile(&mut masks, 0.5),
+            "mask_ms_p99": percentile(&mut masks, 0.99),
+            "decode_step_ms_mean": step_mean,
+            "decode_step_ms_p50": percentile(&mut steps, 0.5),
+            "mask_over_step": mask_mean / step_mean,
+        })
+    );
+}
