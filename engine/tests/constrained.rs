@@ -113,7 +113,10 @@ fn sampled_outputs_follow_the_schema_with_and_without_speculation() {
         }
         stop(e);
         if spec {
-            assert!(metrics.spec_drafted_tokens.get() > 0, "drafts were proposed");
+            assert!(
+                metrics.spec_drafted_tokens.get() > 0,
+                "drafts were proposed"
+            );
         }
         runs.push(outcomes);
     }
@@ -124,12 +127,18 @@ fn sampled_outputs_follow_the_schema_with_and_without_speculation() {
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
         let obj = v.as_object().expect("an object");
         assert_eq!(obj.len(), 3, "{text}");
-        assert!(v["name"].as_str().is_some_and(|s| s.chars().count() <= 16), "{text}");
+        assert!(
+            v["name"].as_str().is_some_and(|s| s.chars().count() <= 16),
+            "{text}"
+        );
         assert!(v["age"].as_u64().is_some_and(|a| a <= 99), "{text}");
         assert!(v["pet"] == "cat" || v["pet"] == "dog", "{text}");
         for (j, (tok, row)) in tokens.iter().zip(rows).enumerate() {
             let row: Vec<f32> = row.iter().map(|b| f32::from_bits(*b)).collect();
-            assert!(row[*tok as usize].is_finite(), "the sampled token was allowed");
+            assert!(
+                row[*tok as usize].is_finite(),
+                "the sampled token was allowed"
+            );
             let allowed = row.iter().filter(|x| x.is_finite()).count();
             assert!(allowed < row.len(), "the row sent is the masked one");
             if j == 0 {
@@ -140,5 +149,8 @@ fn sampled_outputs_follow_the_schema_with_and_without_speculation() {
         distinct.insert(text);
     }
     assert!(distinct.len() > 1, "sampling still samples: {distinct:?}");
-    assert!(runs[0] == runs[1], "speculation changes no token and no row");
+    assert!(
+        runs[0] == runs[1],
+        "speculation changes no token and no row"
+    );
 }

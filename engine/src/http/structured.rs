@@ -206,5 +206,33 @@ mod tests {
             Some("response_format.json_schema.schema")
         );
         assert!(e.message.contains("frobnicate"), "{}", e.message);
+        // A forced call whose function's parameters do not compile names that tool.
+        let tools = json!([
+            {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "b", "parameters": {"type": "nope"}}}
+        ]);
+        let req = super::super::tools::parse_request(Some(tools), Some(json!("required")), None)
+            .expect("valid tools")
+            .expect("tools");
+        let w = wanted(None, Some(&req)).expect("ok").expect("grammar");
+        let e = compile_now(&g, &w).expect_err("bad parameters");
+        assert_eq!(e.param.as_deref(), Some("tools[1].function.parameters"));
+        // JSON output with auto tools is refused, text with tools is fine.
+        let auto = super::super::tools::parse_request(
+            Some(json!([{"type": "function", "function": {"name": "a"}}])),
+            None,
+            None,
+        )
+        .expect("ok")
+        .expect("tools");
+        let json_format = response_format(Some(json!({"type": "json_object"}))).expect("ok");
+        assert_eq!(
+            wanted(json_format, Some(&auto))
+                .expect_err("refused")
+                .param
+                .as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(wanted(None, Some(&auto)).expect("ok"), None);
     }
 }

@@ -481,6 +481,68 @@ mod tests {
         );
     }
 
+    /// `text`'s tokens through the matcher, each allowed by its mask.
+    fn feed(m: &mut crate::grammar::GrammarMatcher, t: &crate::tokenizer::Tokenizer, text: &str) {
+        for id in t.encode(text, false) {
+            let mut row = vec![0.0f32; t.vocab_size()];
+            m.mask(&mut row).expect("mask");
+            assert!(
+                row[id as usize].is_finite(),
+                "{:?} allowed in {text:?}",
+                t.decode(&[id])
+            );
+            m.advance(id).expect("advance");
+        }
+    }
+
+    #[test]
+    fn forced_calls_are_constrained_to_a_name_and_valid_arguments() {
+        use crate::grammar::{GrammarSpec, Grammars};
+        let t = std::sync::Arc::new(crate::tokenizer::tests::tiny());
+        let g = Grammars::new(t.clone(), vec![1]);
+        let mut tools = weather();
+        tools
+            .as_array_mut()
+            .expect("array")
+            .push(json!({"type": "function", "function": {"name": "noop"}}));
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        let req = parse_request(Some(tools.clone()), Some(named), None)
+            .expect("ok")
+            .expect("tools");
+        let (lark, schemas) = req.forced_grammar().expect("forced");
+        assert_eq!(schemas.len(), 1);
+        let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
+        let mut m = c.matcher();
+        feed(&mut m, &t, "{\"city\": \"Oslo\"}}\n</tool_call>");
+        assert!(m.is_stopped() || m.is_accepting(), "the call is complete");
+        // A wrong type for `city` is never allowed.
+        let mut m = c.matcher();
+        feed(&mut m, &t, "{\"city\": ");
+        let mut row = vec![0.0f32; t.vocab_size()];
+        m.mask(&mut row).expect("mask");
+        assert!(row[t.encode("7", false)[0] as usize].is_infinite());
+        // `required`: the name is one of the tools', then its own arguments.
+        let req = parse_request(Some(tools), Some(json!("required")), None)
+            .expect("ok")
+            .expect("tools");
+        let (lark, schemas) = req.forced_grammar().expect("forced");
+        assert_eq!(schemas.len(), 2);
+        let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
+        let mut m = c.matcher();
+        feed(&mut m, &t, "noop\", \"arguments\": {}}\n</tool_call>");
+        let mut m = c.matcher();
+        let mut row = vec![0.0f32; t.vocab_size()];
+        m.mask(&mut row).expect("mask");
+        assert!(
+            row[t.encode("x", false)[0] as usize].is_infinite(),
+            "no tool starts with x"
+        );
+        let auto = parse_request(Some(weather()), None, None)
+            .expect("ok")
+            .expect("tools");
+        assert!(auto.forced_grammar().is_none());
+    }
+
     #[test]
     fn fallback_renders_tools_calls_and_results_hermes_style() {
         let mut call = ChatMessage::new("assistant", "");
