@@ -69,8 +69,22 @@ impl Sampler {
     pub fn constrain(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
         match &mut self.grammar {
             Some(g) => g.mask(logits),
+            None if self.params.constraint.is_some() => Err(EngineError::Grammar {
+                reason: "the grammar matcher was lost".into(),
+            }),
             None => Ok(()),
         }
+    }
+
+    /// Take the grammar matcher out (to compute its mask on another
+    /// thread); give it back with [`put_grammar`](Self::put_grammar).
+    pub fn take_grammar(&mut self) -> Option<GrammarMatcher> {
+        self.grammar.take()
+    }
+
+    /// Give back what [`take_grammar`](Self::take_grammar) took.
+    pub fn put_grammar(&mut self, grammar: GrammarMatcher) {
+        self.grammar = Some(grammar);
     }
 
     /// Advance the grammar past the sampled `token` (not a stop id);

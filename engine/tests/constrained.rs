@@ -2,8 +2,9 @@
 //! scheduler: sampled at temperature 1.0 with `n = 3` (each fork its own
 //! matcher) and logits returned, every sample is JSON valid against the
 //! schema, every sent row is the masked one (the sampled token allowed,
-//! others at -inf), and with speculative decoding on the tokens and rows
-//! are bitwise those without it (drafts verified against the mask).
+//! others at -inf), and with speculative decoding on, or with the masks
+//! prepared during the forward pass (a core left to spare), the tokens and
+//! rows are bitwise the same (drafts verified against the mask).
 
 use std::sync::Arc;
 
@@ -23,11 +24,16 @@ use tokio::sync::mpsc;
 
 const BT: usize = 16;
 
-fn engine(model: &Arc<LlamaModel>, spec: bool, metrics: &EngineMetrics) -> RunningEngine {
+fn engine(
+    model: &Arc<LlamaModel>,
+    spec: bool,
+    threads: usize,
+    metrics: &EngineMetrics,
+) -> RunningEngine {
     let c = &model.config;
     let block_bytes = c.layers * 2 * BT * c.kv_heads * c.head_dim * 4;
     let cfg = EngineConfig {
-        threads: 2,
+        threads,
         block_tokens: BT,
         kv_pool: ByteSize::b((160 * block_bytes) as u64),
         max_seqs: 8,
@@ -97,10 +103,14 @@ fn sampled_outputs_follow_the_schema_with_and_without_speculation() {
     let constraint = grammars
         .compile(&GrammarSpec::json_schema(schema()))
         .expect("schema compiles");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut runs = Vec::new();
-    for spec in [false, true] {
+    // Kernels on every core (masks computed when the rows are sampled),
+    // with and without speculation, then on one core less (masks computed
+    // by a helper during the forward pass, when there is a core to spare).
+    for (spec, threads) in [(false, cores), (true, cores), (false, (cores - 1).max(1))] {
         let metrics = EngineMetrics::new();
-        let e = engine(&model, spec, &metrics);
+        let e = engine(&model, spec, threads, &metrics);
         let mut outcomes = Vec::new();
         for seed in 0..4 {
             let sampling = SamplingParams {
@@ -152,5 +162,9 @@ fn sampled_outputs_follow_the_schema_with_and_without_speculation() {
     assert!(
         runs[0] == runs[1],
         "speculation changes no token and no row"
+    );
+    assert!(
+        runs[0] == runs[2],
+        "masks prepared during the pass change nothing"
     );
 }

@@ -6,7 +6,11 @@
 //! at a time and times, in the same run, the model's batch-1 decode step
 //! and the grammar's work for that step (mask the row, advance past the
 //! token): `mask_over_step` is the share a constrained sequence adds to
-//! its own step. Also times building the vocabulary trie with the first
+//! its own step. `overlapped_over_serial` compares the wall time per token
+//! of mask-then-forward with the scheduler's way (the mask prepared on a
+//! helper thread while the forward pass runs), alternating seeds between
+//! the two in the same run, with kernel threads on every core and on one
+//! core less (the scheduler overlaps only then). Also times building the vocabulary trie with the first
 //! compile, a compile of a new schema, and a cache hit.
 
 use std::sync::Arc;
@@ -14,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::grammar::{GrammarSpec, Grammars};
+use kvfabric_engine::kernels::Compute;
 use kvfabric_engine::model::SeqChunk;
 use kvfabric_engine::sampling::Sampler;
 use kvfabric_engine::tokenizer::Tokenizer;
@@ -83,38 +88,66 @@ fn perf_grammar_mask_per_step() {
     );
     let blocks = (prompt.len() + MAX_STEPS).div_ceil(BT);
     let mut kv = common::pool(BT, blocks, DType::F16);
-    let table: Vec<u32> = (0..blocks as u32).collect();
+    let stop = t.stop_token_ids();
     let (mut steps, mut masks) = (Vec::new(), Vec::new());
-    for seed in 0..6u64 {
+    // Wall time of (mask + forward) per token, serial and with the mask
+    // prepared on a helper thread during the forward pass (the scheduler's
+    // way), with kernels on every core and on one core less.
+    let one_less = Compute::new(cx.pool.threads().saturating_sub(1).max(1));
+    let mut wall = [[Duration::ZERO; 2]; 2];
+    let mut walked = [[0usize; 2]; 2];
+    for seed in 0..24u64 {
+        let (overlap, spare) = (seed % 2 == 1, (seed / 2) % 2 == 1);
+        let cx = if spare { &one_less } else { cx };
         let mut s = Sampler::new(&SamplingParams {
             temperature: 1.0,
-            seed: Some(seed),
+            seed: Some(seed / 4),
             constraint: Some(c.clone()),
             ..SamplingParams::default()
         });
+        let table: Vec<u32> = (0..blocks as u32).collect();
         let out = model
             .forward(cx, &mut kv, &[chunk(&prompt, 0, &table)])
             .expect("prefill");
         let mut row = out[0].clone().expect("logits");
-        let stop = t.stop_token_ids();
         for pos in prompt.len()..prompt.len() + MAX_STEPS {
             let at = Instant::now();
             s.constrain(&mut row).expect("mask");
             let tok = s.sample(&row);
             let done = stop.contains(&tok) || s.accept(tok).expect("advance");
-            masks.push(at.elapsed());
+            let masked = at.elapsed();
             if done {
                 break;
             }
             let one = [tok];
             let at = Instant::now();
-            let out = model
-                .forward(cx, &mut kv, &[chunk(&one, pos, &table)])
-                .expect("decode");
-            steps.push(at.elapsed());
-            row = out[0].clone().expect("logits");
+            let out = if overlap {
+                let mut g = s.take_grammar().expect("constrained");
+                let (out, g) = std::thread::scope(|sc| {
+                    let h = sc.spawn(move || {
+                        g.prepare();
+                        g
+                    });
+                    let out = model.forward(cx, &mut kv, &[chunk(&one, pos, &table)]);
+                    (out, h.join().expect("helper"))
+                });
+                s.put_grammar(g);
+                out
+            } else {
+                model.forward(cx, &mut kv, &[chunk(&one, pos, &table)])
+            };
+            let stepped = at.elapsed();
+            row = out.expect("decode")[0].clone().expect("logits");
+            wall[usize::from(spare)][usize::from(overlap)] += masked + stepped;
+            walked[usize::from(spare)][usize::from(overlap)] += 1;
+            if !overlap && !spare {
+                masks.push(masked);
+                steps.push(stepped);
+            }
         }
     }
+    let per_token =
+        |s: usize, k: usize| wall[s][k].as_secs_f64() * 1e3 / walked[s][k].max(1) as f64;
     let n = masks.len();
     let mask_mean = masks.iter().sum::<Duration>().as_secs_f64() * 1e3 / n as f64;
     let step_mean = steps.iter().sum::<Duration>().as_secs_f64() * 1e3 / steps.len() as f64;
@@ -131,6 +164,10 @@ fn perf_grammar_mask_per_step() {
             "decode_step_ms_mean": step_mean,
             "decode_step_ms_p50": percentile(&mut steps, 0.5),
             "mask_over_step": mask_mean / step_mean,
+            "all_cores": {"serial_ms_per_token": per_token(0, 0), "overlapped_ms_per_token": per_token(0, 1),
+                "overlapped_over_serial": per_token(0, 1) / per_token(0, 0)},
+            "one_core_spare": {"serial_ms_per_token": per_token(1, 0), "overlapped_ms_per_token": per_token(1, 1),
+                "overlapped_over_serial": per_token(1, 1) / per_token(1, 0)},
         })
     );
 }

@@ -33,6 +33,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{json, Value};
+use toktrie::SimpleVob;
 
 use crate::tokenizer::Tokenizer;
 use crate::EngineError;
@@ -111,6 +112,7 @@ impl Constraint {
         let start = self.0.start.lock().unwrap_or_else(|p| p.into_inner());
         GrammarMatcher {
             m: start.deep_clone(),
+            ready: None,
         }
     }
 }
@@ -118,6 +120,8 @@ impl Constraint {
 /// One sample's position in its grammar.
 pub struct GrammarMatcher {
     m: Matcher,
+    /// The mask of the current position, computed ahead ([`Self::prepare`]).
+    ready: Option<SimpleVob>,
 }
 
 impl fmt::Debug for GrammarMatcher {
@@ -130,7 +134,10 @@ impl GrammarMatcher {
     /// Set every logit the grammar forbids next to -inf (ids past the
     /// vocabulary too). Fails when the parser is in error or allows nothing.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
-        let mask = self.m.compute_mask().map_err(grammar_error)?;
+        let mask = match self.ready.take() {
+            Some(mask) => mask,
+            None => self.m.compute_mask().map_err(grammar_error)?,
+        };
         if mask.is_zero() {
             return Err(EngineError::Grammar {
                 reason: "the grammar allows no next token".into(),
@@ -151,8 +158,18 @@ impl GrammarMatcher {
         Ok(())
     }
 
+    /// Compute the mask of the current position now, for the next
+    /// [`mask`](Self::mask) (the scheduler does this while the forward
+    /// pass runs). An error is kept for `mask` to report.
+    pub fn prepare(&mut self) {
+        if self.ready.is_none() {
+            self.ready = self.m.compute_mask().ok();
+        }
+    }
+
     /// Advance past `token` (a token the mask allowed).
     pub fn advance(&mut self, token: u32) -> Result<(), EngineError> {
+        self.ready = None;
         self.m.consume_token(token).map_err(grammar_error)
     }
 

@@ -142,3 +142,24 @@ fn compact_keeps_a_schemas_own_options() {
     let own = json!({"type": "object", "x-guidance": {"whitespace_flexible": true}});
     assert_eq!(compact(own.clone()), own);
 }
+
+#[test]
+fn a_prepared_mask_is_used_once_and_dropped_by_advancing() {
+    let (t, g) = grammars();
+    let c = g
+        .compile(&GrammarSpec::json_schema(json!({"type": "object"})))
+        .expect("compiles");
+    let mut m = c.matcher();
+    m.prepare();
+    let mut row = vec![0.0f32; t.vocab_size()];
+    m.mask(&mut row).expect("prepared mask");
+    assert!(row[id(&t, "{") as usize].is_finite());
+    m.prepare();
+    m.advance(id(&t, "{")).expect("advance");
+    let mut row = vec![0.0f32; t.vocab_size()];
+    m.mask(&mut row).expect("fresh mask");
+    assert!(
+        row[id(&t, "{") as usize].is_infinite(),
+        "the mask prepared before `{{` is not reused after it"
+    );
+}

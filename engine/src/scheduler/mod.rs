@@ -25,6 +25,7 @@
 //! never waits on the network for it. Every block a sequence completes is
 //! queued for saving.
 
+mod constrain;
 mod fabric;
 mod fork;
 mod spec;
@@ -383,7 +384,7 @@ impl Scheduler {
         if plan.is_empty() {
             return;
         }
-        let (result, mut unloaded) = self.forward(&plan);
+        let (result, mut unloaded) = self.forward_masked(&plan);
         let done = self.take_results(&plan, result, &mut unloaded);
         self.retire(done, unloaded);
     }
