@@ -223,10 +223,10 @@ async fn tool_calls_render_parse_and_stream() {
     assert_eq!(s, 200, "{v}");
     let prompt = tokenizer().decode(&next_seen(&mut server).await.prompt);
     assert!(
-        prompt.contains("<tools>\n{\"function\":{\"description\":\"Weather in a city\""),
+        prompt.contains("<tools>\n{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather in a city\""),
         "{prompt}"
     );
-    assert!(prompt.contains("<tool_call>\n{\"arguments\":{\"city\":\"Oslo\"},\"name\":\"get_weather\"}\n</tool_call>"), "{prompt}");
+    assert!(prompt.contains("<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}\n</tool_call>"), "{prompt}");
     assert!(
         prompt.contains("<tool_response>\n-3C\n</tool_response>"),
         "{prompt}"
