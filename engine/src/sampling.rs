@@ -76,6 +76,15 @@ impl Sampler {
         }
     }
 
+    /// How many leading tokens of a speculative `draft` the grammar could
+    /// still produce (all of them without a grammar).
+    pub fn valid_draft(&mut self, draft: &[u32]) -> usize {
+        match &mut self.grammar {
+            Some(g) => g.valid_prefix(draft),
+            None => draft.len(),
+        }
+    }
+
     /// Take the grammar matcher out (to compute its mask on another
     /// thread); give it back with [`put_grammar`](Self::put_grammar).
     pub fn take_grammar(&mut self) -> Option<GrammarMatcher> {

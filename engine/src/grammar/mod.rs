@@ -167,6 +167,18 @@ impl GrammarMatcher {
         }
     }
 
+    /// How many leading `tokens` the grammar accepts from here, without
+    /// advancing (a speculative draft is cut there: the rest could never
+    /// be sampled).
+    pub fn valid_prefix(&mut self, tokens: &[u32]) -> usize {
+        let vocab = self.m.tok_env().map_or(0, |e| e.tok_trie().vocab_size());
+        let end = tokens
+            .iter()
+            .position(|&t| t as usize >= vocab)
+            .unwrap_or(tokens.len());
+        self.m.validate_tokens(&tokens[..end]).unwrap_or(0)
+    }
+
     /// Advance past `token` (a token the mask allowed).
     pub fn advance(&mut self, token: u32) -> Result<(), EngineError> {
         self.ready = None;

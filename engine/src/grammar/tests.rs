@@ -1,3 +1,6 @@
+//! The grammar module's unit tests on the tiny test vocabulary: masks, advancing,
+//! sampling under a mask, compile errors and the cache, Lark grammars.
+
 use serde_json::json;
 
 use super::*;
@@ -162,4 +165,23 @@ fn a_prepared_mask_is_used_once_and_dropped_by_advancing() {
         row[id(&t, "{") as usize].is_infinite(),
         "the mask prepared before `{{` is not reused after it"
     );
+}
+
+#[test]
+fn a_draft_is_valid_up_to_the_first_token_the_grammar_forbids() {
+    let (t, g) = grammars();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
+    let c = g
+        .compile(&GrammarSpec::json_schema(schema))
+        .expect("compiles");
+    let mut m = c.matcher();
+    let good: Vec<u32> = ["{", "\"", "a", "\""].iter().map(|s| id(&t, s)).collect();
+    assert_eq!(m.valid_prefix(&good), 4);
+    let bad = [id(&t, "{"), id(&t, "x"), id(&t, "\"")];
+    assert_eq!(m.valid_prefix(&bad), 1, "cut at `x`");
+    assert_eq!(m.valid_prefix(&[u32::MAX]), 0, "an id past the vocabulary");
+    // Checking advanced nothing.
+    let mut row = vec![0.0f32; t.vocab_size()];
+    m.mask(&mut row).expect("mask");
+    assert!(row[id(&t, "{") as usize].is_finite());
 }

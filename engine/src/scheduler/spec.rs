@@ -54,6 +54,8 @@ impl Scheduler {
         }
         let draft = &mut self.draft_buf;
         s.spec.draft(&s.tokens, &self.shared, room, draft);
+        // A constrained sequence verifies only what its grammar allows.
+        draft.truncate(s.sampler.valid_draft(draft));
         let need = (s.computed + 1 + draft.len()).div_ceil(bt);
         while s.table.len() < need && self.blocks.available() > reserve && s.table.grow() {}
         let d = draft.len().min(s.table.len() * bt - s.computed - 1);
