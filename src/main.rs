@@ -3,6 +3,7 @@
 //! Subcommands are added as their capability exists. Each resolves its typed
 //! config through [`config::load`] (defaults < file < env < flags).
 
+mod batch_store;
 mod certs;
 mod config;
 mod ctl;

@@ -98,7 +98,9 @@ impl Scheduler {
     /// Block until either intake has something (or the interactive one closed).
     fn wait(&mut self, intake: &mut mpsc::Receiver<GenerationRequest>) -> Woken {
         let Some(batch) = self.batch.intake.as_mut() else {
-            return intake.blocking_recv().map_or(Woken::ShutDown, Woken::Interactive);
+            return intake
+                .blocking_recv()
+                .map_or(Woken::ShutDown, Woken::Interactive);
         };
         futures::executor::block_on(async {
             tokio::select! {

@@ -36,7 +36,9 @@ fn request(
 ) -> (GenerationRequest, mpsc::Receiver<GenerationEvent>) {
     let (events, rx) = mpsc::channel(1024);
     let req = GenerationRequest {
-        prompt: (0..40u32).map(|i| (i * 31 + seed * 977) % 48_000 + 100).collect(),
+        prompt: (0..40u32)
+            .map(|i| (i * 31 + seed * 977) % 48_000 + 100)
+            .collect(),
         max_tokens,
         sampling,
         stop_token_ids: vec![],
@@ -87,7 +89,11 @@ fn an_interactive_request_gets_a_slot_within_one_step_when_batch_fills_them_all(
     settle(&mut s);
     assert_eq!(tokens(&mut rx).len(), 4);
     for b in batch.iter_mut() {
-        assert_eq!(tokens(b).len(), 12, "the paused batch request still completes");
+        assert_eq!(
+            tokens(b).len(),
+            12,
+            "the paused batch request still completes"
+        );
     }
 }
 
@@ -100,7 +106,10 @@ fn batch_requests_wait_while_interactive_ones_do_and_respect_their_cap() {
     s.accept_batch(r);
     s.step();
     assert_eq!(s.batch_busy(), 1, "capped at one batch sequence");
-    assert!(s.running.len() == 1, "the other slot stays free for interactive work");
+    assert!(
+        s.running.len() == 1,
+        "the other slot stays free for interactive work"
+    );
     // Three interactive requests on two slots: batch yields, and no batch
     // request is admitted while one of them still waits.
     let _rxs: Vec<_> = (0..3)
@@ -112,9 +121,17 @@ fn batch_requests_wait_while_interactive_ones_do_and_respect_their_cap() {
         .collect();
     s.step();
     assert_eq!(interactive_running(&s), 2);
-    assert_eq!(s.batch_busy(), 0, "batch yields while interactive work waits");
+    assert_eq!(
+        s.batch_busy(),
+        0,
+        "batch yields while interactive work waits"
+    );
     s.step();
-    assert_eq!(s.batch_busy(), 0, "and is not readmitted while it still waits");
+    assert_eq!(
+        s.batch_busy(),
+        0,
+        "and is not readmitted while it still waits"
+    );
 }
 
 #[test]
