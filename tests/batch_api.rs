@@ -322,3 +322,39 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
     let (status, _) = http(&e.addr, "GET", &format!("/v1/files/{file}"), None).expect("get");
     assert_eq!(status, 404);
 }
+
+/// The official `openai` Python client (the venv of scripts/install-deps.sh,
+/// `$KVFABRIC_OPENAI_PYTHON`): files.create, batches.create / retrieve /
+/// list, files.content; checks in engine/tests/python/batch_client.py.
+#[test]
+fn the_official_openai_client_runs_a_batch() {
+    let python = std::env::var_os("KVFABRIC_OPENAI_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            std::path::PathBuf::from(home).join(".cache/kvfabric/openai-venv/bin/python")
+        });
+    assert!(
+        python.exists(),
+        "the openai client venv is missing at {}: run scripts/install-deps.sh",
+        python.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = config(dir.path(), 2);
+    let e = start("py", dir.path(), &cfg);
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/python/batch_client.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .arg(format!("http://{}", e.addr))
+        .arg("smollm2")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("ok batch"),
+        "stdout:\n{stdout}\nstderr:\n{stderr}\n{}",
+        e.log()
+    );
+}

@@ -266,17 +266,16 @@ fn raw(
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| anyhow!("no header end"))?;
-    let head = String::from_utf8_lossy(&out[..end]);
-    anyhow::ensure!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "chunked answer"
-    );
+    let head = String::from_utf8_lossy(&out[..end]).to_ascii_lowercase();
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| anyhow!("bad status line"))?;
-    Ok((status, out[end + 4..].to_vec()))
+    let body = &out[end + 4..];
+    if head.contains("transfer-encoding: chunked") {
+        let body = crate::soak::client::dechunk(body).map_err(|e| anyhow!(e))?;
+        return Ok((status, body));
+    }
+    Ok((status, body.to_vec()))
 }

@@ -492,7 +492,11 @@ impl Scheduler {
     fn plan(&mut self) -> Vec<(usize, usize)> {
         let bt = self.kv.layout().block_tokens as usize;
         let mut budget = self.cfg.max_batch_tokens.max(1);
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        // Batch-job sequences sit out the steps of interactive prefills.
+        let hold = self.hold_batch();
+        let mut order: Vec<usize> = (0..self.running.len())
+            .filter(|&i| !(hold && self.running[i].batch))
+            .collect();
         // Decoding sequences first (one token each), then prefills in arrival order.
         order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
         let mut plan: Vec<(usize, usize)> = Vec::new();

@@ -6,6 +6,9 @@
 //! - an interactive request is admitted before any waiting batch request;
 //!   batch requests are admitted only while no interactive request waits,
 //!   and at most `batch_cap` of them run (or load) at once;
+//! - while an interactive sequence prefills, batch sequences sit out the
+//!   step (they keep their blocks): its time to first token does not pay
+//!   for their rows;
 //! - when interactive requests wait for a slot, running batch sequences
 //!   yield it: the latest admitted are paused (their blocks go back to the
 //!   pool, the full ones stay in the prefix cache) and requeued at the front
@@ -176,6 +179,15 @@ impl Scheduler {
             self.batch.waiting.push_front(s);
             need -= 1;
         }
+    }
+
+    /// Whether batch-job sequences sit out this step: an interactive
+    /// sequence is prefilling (its time to first token would pay for their
+    /// rows). They keep their blocks and go on at the next step.
+    pub(super) fn hold_batch(&self) -> bool {
+        self.running
+            .iter()
+            .any(|s| !s.batch && s.tokens.len() - s.computed > 1)
     }
 
     /// A preempted sequence goes back to the front of its class's queue.

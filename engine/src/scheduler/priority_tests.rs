@@ -98,6 +98,24 @@ fn an_interactive_request_gets_a_slot_within_one_step_when_batch_fills_them_all(
 }
 
 #[test]
+fn batch_sequences_sit_out_the_steps_of_an_interactive_prefill() {
+    let mut s = scheduler(4, 2);
+    let (r, _b) = request(1, 30, SamplingParams::default());
+    s.accept_batch(r);
+    s.step();
+    s.step();
+    let generated = |s: &Scheduler| s.running.iter().find(|q| q.batch).map(|q| q.generated);
+    let before = generated(&s);
+    let (r, _i) = request(8, 4, SamplingParams::default());
+    s.accept(r);
+    s.step();
+    assert_eq!(interactive_running(&s), 1);
+    assert_eq!(generated(&s), before, "no batch row in the prefill's step");
+    s.step();
+    assert_eq!(generated(&s).map(|g| g - 1), before, "it goes on at the next step");
+}
+
+#[test]
 fn batch_requests_wait_while_interactive_ones_do_and_respect_their_cap() {
     let mut s = scheduler(2, 1);
     let (r, _b1) = request(1, 8, SamplingParams::default());
