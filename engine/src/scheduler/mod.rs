@@ -493,7 +493,7 @@ impl Scheduler {
         let bt = self.kv.layout().block_tokens as usize;
         let mut budget = self.cfg.max_batch_tokens.max(1);
         // Batch-job sequences sit out the steps of interactive prefills.
-        let hold = self.hold_batch();
+        let (hold, mut batch_prefill) = (self.hold_batch(), priority::BATCH_STEP_PREFILL);
         let mut order: Vec<usize> = (0..self.running.len())
             .filter(|&i| !(hold && self.running[i].batch))
             .collect();
@@ -521,6 +521,7 @@ impl Scheduler {
                 // Chunked prefill: stop at a block boundary.
                 (s.computed + budget) / bt * bt - s.computed
             };
+            let n = self.batch_chunk(i, n, &mut batch_prefill);
             if n == 0 {
                 continue;
             }

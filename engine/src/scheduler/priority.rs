@@ -9,6 +9,9 @@
 //! - while an interactive sequence prefills, batch sequences sit out the
 //!   step (they keep their blocks): its time to first token does not pay
 //!   for their rows;
+//! - batch prefills take at most `BATCH_STEP_PREFILL` tokens per step, so
+//!   no step with batch work runs long (an interactive request arriving
+//!   mid-step waits for it to end);
 //! - when interactive requests wait for a slot, running batch sequences
 //!   yield it: the latest admitted are paused (their blocks go back to the
 //!   pool, the full ones stay in the prefix cache) and requeued at the front
@@ -27,6 +30,11 @@ use tokio::sync::mpsc;
 use super::{Scheduler, Seq};
 use crate::request::{EngineHandle, GenerationRequest};
 use crate::EngineError;
+
+/// Most prompt tokens of batch sequences in one step: a step that holds
+/// batch prefill stays short, so an interactive request arriving during it
+/// waits little before its own prefill runs.
+pub(super) const BATCH_STEP_PREFILL: usize = 16;
 
 /// The batch class's queue and limit.
 pub(super) struct BatchQueue {
@@ -188,6 +196,19 @@ impl Scheduler {
         self.running
             .iter()
             .any(|s| !s.batch && s.tokens.len() - s.computed > 1)
+    }
+
+    /// Tokens of running sequence `i` to plan, `n` before this rule: a
+    /// batch sequence's prefill takes at most `left` tokens of the step's
+    /// batch prefill budget (any chunk length gives the same bits; only
+    /// blocks computed whole are registered).
+    pub(super) fn batch_chunk(&self, i: usize, n: usize, left: &mut usize) -> usize {
+        if !self.running[i].batch || n <= 1 {
+            return n;
+        }
+        let n = n.min(*left);
+        *left -= n;
+        n
     }
 
     /// A preempted sequence goes back to the front of its class's queue.
