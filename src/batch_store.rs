@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use kvfabric_engine::batch::BatchStore;
+use kvfabric_engine::batch::{BatchStore, Entries};
 use kvfabric_engine::EngineError;
 use rocksdb::{Direction, IteratorMode, Options, WriteOptions, DB};
 
@@ -57,7 +57,7 @@ impl BatchStore for RocksBatchStore {
             .map_err(|e| failed("delete", e))
     }
 
-    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
+    fn scan(&self, prefix: &[u8]) -> Result<Entries, EngineError> {
         let mut out = Vec::new();
         for item in self
             .db

@@ -342,8 +342,7 @@ fn the_official_openai_client_runs_a_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dir.path(), 2);
     let e = start("py", dir.path(), &cfg);
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/python/batch_client.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/tests/python/batch_client.py");
     let out = std::process::Command::new(python)
         .arg(script)
         .arg(format!("http://{}", e.addr))

@@ -57,6 +57,9 @@ impl Default for BatchConfig {
     }
 }
 
+/// Entries of a scan: (key, value), in key order.
+pub type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// A small ordered key-value store the batch jobs are kept in.
 pub trait BatchStore: Send + Sync + std::fmt::Debug {
     /// The value under `key`.
@@ -66,7 +69,7 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
     /// Remove `key` (absent is fine).
     fn delete(&self, key: &[u8]) -> Result<(), EngineError>;
     /// Every entry whose key starts with `prefix`, in key order.
-    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError>;
+    fn scan(&self, prefix: &[u8]) -> Result<Entries, EngineError>;
 }
 
 /// A [`BatchStore`] in memory: jobs last as long as the process.
@@ -97,7 +100,7 @@ impl BatchStore for MemoryBatchStore {
         Ok(())
     }
 
-    fn scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, EngineError> {
+    fn scan(&self, prefix: &[u8]) -> Result<Entries, EngineError> {
         Ok(self
             .map()
             .range(prefix.to_vec()..)

@@ -272,7 +272,7 @@ pub(super) async fn cancel_batch(
 ) -> Response {
     answer(service(&state).and_then(|svc| {
         let owned = svc.catalog.batch(&id).map_err(store_error)?;
-        if !owned.is_some_and(|b| b.owner == who.label()) {
+        if owned.is_none_or(|b| b.owner != who.label()) {
             return Err(not_found("batch", &id, "batch_id"));
         }
         let b = svc.cancel(&id).map_err(store_error)?;

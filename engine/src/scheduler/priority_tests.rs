@@ -112,7 +112,11 @@ fn batch_sequences_sit_out_the_steps_of_an_interactive_prefill() {
     assert_eq!(interactive_running(&s), 1);
     assert_eq!(generated(&s), before, "no batch row in the prefill's step");
     s.step();
-    assert_eq!(generated(&s).map(|g| g - 1), before, "it goes on at the next step");
+    assert_eq!(
+        generated(&s).map(|g| g - 1),
+        before,
+        "it goes on at the next step"
+    );
 }
 
 #[test]
