@@ -130,11 +130,16 @@ pub async fn run(
         )),
         _ => None,
     };
-    let served = kvfabric_engine::EngineBuilder::new(cfg)
+    let mut builder = kvfabric_engine::EngineBuilder::new(cfg.clone())
         .metrics(metrics)
-        .connector(connect)
-        .serve(model, crate::node::shutdown_signal())
-        .await;
+        .connector(connect);
+    if let Some(dir) = &cfg.batch.dir {
+        // Batch jobs (files, batches, results) survive restarts in RocksDB.
+        let store = crate::batch_store::RocksBatchStore::open(dir)?;
+        tracing::info!(dir = %dir.display(), "batch jobs stored");
+        builder = builder.batch_store(std::sync::Arc::new(store));
+    }
+    let served = builder.serve(model, crate::node::shutdown_signal()).await;
     if let Some(e) = embedded {
         e.stop().await;
     }

@@ -3,6 +3,7 @@
 //! Subcommands are added as their capability exists. Each resolves its typed
 //! config through [`config::load`] (defaults < file < env < flags).
 
+mod batch_store;
 mod certs;
 mod config;
 mod ctl;
@@ -89,6 +90,8 @@ enum BenchWhich {
     Reuse(kvfabric_benches::reuse::ReuseArgs),
     /// Agentic multi-turn workload on N engines: no cache vs local prefix cache vs kvfabric.
     Agentic(kvfabric_benches::agentic::AgenticArgs),
+    /// Interactive TTFT with a batch job (/v1/batches) running vs none; the job's duration.
+    Batch(kvfabric_benches::batch::BatchArgs),
     /// Chaos soak: 3 engine hosts, router and etcd under agentic load while seeded faults hit them (needs root).
     Soak(kvfabric_benches::soak::SoakArgs),
     /// Speculative decoding at batch 1: off vs on vs llama.cpp prompt lookup, tool calling and free chat.
@@ -227,6 +230,10 @@ fn run_bench(which: BenchWhich, file: Option<&std::path::Path>) -> anyhow::Resul
         BenchWhich::Reuse(mut a) => {
             fetch_unless_given(&mut a.model)?;
             kvfabric_benches::reuse::run(&a)
+        }
+        BenchWhich::Batch(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::batch::run(&a)
         }
         BenchWhich::Agentic(mut a) => {
             fetch_unless_given(&mut a.model)?;

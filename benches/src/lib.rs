@@ -8,6 +8,7 @@
 //! binary, reports errors with `anyhow`.
 
 pub mod agentic;
+pub mod batch;
 pub mod cluster;
 pub mod engine;
 pub mod eviction;

@@ -118,6 +118,8 @@ pub struct EngineConfig {
     pub kv_dtype: KvDtype,
     /// `[engine.spec]`: speculative decoding (see [`crate::spec::SpecConfig`]).
     pub spec: crate::spec::SpecConfig,
+    /// `[engine.batch]`: the async batch API (see [`crate::batch::BatchConfig`]).
+    pub batch: crate::batch::BatchConfig,
 }
 
 impl Default for EngineConfig {
@@ -137,6 +139,7 @@ impl Default for EngineConfig {
             tenants_reload_ms: 1000,
             kv_dtype: KvDtype::F16,
             spec: crate::spec::SpecConfig::default(),
+            batch: crate::batch::BatchConfig::default(),
         }
     }
 }
@@ -157,6 +160,9 @@ impl EngineConfig {
         }
         if self.max_seqs == 0 {
             return bad("max_seqs must be > 0");
+        }
+        if self.batch.max_seqs == 0 {
+            return bad("batch.max_seqs must be > 0");
         }
         if self.spec.enabled && self.spec.max_draft == 0 {
             return bad("spec.max_draft must be > 0 when spec.enabled");

@@ -30,6 +30,7 @@ use kvfabric_connector::{ConnectFn, KvConnector, KvMemory};
 use kvfabric_tenants::{TenantGate, TenantMetrics};
 use prometheus_client::registry::Registry;
 
+use crate::batch::{BatchService, BatchStore, Catalog, MemoryBatchStore};
 use crate::chat::ChatTemplate;
 use crate::config::{EngineConfig, IsaChoice};
 use crate::gguf::GgufFile;
@@ -62,6 +63,7 @@ pub struct EngineBuilder {
     config: EngineConfig,
     metrics: EngineMetrics,
     connect: Option<ConnectFn>,
+    batch_store: Option<Arc<dyn BatchStore>>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -81,6 +83,7 @@ impl EngineBuilder {
             config,
             metrics: EngineMetrics::new(),
             connect: None,
+            batch_store: None,
         }
     }
 
@@ -94,6 +97,13 @@ impl EngineBuilder {
     /// pool (None: no fabric).
     pub fn connector(mut self, connect: impl Into<Option<ConnectFn>>) -> EngineBuilder {
         self.connect = connect.into();
+        self
+    }
+
+    /// Keep the batch API's files, batches and results in `store` (with
+    /// `serve`; default: in memory, lost at exit).
+    pub fn batch_store(mut self, store: Arc<dyn BatchStore>) -> EngineBuilder {
+        self.batch_store = Some(store);
         self
     }
 
@@ -126,11 +136,18 @@ impl EngineBuilder {
             weights_bytes = model.weight_bytes(),
             "model loaded"
         );
-        let (listen, model_name, metrics) = (
+        let (listen, model_name, metrics, batch_cfg) = (
             self.config.listen,
             self.config.model_name.clone(),
             self.metrics.clone(),
+            self.config.batch.clone(),
         );
+        let batch_store = self.batch_store.clone().unwrap_or_else(|| {
+            tracing::warn!(
+                "[engine.batch] dir unset: batch jobs are kept in memory and lost at exit"
+            );
+            Arc::new(MemoryBatchStore::default())
+        });
         let tenants = TenantGate::from_config(
             self.config.tenants_file.as_deref(),
             TenantMetrics::default(),
@@ -151,8 +168,17 @@ impl EngineBuilder {
             Arc::new(registry),
         )
         .with_tenants(tenants);
+        // Batch jobs run through the same handlers on the low-priority intake.
+        let mut batch_state = state.clone();
+        batch_state.engine = engine.handle.batch_class();
+        let (batches, runner) =
+            BatchService::start(Catalog::new(batch_store), batch_cfg, batch_state);
+        let state = state.with_batches(batches);
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let served = http::serve(listener, state, shutdown).await;
+        // The runner holds an engine handle: stop it so the scheduler can exit.
+        runner.abort();
+        let _ = runner.await;
         let RunningEngine { handle, thread, .. } = engine;
         drop(handle);
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -201,7 +227,8 @@ impl EngineBuilder {
                 spec: cfg.spec.clone(),
             },
             connector.clone(),
-        );
+        )
+        .with_batch_cap(cfg.batch.max_seqs);
         let (handle, thread) = sched.spawn(256)?;
         Ok(RunningEngine {
             handle,

@@ -22,6 +22,9 @@ pub enum EngineError {
     /// The tenants file could not be loaded.
     #[error("tenants: {0}")]
     Tenants(#[from] kvfabric_tenants::TenantsError),
+    /// The batch API's store failed (`op`: get, put, scan, decode, ...).
+    #[error("batch store {op}: {message}")]
+    BatchStore { op: &'static str, message: String },
     /// An OS call failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

@@ -4,6 +4,7 @@
 //! paged KV in fabric-sized blocks, continuous batching and the OpenAI API.
 //! See docs/ARCHITECTURE.md, "Engine".
 
+pub mod batch;
 pub mod chat;
 pub mod config;
 pub mod engine;

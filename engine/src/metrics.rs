@@ -15,7 +15,9 @@
 //!   (from `Usage::cached_tokens`), `requests{outcome}`.
 //! - Scheduler: `batch_size` (per step histogram), `running_requests`,
 //!   `waiting_requests`, `kv_blocks_used`, `kv_blocks_total`,
-//!   `spec_drafted_tokens`, `spec_accepted_tokens`, `spec_acceptance_length`.
+//!   `spec_drafted_tokens`, `spec_accepted_tokens`, `spec_acceptance_length`,
+//!   `batch_running_requests`, `batch_waiting_requests`, `batch_yields`
+//!   (batch-job requests, `scheduler/priority.rs`).
 //!
 //! Gauges are true at any moment, idle included: the scheduler sets them
 //! after every step (not before the forward pass), so they read 0 running
@@ -59,6 +61,12 @@ pub struct EngineMetrics {
     pub running_requests: Gauge,
     /// Requests queued, not yet admitted (scheduler).
     pub waiting_requests: Gauge,
+    /// Batch-job sequences running or loading (scheduler).
+    pub batch_running: Gauge,
+    /// Batch-job sequences waiting, new or paused (scheduler).
+    pub batch_waiting: Gauge,
+    /// Batch-job sequences paused to give their slot to an interactive request (scheduler).
+    pub batch_yields: Counter,
     /// KV pool blocks in use (scheduler).
     pub kv_blocks_used: Gauge,
     /// KV pool capacity in blocks (scheduler).
@@ -99,6 +107,9 @@ impl EngineMetrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 10)),
             running_requests: Gauge::default(),
             waiting_requests: Gauge::default(),
+            batch_running: Gauge::default(),
+            batch_waiting: Gauge::default(),
+            batch_yields: Counter::default(),
             kv_blocks_used: Gauge::default(),
             kv_blocks_total: Gauge::default(),
             streamed_steps: Counter::default(),
@@ -162,6 +173,21 @@ impl EngineMetrics {
             "waiting_requests",
             "Requests waiting for admission",
             self.waiting_requests.clone(),
+        );
+        r.register(
+            "batch_running_requests",
+            "Batch-job sequences running",
+            self.batch_running.clone(),
+        );
+        r.register(
+            "batch_waiting_requests",
+            "Batch-job sequences waiting (new or paused)",
+            self.batch_waiting.clone(),
+        );
+        r.register(
+            "batch_yields",
+            "Batch-job sequences paused to give their slot to an interactive request",
+            self.batch_yields.clone(),
         );
         r.register(
             "kv_blocks_used",

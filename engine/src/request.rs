@@ -120,12 +120,39 @@ pub enum GenerationEvent {
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
     submit: mpsc::Sender<GenerationRequest>,
+    /// The scheduler's low-priority intake (batch jobs), when it has one.
+    batch: Option<mpsc::Sender<GenerationRequest>>,
 }
 
 impl EngineHandle {
     /// Wrap the scheduler's intake channel.
     pub fn new(submit: mpsc::Sender<GenerationRequest>) -> Self {
-        EngineHandle { submit }
+        EngineHandle {
+            submit,
+            batch: None,
+        }
+    }
+
+    /// Wrap both intakes of a scheduler: `submit` for interactive requests,
+    /// `batch` for requests that run below them (see `scheduler/priority.rs`).
+    pub fn with_batch_intake(
+        submit: mpsc::Sender<GenerationRequest>,
+        batch: mpsc::Sender<GenerationRequest>,
+    ) -> Self {
+        EngineHandle {
+            submit,
+            batch: Some(batch),
+        }
+    }
+
+    /// A handle whose requests run at batch priority: admitted only when no
+    /// interactive request waits, paused when one does. A handle without a
+    /// batch intake (a test's fake engine) returns itself.
+    pub fn batch_class(&self) -> EngineHandle {
+        EngineHandle {
+            submit: self.batch.clone().unwrap_or_else(|| self.submit.clone()),
+            batch: None,
+        }
     }
 
     /// Queue a request; fails only when the engine has shut down.

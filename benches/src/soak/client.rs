@@ -52,7 +52,7 @@ fn parse(raw: &[u8]) -> Result<(u16, Value), String> {
     Ok((status, json))
 }
 
-fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
+pub(crate) fn dechunk(mut b: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     loop {
         let eol = b.windows(2).position(|w| w == b"\r\n").ok_or("bad chunk")?;

@@ -2,12 +2,14 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (see
 //! [`completions`]), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (Prometheus text of the registry handed in). Every error is an OpenAI
+//! (Prometheus text of the registry handed in), and the batch API's
+//! `/v1/files` and `/v1/batches` routes ([`batch`]). Every error is an OpenAI
 //! JSON error body, unknown routes included. `/v1/*` passes the tenant gate
 //! first ([`tenancy`]: API key, per-tenant limits); `/health` and
 //! `/metrics` do not.
 
 mod answer;
+pub(crate) mod batch;
 mod completions;
 pub mod generate;
 mod logprobs;
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -66,6 +68,8 @@ pub struct HttpState {
     pub tenants: TenantGate,
     /// Compiles `response_format` schemas and forced tool calls.
     pub grammars: Arc<Grammars>,
+    /// The batch API (None: its routes answer 404).
+    pub batches: Option<Arc<crate::batch::BatchService>>,
     next_request_id: Arc<AtomicU64>,
 }
 
@@ -99,6 +103,7 @@ impl HttpState {
             registry,
             tenants: TenantGate::single_tenant(Default::default()),
             grammars,
+            batches: None,
             next_request_id: Arc::new(AtomicU64::new(first_id)),
         }
     }
@@ -107,6 +112,12 @@ impl HttpState {
     /// registered in the registry handed to [`new`](Self::new)).
     pub fn with_tenants(mut self, gate: TenantGate) -> HttpState {
         self.tenants = gate;
+        self
+    }
+
+    /// Serve the batch API of `service`.
+    pub fn with_batches(mut self, service: Arc<crate::batch::BatchService>) -> HttpState {
+        self.batches = Some(service);
         self
     }
 
@@ -132,6 +143,23 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/chat/completions", post(completions::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(list_models))
+        .route(
+            "/v1/files",
+            post(batch::upload_file)
+                .get(batch::list_files)
+                .layer(DefaultBodyLimit::max(upload_limit(&state))),
+        )
+        .route(
+            "/v1/files/{id}",
+            get(batch::get_file).delete(batch::delete_file),
+        )
+        .route("/v1/files/{id}/content", get(batch::file_content))
+        .route(
+            "/v1/batches",
+            post(batch::create_batch).get(batch::list_batches),
+        )
+        .route("/v1/batches/{id}", get(batch::get_batch))
+        .route("/v1/batches/{id}/cancel", post(batch::cancel_batch))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             gate::<HttpState>,
@@ -142,6 +170,17 @@ pub fn router(state: HttpState) -> Router {
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .with_state(state)
+}
+
+/// Largest upload body: the file limit plus room for the form around it.
+fn upload_limit(state: &HttpState) -> usize {
+    let max = state
+        .batches
+        .as_ref()
+        .map_or(0, |b| b.cfg.max_file_bytes.as_u64());
+    usize::try_from(max)
+        .unwrap_or(usize::MAX)
+        .saturating_add(64 * 1024)
 }
 
 /// Serve the API on `listener` until `shutdown` resolves (in-flight requests finish).

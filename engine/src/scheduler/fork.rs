@@ -61,6 +61,7 @@ impl Scheduler {
                 forks: Vec::new(),
                 spec: parent.spec.clone(),
                 drafted: 0,
+                batch: parent.batch,
             };
             let cached_tokens = child.cached_tokens.unwrap_or(0);
             let _ = child

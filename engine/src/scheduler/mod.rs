@@ -28,6 +28,7 @@
 mod constrain;
 mod fabric;
 mod fork;
+mod priority;
 mod spec;
 #[cfg(test)]
 mod spec_tests;
@@ -43,6 +44,7 @@ use kvfabric_types::{BlockKey, KeyChain};
 use tokio::sync::mpsc;
 
 use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
+use priority::BatchQueue;
 
 use crate::config::Role;
 use crate::kernels::Compute;
@@ -53,7 +55,7 @@ use crate::request::{FinishReason, Fork, GenerationEvent, GenerationRequest, Usa
 use crate::sampling::Sampler;
 use crate::spec::shared::SharedContinuations;
 use crate::spec::{SpecConfig, SpecState};
-use crate::{EngineError, EngineHandle};
+use crate::EngineError;
 
 /// Batching limits and role.
 #[derive(Clone, Debug)]
@@ -105,6 +107,8 @@ struct Seq {
     spec: SpecState,
     /// Draft tokens at the end of `tokens`, planned for verification this step.
     drafted: usize,
+    /// A batch-job request (runs below interactive ones; see `priority.rs`).
+    batch: bool,
 }
 
 impl Seq {
@@ -163,6 +167,8 @@ pub struct Scheduler {
     shared: SharedContinuations,
     /// Scratch for drafts.
     draft_buf: Vec<u32>,
+    /// Batch-class requests (see `priority.rs`).
+    batch: BatchQueue,
 }
 
 impl Scheduler {
@@ -194,6 +200,7 @@ impl Scheduler {
                 0
             }),
             draft_buf: Vec::new(),
+            batch: BatchQueue::new(cfg.max_seqs),
             cfg,
         }
     }
@@ -205,48 +212,7 @@ impl Scheduler {
             && self.loading.is_empty()
             && self.flushing.is_empty()
             && self.blocks.parked() == 0
-    }
-
-    /// Start the scheduler thread; it exits when every handle is dropped and the work is done.
-    pub fn spawn(
-        self,
-        queue: usize,
-    ) -> Result<(EngineHandle, std::thread::JoinHandle<()>), EngineError> {
-        let (tx, rx) = mpsc::channel(queue.max(1));
-        let join = std::thread::Builder::new()
-            .name("kvf-scheduler".into())
-            .spawn(move || self.run(rx))?;
-        Ok((EngineHandle::new(tx), join))
-    }
-
-    /// The loop: take requests, step, repeat.
-    pub fn run(mut self, mut intake: mpsc::Receiver<GenerationRequest>) {
-        loop {
-            if self.idle() {
-                match intake.blocking_recv() {
-                    Some(r) => self.accept(r),
-                    None => return,
-                }
-            }
-            while let Ok(r) = intake.try_recv() {
-                self.accept(r);
-            }
-            self.step();
-        }
-    }
-
-    /// Publish the queue lengths and KV pool use as they are now. Called
-    /// after every step, so the gauges read 0 running and 0 waiting once
-    /// the last request finished and the scheduler went idle (not the
-    /// value of the last step that still ran it).
-    fn report_gauges(&self) {
-        let m = &self.cfg.metrics;
-        m.running_requests.set(self.running.len() as i64);
-        m.waiting_requests.set(self.waiting.len() as i64);
-        let total = self.kv.blocks();
-        m.kv_blocks_total.set(total as i64);
-        m.kv_blocks_used
-            .set(total.saturating_sub(self.blocks.available()) as i64);
+            && self.batch.waiting.is_empty()
     }
 
     fn accept(&mut self, r: GenerationRequest) {
@@ -320,6 +286,7 @@ impl Scheduler {
             forks: r.forks,
             spec: SpecState::new(&r.namespace),
             drafted: 0,
+            batch: false,
         });
     }
 
@@ -368,12 +335,7 @@ impl Scheduler {
     fn step_batch(&mut self) {
         self.drop_cancelled();
         self.poll_fabric(std::time::Duration::ZERO);
-        while self.running.len() + self.loading.len() < self.cfg.max_seqs.max(1) {
-            let Some(s) = self.waiting.pop_front() else {
-                break;
-            };
-            self.admit(s);
-        }
+        self.admit_waiting();
         if self.running.is_empty() {
             // Only loads or saves in flight: wait a little for them, then
             // look at the intake again.
@@ -531,7 +493,11 @@ impl Scheduler {
     fn plan(&mut self) -> Vec<(usize, usize)> {
         let bt = self.kv.layout().block_tokens as usize;
         let mut budget = self.cfg.max_batch_tokens.max(1);
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        // Batch-job sequences sit out the steps of interactive prefills.
+        let (hold, mut batch_prefill) = (self.hold_batch(), priority::BATCH_STEP_PREFILL);
+        let mut order: Vec<usize> = (0..self.running.len())
+            .filter(|&i| !(hold && self.running[i].batch))
+            .collect();
         // Decoding sequences first (one token each), then prefills in arrival order.
         order.sort_by_key(|&i| self.running[i].tokens.len() - self.running[i].computed > 1);
         let mut plan: Vec<(usize, usize)> = Vec::new();
@@ -556,6 +522,7 @@ impl Scheduler {
                 // Chunked prefill: stop at a block boundary.
                 (s.computed + budget) / bt * bt - s.computed
             };
+            let n = self.batch_chunk(i, n, &mut batch_prefill);
             if n == 0 {
                 continue;
             }
@@ -567,12 +534,17 @@ impl Scheduler {
                 }
                 // Preempt the latest sequence not planned yet (not this one).
                 // Not one whose blocks are still arriving.
-                let victim = (0..self.running.len()).rev().find(|&v| {
+                // Batch-job sequences first (see `priority.rs`).
+                let eligible = |v: usize| {
                     v != i
                         && !preempted.contains(&v)
                         && !plan.iter().any(|p| p.0 == v)
                         && self.running[v].stream.is_none()
-                });
+                };
+                let victim = (0..self.running.len())
+                    .rev()
+                    .find(|&v| eligible(v) && self.running[v].batch)
+                    .or_else(|| (0..self.running.len()).rev().find(|&v| eligible(v)));
                 match victim {
                     Some(v) => {
                         self.running[v].drop_kv();
@@ -610,7 +582,7 @@ impl Scheduler {
                 }
             }
             if !s.events.is_closed() {
-                self.waiting.push_front(s);
+                self.requeue_front(s);
             }
         }
         plan
