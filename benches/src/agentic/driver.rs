@@ -142,7 +142,8 @@ pub async fn drive(
                 let turn = answers[session].len();
                 let prompt = workload.prompt(session, &answers[session]);
                 let tokens = (prompt.len() + p.answer_tokens) as u64;
-                let engine = router.pick(session, turn, &prompt, tokens) % engines.len();
+                let (engine, tokens) = router.pick(session, turn, &prompt, tokens);
+                let engine = engine % engines.len();
                 let handle = engines[engine].clone();
                 let meta = Sent {
                     index: sent,

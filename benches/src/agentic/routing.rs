@@ -2,7 +2,10 @@
 //! router crate's own policies ([`kvfabric_router::pick::choose`], the same
 //! function `kvfabric router` calls), over the bench's view of each engine:
 //! - load: tokens in flight (prompt + answer tokens, added when a turn is
-//!   sent, removed when it finishes), as the router counts them;
+//!   sent, removed when it finishes), as the router counts them; under
+//!   `prefix` the prompt's blocks the chosen engine already holds are left
+//!   out (the tokens it still has to compute, the cost's own unit, as
+//!   Dynamo's KV router counts prefill blocks to compute);
 //! - the session's last engine (affinity; [`SessionMap`], as the router);
 //! - for `prefix`, each engine's cached prefix of the prompt from a
 //!   [`PrefixIndex`] fed by its fabric node's KV events (the store's change
@@ -133,8 +136,16 @@ impl BenchRouter {
         self.policy
     }
 
-    /// The engine of `session`'s `turn` (`prompt`), reserving `tokens` on it.
-    pub fn pick(&mut self, session: usize, turn: usize, prompt: &[u32], tokens: u64) -> usize {
+    /// The engine of `session`'s `turn` (`prompt`) and the tokens reserved on
+    /// it (`tokens`, less the cached prompt blocks under `prefix`); hand both
+    /// back to [`BenchRouter::release`].
+    pub fn pick(
+        &mut self,
+        session: usize,
+        turn: usize,
+        prompt: &[u32],
+        tokens: u64,
+    ) -> (usize, u64) {
         let n = self.loads.len();
         let id = session.to_string();
         let now = Instant::now();
@@ -168,8 +179,11 @@ impl BenchRouter {
             self.sessions.set(&id, choice.index, now);
         }
         self.next = choice.index + 1;
-        self.loads[choice.index] += tokens;
-        choice.index
+        let bt = self.prefix.as_ref().map_or(0, |p| p.block_tokens);
+        let cached = cached.get(choice.index).copied().unwrap_or(0) * bt;
+        let reserved = tokens.saturating_sub(cached as u64);
+        self.loads[choice.index] += reserved;
+        (choice.index, reserved)
     }
 
     /// A turn on `engine` finished: its `tokens` are no longer in flight.
@@ -203,7 +217,7 @@ mod tests {
         let mut r = BenchRouter::new(Policy::Random, 7, 3, None);
         for s in 0..10 {
             for t in 0..3 {
-                assert_eq!(r.pick(s, t, &[1, 2, 3], 10), route(7, s, t, 3));
+                assert_eq!(r.pick(s, t, &[1, 2, 3], 10), (route(7, s, t, 3), 10));
             }
         }
     }
@@ -233,8 +247,9 @@ mod tests {
             assert!(Instant::now() < deadline, "events not applied");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(r.pick(0, 0, &prompt, 10), 1);
-        r.release(1, 10);
+        // 3 blocks of 4 cached: 12 of the 20 tokens are not reserved.
+        assert_eq!(r.pick(0, 0, &prompt, 20), (1, 8));
+        r.release(1, 8);
         // Engine 1 evicts them: engine 0 (1 block) wins.
         for k in &keys {
             tx1.send(event(*k, BlockChange::Removed)).expect("send");
@@ -243,6 +258,6 @@ mod tests {
             assert!(Instant::now() < deadline, "events not applied");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(r.pick(0, 1, &prompt, 10), 0);
+        assert_eq!(r.pick(0, 1, &prompt, 20), (0, 16));
     }
 }
