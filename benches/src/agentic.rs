@@ -52,7 +52,7 @@ use driver::{drive, DriveParams};
 use engines::{engine_config, stats_json, EngineSet};
 use fabric::{decode_step, FabricCluster};
 use kvfabric_engine::kv::KvPool;
-use kvfabric_router::pick::Policy;
+use kvfabric_router::pick::{PickParams, Policy};
 use kvfabric_store::KeyChain;
 use routing::{BenchRouter, PrefixSource};
 use stats::{same_answers, RunSummary};
@@ -91,6 +91,11 @@ pub struct AgenticArgs {
     /// in the none/local configurations it has no index and routes as least-loaded.
     #[arg(long, value_delimiter = ',', default_value = "random")]
     pub routing: Vec<String>,
+    /// `prefix` routing: weight of the prompt tokens an engine would still
+    /// have to compute against the tokens it has in flight (Dynamo's
+    /// overlap weight; 1 = the router's default).
+    #[arg(long, default_value_t = 1.0)]
+    pub prefix_overlap_weight: f64,
     /// Start every session at once (default: each session joins when the
     /// previous one's first turn is answered, so the shared system prompt is
     /// computed once before the others arrive).
@@ -149,6 +154,10 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
         "--link-gbit shapes the links between hosts: give --hosts"
     );
     let policies = parse_routing(&args.routing)?;
+    anyhow::ensure!(
+        args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
+        "--prefix-overlap-weight must be a number >= 0"
+    );
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.engines > 0, "--engines must be > 0");
     anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
@@ -233,7 +242,11 @@ fn bench_router(
         }
         _ => None,
     };
-    BenchRouter::new(policy, args.seed, args.engines, prefix)
+    let params = PickParams {
+        prefix_overlap_weight: args.prefix_overlap_weight,
+        ..PickParams::default()
+    };
+    BenchRouter::new(policy, params, args.seed, args.engines, prefix)
 }
 
 async fn run_configuration(
@@ -465,6 +478,7 @@ mod tests {
             answer_tokens: 16,
             seed: 1,
             routing: vec!["random".into()],
+            prefix_overlap_weight: 1.0,
             burst_start: false,
             system_tokens: 1000,
             session_history_tokens: 1500,

@@ -223,10 +223,10 @@ mod tests {
 
     use super::*;
     use crate::agentic::trace::{route, WorkloadShape};
-    use kvfabric_router::pick::Policy;
+    use kvfabric_router::pick::{PickParams, Policy};
 
     fn random(seed: u64, engines: usize) -> BenchRouter {
-        BenchRouter::new(Policy::Random, seed, engines, None)
+        BenchRouter::new(Policy::Random, PickParams::default(), seed, engines, None)
     }
 
     fn shape(sessions: usize, turns: usize, system_tokens: usize) -> WorkloadShape {
