@@ -6,6 +6,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "proto/kvfabric/v1/cache.proto",
+        "proto/kvfabric/v1/events.proto",
         "proto/kvfabric/internal/v1/directory.proto",
         "proto/kvfabric/internal/v1/console.proto",
     ];

@@ -27,7 +27,8 @@ pub struct RouterFlags {
     #[arg(long, value_name = "URL,...", value_delimiter = ',')]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engines: Option<Vec<String>>,
-    /// Plain mode: least-loaded or random [env: KVFABRIC_POLICY] [default: least-loaded].
+    /// How engines are picked: least-loaded, random or affinity (x-session-affinity)
+    /// [env: KVFABRIC_POLICY] [default: least-loaded].
     #[arg(long, value_name = "POLICY")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policy: Option<String>,

@@ -23,10 +23,18 @@
 //! step time of a batch with the connector saving on vs off ([`fabric`]).
 //! Targets are ratios measured in this run: fabric hit ratio / oracle >= 0.95,
 //! local TTFT p50 / fabric TTFT p50 >= 5, save-on / save-off step <= 1.05.
+//!
+//! `--routing` picks how turns are routed ([`routing`]: the router crate's
+//! policies `random`, `least-loaded`, `affinity`, `prefix`). Given several
+//! (`--routing random,prefix`), the bench compares them instead
+//! ([`compare`]): only the fabric configuration, once per mode on a fresh
+//! cluster, reporting per mode hit ratio, bytes moved between nodes and TTFT.
 
+mod compare;
 pub mod driver;
 pub mod engines;
 pub mod fabric;
+pub mod routing;
 pub mod stats;
 pub mod trace;
 
@@ -43,6 +51,10 @@ use serde_json::{json, Value};
 use driver::{drive, DriveParams};
 use engines::{engine_config, stats_json, EngineSet};
 use fabric::{decode_step, FabricCluster};
+use kvfabric_engine::kv::KvPool;
+use kvfabric_router::pick::{PickParams, Policy};
+use kvfabric_store::KeyChain;
+use routing::{BenchRouter, PrefixSource};
 use stats::{same_answers, RunSummary};
 use trace::{Workload, WorkloadShape};
 
@@ -73,6 +85,17 @@ pub struct AgenticArgs {
     /// Seed of the workload text and the routing.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Routing of the turns: random, least-loaded, affinity or prefix; a
+    /// comma-separated list compares the modes (fabric configuration only).
+    /// `prefix` needs the fabric (its index comes from the nodes' KV events):
+    /// in the none/local configurations it has no index and routes as least-loaded.
+    #[arg(long, value_delimiter = ',', default_value = "random")]
+    pub routing: Vec<String>,
+    /// `prefix` routing: weight of the prompt tokens an engine would still
+    /// have to compute against the tokens it has in flight (Dynamo's
+    /// overlap weight; 1 = the router's default).
+    #[arg(long, default_value_t = 1.0)]
+    pub prefix_overlap_weight: f64,
     /// Start every session at once (default: each session joins when the
     /// previous one's first turn is answered, so the shared system prompt is
     /// computed once before the others arrive).
@@ -130,6 +153,11 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
         args.link_gbit.is_none() || args.hosts > 0,
         "--link-gbit shapes the links between hosts: give --hosts"
     );
+    let policies = parse_routing(&args.routing)?;
+    anyhow::ensure!(
+        args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
+        "--prefix-overlap-weight must be a number >= 0"
+    );
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.engines > 0, "--engines must be > 0");
     anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
@@ -149,7 +177,28 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     );
     let args = args.clone();
     let model_name = path.display().to_string();
+    if policies.len() > 1 {
+        return crate::on_own_runtime(move |rt| {
+            rt.block_on(compare::measure_routing(
+                &args, model, &workload, model_name, &policies,
+            ))
+        });
+    }
     crate::on_own_runtime(move |rt| rt.block_on(measure_all(&args, model, &workload, model_name)))
+}
+
+/// The `--routing` list as policies (at least one, no repeats).
+fn parse_routing(names: &[String]) -> anyhow::Result<Vec<Policy>> {
+    let mut out = Vec::new();
+    for n in names {
+        let p = Policy::parse(n.trim()).ok_or_else(|| {
+            anyhow!("--routing: {n:?} is not random, least-loaded, affinity or prefix")
+        })?;
+        anyhow::ensure!(!out.contains(&p), "--routing lists {n} twice");
+        out.push(p);
+    }
+    anyhow::ensure!(!out.is_empty(), "--routing needs a mode");
+    Ok(out)
 }
 
 /// Which prefix reuse a configuration has.
@@ -164,6 +213,40 @@ struct ConfigRun {
     summary: RunSummary,
     records: Vec<stats::RequestRecord>,
     connector: Option<kvfabric_connector::ConnectorStats>,
+    /// Affinity picks that kept / moved a session.
+    affinity: (u64, u64),
+}
+
+/// The router of one run: `policy` over the engines; for `prefix`, an index
+/// fed by the fabric nodes' KV events and keys chained as the engines chain them.
+fn bench_router(
+    args: &AgenticArgs,
+    model: &LlamaModel,
+    cfg: &kvfabric_engine::EngineConfig,
+    policy: Policy,
+    fabric: Option<&FabricCluster>,
+) -> BenchRouter {
+    let prefix = match (policy, fabric) {
+        (Policy::Prefix, Some(f)) => {
+            let c = &model.config;
+            let layout = KvPool::layout_for(
+                c.layers,
+                c.kv_heads,
+                c.head_dim,
+                cfg.block_tokens,
+                cfg.kv_dtype.into(),
+            );
+            let chain = KeyChain::new(b"", &model.fingerprint(), &layout);
+            let events = (0..args.engines).map(|i| f.kv_events(i)).collect();
+            Some(PrefixSource::follow(events, chain, cfg.block_tokens))
+        }
+        _ => None,
+    };
+    let params = PickParams {
+        prefix_overlap_weight: args.prefix_overlap_weight,
+        ..PickParams::default()
+    };
+    BenchRouter::new(policy, params, args.seed, args.engines, prefix)
 }
 
 async fn run_configuration(
@@ -172,8 +255,10 @@ async fn run_configuration(
     workload: &Workload,
     reuse: Reuse,
     fabric: Option<&FabricCluster>,
+    policy: Policy,
 ) -> anyhow::Result<ConfigRun> {
     let cfg = engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None);
+    let mut router = bench_router(args, model, &cfg, policy, fabric);
     let connects = (0..args.engines)
         .map(|i| match (reuse, fabric) {
             (Reuse::Fabric, Some(f)) => Ok(Some(f.connect_fn(i, true))),
@@ -189,7 +274,7 @@ async fn run_configuration(
         burst_start: args.burst_start,
     };
     let handles = set.handles();
-    let driven = drive(&handles, workload, &params).await;
+    let driven = drive(&handles, workload, &params, &mut router).await;
     drop(handles);
     let connectors = set.connectors();
     let connector = if connectors.is_empty() {
@@ -212,6 +297,7 @@ async fn run_configuration(
         summary: RunSummary::new(&records, cfg.block_tokens, wall),
         records,
         connector,
+        affinity: (router.affinity_hits, router.affinity_fallbacks),
     })
 }
 
@@ -255,8 +341,9 @@ async fn measure_all(
     workload: &Workload,
     model_name: String,
 ) -> anyhow::Result<Value> {
-    let none = run_configuration(args, &model, workload, Reuse::None, None).await?;
-    let local = run_configuration(args, &model, workload, Reuse::Local, None).await?;
+    let policy = parse_routing(&args.routing)?[0];
+    let none = run_configuration(args, &model, workload, Reuse::None, None, policy).await?;
+    let local = run_configuration(args, &model, workload, Reuse::Local, None, policy).await?;
     // One RAM tier per engine, enough for the whole trace and the step runs.
     let hosts = match args.hosts {
         0 => None,
@@ -264,8 +351,15 @@ async fn measure_all(
     };
     let fabric_nodes = FabricCluster::start_on(args.engines, args.node_ram_mib, hosts).await?;
     let measured = async {
-        let fabric =
-            run_configuration(args, &model, workload, Reuse::Fabric, Some(&fabric_nodes)).await?;
+        let fabric = run_configuration(
+            args,
+            &model,
+            workload,
+            Reuse::Fabric,
+            Some(&fabric_nodes),
+            policy,
+        )
+        .await?;
         let transfer = fabric_nodes.transfer_bytes_all().await?;
         let steps = save_on_off(args, &model, &fabric_nodes).await?;
         anyhow::Ok((fabric, transfer, steps))
@@ -283,6 +377,7 @@ async fn measure_all(
         "rate": args.rate,
         "answer_tokens": args.answer_tokens,
         "seed": args.seed,
+        "routing": policy.as_str(),
         "burst_start": args.burst_start,
         "threads_per_engine": args.threads,
         "system_prompt_tokens": workload.system.len(),
@@ -315,6 +410,9 @@ async fn measure_all(
 }
 
 fn print_table(report: &Value) {
+    if report["routing"].is_object() {
+        return compare::print_table(report);
+    }
     println!(
         "agentic bench: {} engines, {} sessions x {} turns, rate {}/s, {} answer tokens",
         report["engines"],
@@ -379,6 +477,8 @@ mod tests {
             rate: 2.0,
             answer_tokens: 16,
             seed: 1,
+            routing: vec!["random".into()],
+            prefix_overlap_weight: 1.0,
             burst_start: false,
             system_tokens: 1000,
             session_history_tokens: 1500,
@@ -406,6 +506,17 @@ mod tests {
             };
             let err = measure(&args).expect_err("no engines");
             assert!(err.to_string().contains("--engines"), "{err}");
+        }
+        for bad in [
+            vec!["sticky".to_owned()],
+            vec!["random".into(), "random".into()],
+        ] {
+            let args = AgenticArgs {
+                routing: bad,
+                ..small_args(None)
+            };
+            let err = measure(&args).expect_err("bad routing");
+            assert!(err.to_string().contains("--routing"), "{err}");
         }
     }
 

@@ -8,18 +8,21 @@
 //! are released on every path (answered, failed, timed out, client gone)
 //! without bookkeeping at each exit.
 //!
-//! Least-loaded picks under a lock (read all gauges, add to the winner) so
+//! Picks run under a lock (read all gauges, choose, add to the winner) so
 //! two concurrent requests never both see the same idle engine; ties rotate,
-//! so an idle cluster still spreads sequential requests.
+//! so an idle cluster still spreads sequential requests. The choice itself is
+//! `pick.rs`'s pure [`choose`] (shared with `kvfabric bench agentic`); this
+//! file owns the state it reads: gauges, the tie-break start, the session map.
 
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 
-use crate::config::Policy;
 use crate::metrics::EndpointLabels;
+use crate::pick::{choose, AffinityOutcome, PickInput, PickParams, Policy, SessionMap};
 
 /// One engine and its in-flight tokens.
 #[derive(Debug)]
@@ -34,8 +37,25 @@ pub(crate) struct Endpoint {
 pub(crate) struct EndpointSet {
     endpoints: Vec<Arc<Endpoint>>,
     policy: Policy,
-    /// Where the next tie-break scan starts; the lock also makes read+add atomic.
-    next: Mutex<usize>,
+    params: PickParams,
+    /// Tie-break start and sessions; the lock also makes read+add atomic.
+    state: Mutex<PickState>,
+}
+
+/// What picks remember between requests.
+#[derive(Debug)]
+struct PickState {
+    /// Where the next tie-break scan starts.
+    next: usize,
+    /// Session -> index of the endpoint that last served it (affinity).
+    sessions: SessionMap,
+}
+
+/// How sessions are remembered (affinity).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SessionLimits {
+    pub capacity: usize,
+    pub ttl: Duration,
 }
 
 /// Tokens reserved on an endpoint; released when dropped.
@@ -60,7 +80,13 @@ impl Drop for LoadGuard {
 
 impl EndpointSet {
     /// Endpoints `urls` (non-empty), loads kept in `gauges{endpoint=url}`.
-    pub fn new(urls: &[String], gauges: &Family<EndpointLabels, Gauge>, policy: Policy) -> Self {
+    pub fn new(
+        urls: &[String],
+        gauges: &Family<EndpointLabels, Gauge>,
+        policy: Policy,
+        params: PickParams,
+        limits: SessionLimits,
+    ) -> Self {
         let endpoints = urls
             .iter()
             .map(|url| {
@@ -78,7 +104,11 @@ impl EndpointSet {
         EndpointSet {
             endpoints,
             policy,
-            next: Mutex::new(0),
+            params,
+            state: Mutex::new(PickState {
+                next: 0,
+                sessions: SessionMap::new(limits.capacity, limits.ttl),
+            }),
         }
     }
 
@@ -87,32 +117,49 @@ impl EndpointSet {
         self.endpoints.iter().map(|e| e.url.as_str())
     }
 
-    /// Pick an endpoint by the policy and reserve `tokens` on it.
-    pub fn pick(&self, tokens: u64) -> LoadGuard {
+    /// Pick an endpoint by the policy and reserve `tokens` on it; `session`
+    /// is the client's `x-session-affinity` (used by the affinity policy).
+    pub fn pick(&self, tokens: u64, session: Option<&str>) -> (LoadGuard, AffinityOutcome) {
         let tokens = i64::try_from(tokens).unwrap_or(i64::MAX / 2);
-        let n = self.endpoints.len();
-        // A poisoned lock only means another pick panicked; the index is still usable.
-        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        let chosen = match self.policy {
-            Policy::Random => rand::rng().random_range(0..n),
-            Policy::LeastLoaded => {
-                let start = *next % n;
-                let mut best = start;
-                for i in 1..n {
-                    let idx = (start + i) % n;
-                    if self.endpoints[idx].inflight_tokens.get()
-                        < self.endpoints[best].inflight_tokens.get()
-                    {
-                        best = idx;
-                    }
-                }
-                best
-            }
+        // A poisoned lock only means another pick panicked; the state is still usable.
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let loads: Vec<u64> = self
+            .endpoints
+            .iter()
+            .map(|e| e.inflight_tokens.get().max(0) as u64)
+            .collect();
+        let sticky = match (self.policy, session) {
+            (Policy::Affinity, Some(s)) => st.sessions.get(s, now),
+            _ => None,
         };
-        *next = chosen + 1;
-        let endpoint = self.endpoints[chosen].clone();
+        let mut choice = choose(
+            self.policy,
+            &self.params,
+            &PickInput {
+                loads: &loads,
+                start: st.next,
+                draw: rand::rng().random(),
+                sticky,
+                ..PickInput::default()
+            },
+        );
+        if self.policy == Policy::Affinity {
+            match session {
+                Some(s) => st.sessions.set(s, choice.index, now),
+                None => choice.affinity = AffinityOutcome::NotAsked,
+            }
+        }
+        st.next = choice.index + 1;
+        let endpoint = self.endpoints[choice.index].clone();
         endpoint.inflight_tokens.inc_by(tokens);
-        LoadGuard { endpoint, tokens }
+        (LoadGuard { endpoint, tokens }, choice.affinity)
+    }
+
+    /// Sessions remembered now.
+    #[cfg(test)]
+    fn sessions(&self) -> usize {
+        self.state.lock().map(|s| s.sessions.len()).unwrap_or(0)
     }
 }
 
@@ -123,7 +170,18 @@ mod tests {
     fn set(n: usize, policy: Policy) -> (EndpointSet, Family<EndpointLabels, Gauge>) {
         let gauges = Family::<EndpointLabels, Gauge>::default();
         let urls: Vec<String> = (0..n).map(|i| format!("http://e{i}:1")).collect();
-        (EndpointSet::new(&urls, &gauges, policy), gauges)
+        let limits = SessionLimits {
+            capacity: 4,
+            ttl: Duration::from_secs(60),
+        };
+        let params = PickParams {
+            affinity_load_slack_tokens: 100,
+            ..PickParams::default()
+        };
+        (
+            EndpointSet::new(&urls, &gauges, policy, params, limits),
+            gauges,
+        )
     }
 
     fn load(gauges: &Family<EndpointLabels, Gauge>, url: &str) -> i64 {
@@ -137,10 +195,10 @@ mod tests {
     #[test]
     fn least_loaded_picks_the_endpoint_with_fewest_tokens() {
         let (s, gauges) = set(3, Policy::LeastLoaded);
-        let big = s.pick(1000);
-        let mid = s.pick(100);
+        let big = s.pick(1000, None).0;
+        let mid = s.pick(100, None).0;
         assert_ne!(big.url(), mid.url());
-        let small = s.pick(10);
+        let small = s.pick(10, None).0;
         let taken = [big.url(), mid.url(), small.url()];
         assert!(
             taken
@@ -149,31 +207,31 @@ mod tests {
             "each idle endpoint gets one: {taken:?}"
         );
         // Now loads are 1000 / 100 / 10: the next request goes to the 10-token one.
-        let next = s.pick(50);
+        let next = s.pick(50, None).0;
         assert_eq!(next.url(), small.url());
         assert_eq!(load(&gauges, small.url()), 60);
         // Then 1000 / 100 / 60: the 60 one again.
-        let again = s.pick(5);
+        let again = s.pick(5, None).0;
         assert_eq!(again.url(), small.url());
         // Releasing the big one makes it the least loaded.
         let big_url = big.url().to_owned();
         drop(big);
         assert_eq!(load(&gauges, &big_url), 0);
-        assert_eq!(s.pick(1).url(), big_url);
+        assert_eq!(s.pick(1, None).0.url(), big_url);
     }
 
     #[test]
     fn tokens_are_released_on_completion_and_on_error_paths() {
         let (s, gauges) = set(2, Policy::LeastLoaded);
         let url = {
-            let g = s.pick(300);
+            let g = s.pick(300, None).0;
             assert_eq!(load(&gauges, g.url()), 300);
             g.url().to_owned()
         }; // completed: guard dropped at scope end
         assert_eq!(load(&gauges, &url), 0);
         // An error path: the guard is dropped by an early return.
         fn failing_hop(s: &EndpointSet) -> Result<(), String> {
-            let _g = s.pick(77);
+            let _g = s.pick(77, None).0;
             Err("upstream failed".into())
         }
         assert!(failing_hop(&s).is_err());
@@ -184,11 +242,11 @@ mod tests {
     #[test]
     fn ties_rotate_and_random_stays_in_range() {
         let (s, _) = set(2, Policy::LeastLoaded);
-        let a = s.pick(0).url().to_owned();
-        let b = s.pick(0).url().to_owned();
+        let a = s.pick(0, None).0.url().to_owned();
+        let b = s.pick(0, None).0.url().to_owned();
         assert_ne!(a, b, "idle endpoints alternate");
         let (r, gauges) = set(3, Policy::Random);
-        let guards: Vec<LoadGuard> = (0..30).map(|_| r.pick(1)).collect();
+        let guards: Vec<LoadGuard> = (0..30).map(|_| r.pick(1, None).0).collect();
         let total: i64 = (0..3)
             .map(|i| load(&gauges, &format!("http://e{i}:1")))
             .sum();
@@ -198,5 +256,35 @@ mod tests {
             .map(|i| load(&gauges, &format!("http://e{i}:1")))
             .sum();
         assert_eq!(total, 0);
+    }
+
+    #[test]
+    fn affinity_sticks_falls_back_when_overloaded_and_bounds_sessions() {
+        let (s, _) = set(3, Policy::Affinity);
+        let (g, out) = s.pick(10, Some("s1"));
+        assert_eq!(out, AffinityOutcome::New);
+        let home = g.url().to_owned();
+        drop(g);
+        for _ in 0..5 {
+            let (g, out) = s.pick(10, Some("s1"));
+            assert_eq!((g.url(), out), (home.as_str(), AffinityOutcome::Hit));
+        }
+        // Its engine busy beyond 1.5 x 0 + 100 tokens: another engine, counted as a fallback.
+        let (busy, _) = s.pick(500, Some("s1"));
+        assert_eq!(busy.url(), home);
+        let (g, out) = s.pick(10, Some("s1"));
+        assert_eq!(out, AffinityOutcome::Fallback);
+        assert_ne!(g.url(), home);
+        // ... and the session now follows the engine that served it.
+        let moved = g.url().to_owned();
+        drop(g);
+        assert_eq!(s.pick(1, Some("s1")).0.url(), moved);
+        // No header: no affinity bookkeeping.
+        assert_eq!(s.pick(1, None).1, AffinityOutcome::NotAsked);
+        // The map holds at most 4 sessions.
+        for i in 0..10 {
+            let _ = s.pick(1, Some(&format!("other-{i}")));
+        }
+        assert_eq!(s.sessions(), 4);
     }
 }

@@ -13,9 +13,10 @@ use hyper::Uri;
 use serde::{Deserialize, Serialize};
 
 use crate::error::RouterError;
+pub use crate::pick::{PickParams, Policy};
 
 /// Settings of `kvfabric router`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
     /// Address the router's OpenAI-compatible API listens on. Default: 127.0.0.1:8080.
@@ -28,9 +29,19 @@ pub struct RouterConfig {
     /// Base URLs of ordinary (role `both`) engines for plain load balancing;
     /// excludes `prefill`/`decode`. Default: [] (none).
     pub engines: Vec<String>,
-    /// How an endpoint is picked: `least-loaded` (fewest in-flight tokens)
-    /// or `random`. Default: "least-loaded".
+    /// How an endpoint is picked: `least-loaded` (fewest in-flight tokens),
+    /// `random`, or `affinity` (`x-session-affinity` sticks to the engine that
+    /// last served the session within a load bound). Default: "least-loaded".
     pub policy: String,
+    /// Affinity: the session's engine is kept while its in-flight tokens are
+    /// <= this x the least-loaded engine's + `affinity_load_slack_tokens`. Default: 1.5.
+    pub affinity_load_factor: f64,
+    /// Affinity: tokens added to the bound above. Default: 4096.
+    pub affinity_load_slack_tokens: u64,
+    /// Affinity: sessions remembered (least recently used forgotten first). Default: 100000.
+    pub affinity_sessions: usize,
+    /// Affinity: a session unused this long is forgotten, ms. Default: 600000.
+    pub affinity_ttl_ms: u64,
     /// Limit on one upstream hop (prefill, decode or plain), from sending the
     /// request to the last byte of the answer, in milliseconds. Default: 600000.
     pub request_timeout_ms: u64,
@@ -52,29 +63,14 @@ impl Default for RouterConfig {
             decode: Vec::new(),
             engines: Vec::new(),
             policy: "least-loaded".into(),
+            affinity_load_factor: 1.5,
+            affinity_load_slack_tokens: 4096,
+            affinity_sessions: 100_000,
+            affinity_ttl_ms: 600_000,
             request_timeout_ms: 600_000,
             connect_timeout_ms: 2_000,
             tenants_file: None,
             tenants_reload_ms: 1000,
-        }
-    }
-}
-
-/// How an endpoint is chosen among several.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// The endpoint with the fewest in-flight tokens (ties rotate).
-    LeastLoaded,
-    /// Uniformly at random.
-    Random,
-}
-
-impl Policy {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::LeastLoaded => "least-loaded",
-            Policy::Random => "random",
         }
     }
 }
@@ -107,6 +103,12 @@ impl RouterConfig {
     /// [`RouterError::Config`] naming the field.
     pub fn validate(&self) -> Result<Mode, RouterError> {
         self.policy()?;
+        if !(self.affinity_load_factor.is_finite() && self.affinity_load_factor >= 1.0) {
+            return Err(config("affinity_load_factor must be a number >= 1"));
+        }
+        if self.affinity_sessions == 0 || self.affinity_ttl_ms == 0 {
+            return Err(config("affinity_sessions and affinity_ttl_ms must be > 0"));
+        }
         if self.request_timeout_ms == 0 {
             return Err(config("request_timeout_ms must be > 0"));
         }
@@ -132,12 +134,26 @@ impl RouterConfig {
 
     /// The parsed `policy`.
     pub fn policy(&self) -> Result<Policy, RouterError> {
-        match self.policy.as_str() {
-            "least-loaded" => Ok(Policy::LeastLoaded),
-            "random" => Ok(Policy::Random),
-            other => Err(config(&format!(
-                "policy must be \"least-loaded\" or \"random\", not {other:?}"
+        match Policy::parse(&self.policy) {
+            // The live router has no tokenizer nor KV-event subscriptions yet:
+            // prefix-aware routing runs in `kvfabric bench agentic --routing prefix`.
+            Some(Policy::Prefix) => Err(config(
+                "policy \"prefix\" is not available in the router yet (see docs/ROUTER.md)",
+            )),
+            Some(p) => Ok(p),
+            None => Err(config(&format!(
+                "policy must be \"least-loaded\", \"random\" or \"affinity\", not {:?}",
+                self.policy
             ))),
+        }
+    }
+
+    /// The affinity / prefix tunables.
+    pub fn pick_params(&self) -> PickParams {
+        PickParams {
+            affinity_load_factor: self.affinity_load_factor,
+            affinity_load_slack_tokens: self.affinity_load_slack_tokens,
+            ..PickParams::default()
         }
     }
 }
@@ -238,6 +254,14 @@ mod tests {
         let mut c = with(&[], &[], &["http://a:1"]);
         c.policy = "random".into();
         assert_eq!(c.policy().expect("random"), Policy::Random);
+        c.policy = "affinity".into();
+        assert_eq!(c.policy().expect("affinity"), Policy::Affinity);
+        c.affinity_load_factor = 0.5;
+        assert!(c.validate().is_err());
+        c.affinity_load_factor = 1.5;
+        c.affinity_sessions = 0;
+        assert!(c.validate().is_err());
+        c.affinity_sessions = 10;
         c.policy = "round-robin".into();
         assert!(c.validate().is_err());
         let mut c = with(&[], &[], &["http://a:1"]);

@@ -25,7 +25,7 @@ use crate::balance::EndpointSet;
 use crate::error::RouterError;
 use crate::proxy::{Relay, RequestRecord};
 use crate::request::ClientRequest;
-use crate::server::RouterState;
+use crate::state::RouterState;
 
 /// What the prefill hop produced.
 #[derive(Debug)]
@@ -60,7 +60,7 @@ pub(crate) async fn two_hop(
         }
         Prefilled::Failed => (None, None, "fallback"),
     };
-    let load = decode.pick(req.decode_tokens());
+    let load = state.pick(decode, req.decode_tokens(), &req);
     let endpoint = load.url().to_owned();
     let relay = Relay {
         metrics: state.metrics.clone(),
@@ -73,13 +73,7 @@ pub(crate) async fn two_hop(
     let body = req.decode_body(transfer.as_ref());
     match state
         .upstream
-        .send(
-            Method::POST,
-            &endpoint,
-            req.api.path(),
-            body,
-            req.authorization.as_ref(),
-        )
+        .send(Method::POST, &endpoint, req.api.path(), body, &req.headers)
         .await
     {
         Ok(answer) => relay.answer(answer).await,
@@ -88,7 +82,7 @@ pub(crate) async fn two_hop(
 }
 
 async fn prefill_hop(state: &RouterState, prefill: &EndpointSet, req: &ClientRequest) -> Prefilled {
-    let load = prefill.pick(req.prompt_tokens);
+    let load = state.pick(prefill, req.prompt_tokens, req);
     let endpoint = load.url().to_owned();
     let result = prefill_exchange(state, &endpoint, req).await;
     drop(load);
@@ -120,7 +114,7 @@ async fn prefill_exchange(
             endpoint,
             req.api.path(),
             req.prefill_body(),
-            req.authorization.as_ref(),
+            &req.headers,
         )
         .await?;
     let collected = answer.collect().await?;

@@ -11,10 +11,12 @@
 //! - **disaggregated** (`prefill` + `decode`): two hops per request, see
 //!   `disagg.rs`; the KV moves between the engines through the fabric, keyed
 //!   by block keys the prefill answer reports in `kv_transfer_params`.
-//! - **plain** (`engines`): one hop to the least-loaded (or a random) engine.
+//! - **plain** (`engines`): one hop to one engine, picked by the policy.
 //!
 //! Map: `config.rs` (settings, mode), `request.rs` (body checks, token
-//! estimates, hop bodies), `balance.rs` (in-flight tokens per endpoint),
+//! estimates, hop bodies, forwarded headers), `pick.rs` (the policies as pure
+//! functions, shared with `kvfabric bench agentic`), `balance.rs` (in-flight
+//! tokens and sessions per endpoint set), `state.rs` (shared state),
 //! `proxy.rs` (HTTP client, relaying answers), `rewrite.rs` (cached-token
 //! rewrite, SSE event by event), `disagg.rs` (two hops), `server.rs` (routes),
 //! `metrics.rs`, `error.rs`. docs/ROUTER.md is the user-facing description.
@@ -24,10 +26,12 @@ mod config;
 mod disagg;
 mod error;
 mod metrics;
+pub mod pick;
 mod proxy;
 mod request;
 mod rewrite;
 mod server;
+mod state;
 mod tenancy;
 
 use std::future::Future;
@@ -39,7 +43,7 @@ use tokio::net::TcpListener;
 pub use config::{Mode, Policy, RouterConfig};
 pub use error::{ApiError, RouterError};
 pub use metrics::{EndpointLabels, RequestLabels, RouteLabels, RouterMetrics, UpstreamErrorLabels};
-pub use request::{estimate_text_tokens, DEFAULT_COMPLETION_ESTIMATE};
+pub use request::{estimate_text_tokens, DEFAULT_COMPLETION_ESTIMATE, SESSION_AFFINITY_HEADER};
 
 /// Serve the router on `listener` until `shutdown` resolves (in-flight
 /// requests finish first). `cfg.listen` is not used: the caller binds.
@@ -64,7 +68,7 @@ pub async fn serve_with_metrics(
     registry: Registry,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RouterError> {
-    let state = server::RouterState::new(&cfg, metrics, registry)?;
+    let state = state::RouterState::new(&cfg, metrics, registry)?;
     let addr = listener.local_addr()?;
     tracing::info!(
         %addr,

@@ -17,6 +17,9 @@
 //!   kind `connect|timeout|status|bad_answer`.
 //! - `prefill_fallbacks_total`: requests sent straight to decode after a failed prefill hop.
 //! - `request_duration_seconds{mode, route}`: arrival to the last byte sent.
+//! - `affinity_hits_total`, `affinity_fallbacks_total`: affinity-policy picks
+//!   that kept a session on its last engine (its KV is there: no transfer),
+//!   and picks that moved it because that engine was over the load bound.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -70,6 +73,8 @@ pub struct RouterMetrics {
     pub inflight_decode_tokens: Family<EndpointLabels, Gauge>,
     pub upstream_errors: Family<UpstreamErrorLabels, Counter>,
     pub prefill_fallbacks: Counter,
+    pub affinity_hits: Counter,
+    pub affinity_fallbacks: Counter,
     pub request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -88,6 +93,8 @@ impl RouterMetrics {
             inflight_decode_tokens: Family::default(),
             upstream_errors: Family::default(),
             prefill_fallbacks: Counter::default(),
+            affinity_hits: Counter::default(),
+            affinity_fallbacks: Counter::default(),
             request_duration_seconds: Family::new_with_constructor(latency_histogram),
         }
     }
@@ -121,10 +128,34 @@ impl RouterMetrics {
             self.prefill_fallbacks.clone(),
         );
         r.register(
+            "affinity_hits",
+            "Requests the affinity policy kept on their session's last engine",
+            self.affinity_hits.clone(),
+        );
+        r.register(
+            "affinity_fallbacks",
+            "Requests whose session's last engine was over the affinity load bound",
+            self.affinity_fallbacks.clone(),
+        );
+        r.register(
             "request_duration_seconds",
             "Client request latency, arrival to last byte",
             self.request_duration_seconds.clone(),
         );
+    }
+
+    /// Count how affinity went for one pick.
+    pub(crate) fn affinity(&self, outcome: crate::pick::AffinityOutcome) {
+        use crate::pick::AffinityOutcome;
+        match outcome {
+            AffinityOutcome::Hit => {
+                self.affinity_hits.inc();
+            }
+            AffinityOutcome::Fallback => {
+                self.affinity_fallbacks.inc();
+            }
+            AffinityOutcome::New | AffinityOutcome::NotAsked => {}
+        }
     }
 
     /// Count one failed hop.

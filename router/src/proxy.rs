@@ -30,6 +30,7 @@ use serde_json::Value;
 use crate::balance::LoadGuard;
 use crate::error::{ApiError, RouterError};
 use crate::metrics::{RequestLabels, RouteLabels, RouterMetrics};
+use crate::request::{HopHeaders, SESSION_AFFINITY_HEADER};
 use crate::rewrite::{replace_cached_tokens, SseRewriter};
 
 /// The HTTP client to engines.
@@ -59,15 +60,15 @@ impl Upstream {
         Upstream { client, timeout }
     }
 
-    /// Send one request (with the client's `Authorization`, if any); returns
-    /// once the response head arrived.
+    /// Send one request (with the client's `Authorization` and
+    /// `x-session-affinity`, if any); returns once the response head arrived.
     pub async fn send(
         &self,
         method: Method,
         endpoint: &str,
         path: &str,
         body: Vec<u8>,
-        authorization: Option<&HeaderValue>,
+        headers: &HopHeaders,
     ) -> Result<Answer, RouterError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let uri = format!("{endpoint}{path}");
@@ -75,9 +76,12 @@ impl Upstream {
             .method(method)
             .uri(&uri)
             .header(header::CONTENT_TYPE, "application/json");
-        if let Some(auth) = authorization {
+        if let Some(auth) = &headers.authorization {
             // The engine checks the same key and keys the blocks under its tenant.
             request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        if let Some(session) = &headers.session {
+            request = request.header(SESSION_AFFINITY_HEADER, session.clone());
         }
         let request =
             request

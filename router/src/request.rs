@@ -47,8 +47,39 @@ pub(crate) struct ClientRequest {
     pub prompt_tokens: u64,
     /// `max_completion_tokens` or `max_tokens`, if set.
     pub max_tokens: Option<u64>,
-    /// The client's `Authorization`, forwarded on every hop.
+    /// The client's headers forwarded on every hop.
+    pub headers: HopHeaders,
+}
+
+/// The routing hint header: the session a request belongs to.
+pub const SESSION_AFFINITY_HEADER: &str = "x-session-affinity";
+
+/// Client headers the router passes on to engines.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HopHeaders {
+    /// `Authorization`: the engine checks the same key and picks the namespace.
     pub authorization: Option<axum::http::HeaderValue>,
+    /// `x-session-affinity`: the routing hint, passed on so the engine sees it too.
+    pub session: Option<axum::http::HeaderValue>,
+}
+
+impl HopHeaders {
+    /// The forwarded headers of `headers`.
+    pub fn of(headers: &axum::http::HeaderMap) -> HopHeaders {
+        HopHeaders {
+            authorization: headers.get(axum::http::header::AUTHORIZATION).cloned(),
+            session: headers.get(SESSION_AFFINITY_HEADER).cloned(),
+        }
+    }
+
+    /// The session id, when the header is set and printable.
+    pub fn session_id(&self) -> Option<&str> {
+        self.session
+            .as_ref()?
+            .to_str()
+            .ok()
+            .filter(|s| !s.is_empty())
+    }
 }
 
 /// `ceil(bytes / 4)`.
@@ -100,7 +131,7 @@ impl ClientRequest {
             body,
             prompt_tokens,
             max_tokens,
-            authorization: None,
+            headers: HopHeaders::default(),
         })
     }
 

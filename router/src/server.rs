@@ -8,7 +8,6 @@
 //! (`tenancy.rs`); the client's `Authorization` goes on to the engines.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -18,82 +17,15 @@ use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::balance::EndpointSet;
-use crate::config::{Mode, RouterConfig};
 use crate::disagg;
-use crate::error::{ApiError, RouterError};
-use crate::metrics::RouterMetrics;
-use crate::proxy::{Relay, RequestRecord, Upstream};
-use crate::request::{Api, ClientRequest};
+use crate::error::ApiError;
+use crate::proxy::{Relay, RequestRecord};
+use crate::request::{Api, ClientRequest, HopHeaders};
+use crate::state::{RouterState, Routing};
 use kvfabric_tenants::http::gate;
-use kvfabric_tenants::{TenantGate, TenantMetrics};
-
-/// Endpoint sets of the configured mode.
-#[derive(Debug)]
-pub(crate) enum Routing {
-    Disaggregated {
-        prefill: EndpointSet,
-        decode: EndpointSet,
-    },
-    Plain {
-        engines: EndpointSet,
-    },
-}
-
-/// Everything a handler needs.
-#[derive(Debug)]
-pub(crate) struct RouterState {
-    pub routing: Routing,
-    pub mode_label: &'static str,
-    pub upstream: Upstream,
-    pub metrics: RouterMetrics,
-    pub registry: Registry,
-    /// API keys and per-tenant limits.
-    pub tenants: TenantGate,
-}
-
-impl RouterState {
-    /// Validate `cfg` and build the state; `metrics` must be registered in `registry`.
-    pub fn new(
-        cfg: &RouterConfig,
-        metrics: RouterMetrics,
-        mut registry: Registry,
-    ) -> Result<RouterState, RouterError> {
-        let mode = cfg.validate()?;
-        let tenants = TenantGate::from_config(
-            cfg.tenants_file.as_deref(),
-            TenantMetrics::default(),
-            "router",
-        )?;
-        tenants.metrics().register(&mut registry);
-        tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
-        let policy = cfg.policy()?;
-        let mode_label = mode.label();
-        let routing = match mode {
-            Mode::Disaggregated { prefill, decode } => Routing::Disaggregated {
-                prefill: EndpointSet::new(&prefill, &metrics.inflight_prefill_tokens, policy),
-                decode: EndpointSet::new(&decode, &metrics.inflight_decode_tokens, policy),
-            },
-            Mode::Plain { engines } => Routing::Plain {
-                engines: EndpointSet::new(&engines, &metrics.inflight_decode_tokens, policy),
-            },
-        };
-        Ok(RouterState {
-            routing,
-            mode_label,
-            upstream: Upstream::new(
-                Duration::from_millis(cfg.connect_timeout_ms),
-                Duration::from_millis(cfg.request_timeout_ms),
-            ),
-            metrics,
-            registry,
-            tenants,
-        })
-    }
-}
 
 /// Every route over `state`.
 pub(crate) fn app(state: Arc<RouterState>) -> Router {
@@ -150,7 +82,7 @@ async fn handle(
             return e.into_response();
         }
     };
-    req.authorization = headers.get(header::AUTHORIZATION).cloned();
+    req.headers = HopHeaders::of(headers);
     match &state.routing {
         Routing::Disaggregated { prefill, decode } => {
             disagg::two_hop(state, prefill, decode, req, record).await
@@ -166,7 +98,7 @@ async fn plain(
     req: ClientRequest,
     record: RequestRecord,
 ) -> Response {
-    let load = engines.pick(req.decode_tokens());
+    let load = state.pick(engines, req.decode_tokens(), &req);
     let endpoint = load.url().to_owned();
     let relay = Relay {
         metrics: state.metrics.clone(),
@@ -183,7 +115,7 @@ async fn plain(
             &endpoint,
             req.api.path(),
             req.original_body(),
-            req.authorization.as_ref(),
+            &req.headers,
         )
         .await
     {
@@ -195,7 +127,10 @@ async fn plain(
 /// The model list of the first engine that answers (decode engines first in
 /// disaggregated mode: they are the ones that generate).
 async fn models(State(state): State<Arc<RouterState>>, headers: HeaderMap) -> Response {
-    let auth = headers.get(header::AUTHORIZATION);
+    let auth = HopHeaders {
+        authorization: headers.get(header::AUTHORIZATION).cloned(),
+        session: None,
+    };
     let urls: Vec<&str> = match &state.routing {
         Routing::Disaggregated { prefill, decode } => decode.urls().chain(prefill.urls()).collect(),
         Routing::Plain { engines } => engines.urls().collect(),
@@ -204,7 +139,7 @@ async fn models(State(state): State<Arc<RouterState>>, headers: HeaderMap) -> Re
     for url in urls {
         let result = match state
             .upstream
-            .send(Method::GET, url, "/v1/models", Vec::new(), auth)
+            .send(Method::GET, url, "/v1/models", Vec::new(), &auth)
             .await
         {
             Ok(answer) => answer.collect().await,

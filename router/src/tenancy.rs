@@ -6,7 +6,7 @@ use kvfabric_tenants::http::{GateState, Refusal};
 use kvfabric_tenants::TenantGate;
 
 use crate::error::ApiError;
-use crate::server::RouterState;
+use crate::state::RouterState;
 
 impl GateState for RouterState {
     type Error = ApiError;

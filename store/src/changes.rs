@@ -7,11 +7,35 @@
 //! cluster's directory announcer) takes everything queued in one swap and
 //! re-reads the blocks' current state, so repeated changes of one key
 //! coalesce into one announcement.
+//!
+//! The same pushes are also published, numbered, to any number of KV-event
+//! subscribers ([`ChangeFeed::subscribe`], served as the node's
+//! `KvEventService.KvEvents` stream): a bounded broadcast ring of
+//! [`KV_EVENT_BUFFER`] events, so a slow subscriber costs the store nothing
+//! and, once it is more than that far behind, is told how many it missed
+//! (`RecvError::Lagged`) instead of losing them silently.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvfabric_proto::v1::Tier;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{broadcast, Notify};
 
 use crate::keys::BlockKey;
+
+/// Events a KV-event subscriber may fall behind before it is told it lagged.
+pub const KV_EVENT_BUFFER: usize = 4096;
+
+/// One published change: its number on this node (1, 2, ...; order of the
+/// changes), the block, what happened and the block's fastest tier after it
+/// (`Unspecified` once removed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvEventRecord {
+    pub sequence: u64,
+    pub key: BlockKey,
+    pub change: BlockChange,
+    pub tier: Tier,
+}
 
 /// What happened to a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,11 +48,21 @@ pub enum BlockChange {
     Removed,
 }
 
-/// Changes queued for the subscriber, and a wake-up when the queue fills.
-#[derive(Default)]
+/// Changes queued for the subscriber, and a wake-up when the queue fills;
+/// the same changes published to KV-event subscribers.
 pub struct ChangeFeed {
+    /// False for a feed nobody drains (events only): nothing is queued.
+    queued: bool,
     queue: Mutex<Vec<(BlockKey, BlockChange)>>,
     ready: Notify,
+    events: broadcast::Sender<KvEventRecord>,
+    sequence: AtomicU64,
+}
+
+impl Default for ChangeFeed {
+    fn default() -> Self {
+        ChangeFeed::with_queue(true)
+    }
 }
 
 impl ChangeFeed {
@@ -37,8 +71,39 @@ impl ChangeFeed {
         Self::default()
     }
 
-    /// Queue one change; wakes the subscriber when the queue was empty.
-    pub(crate) fn push(&self, key: BlockKey, change: BlockChange) {
+    /// A feed that only publishes KV events (a node without the cluster's
+    /// announcer, which would otherwise drain the queue).
+    pub fn events_only() -> Self {
+        ChangeFeed::with_queue(false)
+    }
+
+    fn with_queue(queued: bool) -> Self {
+        ChangeFeed {
+            queued,
+            queue: Mutex::new(Vec::new()),
+            ready: Notify::new(),
+            events: broadcast::channel(KV_EVENT_BUFFER).0,
+            sequence: AtomicU64::new(0),
+        }
+    }
+
+    /// Queue one change (`tier`: the block's fastest tier now); wakes the
+    /// subscriber when the queue was empty, and publishes it as a KV event.
+    /// Called under the store's lock, so sequence numbers follow the changes.
+    pub(crate) fn push(&self, key: BlockKey, change: BlockChange, tier: Tier) {
+        if self.events.receiver_count() > 0 {
+            let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
+            // Err only when every subscriber left meanwhile: nothing to tell.
+            let _ = self.events.send(KvEventRecord {
+                sequence,
+                key,
+                change,
+                tier,
+            });
+        }
+        if !self.queued {
+            return;
+        }
         let mut q = self.queue.lock();
         let was_empty = q.is_empty();
         q.push((key, change));
@@ -46,6 +111,12 @@ impl ChangeFeed {
         if was_empty {
             self.ready.notify_one();
         }
+    }
+
+    /// A new KV-event subscriber: every change from now on, at most
+    /// [`KV_EVENT_BUFFER`] behind (then `Lagged(missed)`).
+    pub fn subscribe(&self) -> broadcast::Receiver<KvEventRecord> {
+        self.events.subscribe()
     }
 
     /// Everything queued so far, oldest first.
@@ -77,8 +148,8 @@ mod tests {
     #[tokio::test]
     async fn pushes_come_back_in_order_and_wake_the_subscriber() {
         let f = ChangeFeed::new();
-        f.push(BlockKey([1; 32]), BlockChange::Stored);
-        f.push(BlockKey([1; 32]), BlockChange::Removed);
+        f.push(BlockKey([1; 32]), BlockChange::Stored, Tier::Ram);
+        f.push(BlockKey([1; 32]), BlockChange::Removed, Tier::Unspecified);
         // The first push stored a wake-up: this returns at once.
         tokio::time::timeout(std::time::Duration::from_secs(1), f.ready())
             .await

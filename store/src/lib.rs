@@ -38,7 +38,7 @@ mod tiering;
 mod uring;
 
 pub use cache_service::CacheServer;
-pub use changes::{BlockChange, ChangeFeed};
+pub use changes::{BlockChange, ChangeFeed, KvEventRecord, KV_EVENT_BUFFER};
 pub use error::StoreError;
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};

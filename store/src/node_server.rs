@@ -20,6 +20,7 @@ use kvfabric_proto::internal::v1::console_service_server::ConsoleServiceServer;
 use kvfabric_proto::internal::v1::directory_service_server::DirectoryServiceServer;
 use kvfabric_proto::internal::v1::holder_service_server::HolderServiceServer;
 use kvfabric_proto::v1::cache_service_server::CacheServiceServer;
+use kvfabric_proto::v1::kv_event_service_server::KvEventServiceServer;
 use kvfabric_tenants::{TenantGate, TenantMetrics};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -27,8 +28,10 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::cache_service::CacheServer;
+use crate::changes::ChangeFeed;
 use crate::cluster::cluster_cache_service::ClusterCacheService;
 use crate::cluster::cluster_config::ClusterConfig;
+use crate::cluster::kv_events::KvEventRpc;
 use crate::cluster::node::ClusterNode;
 use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
 use crate::console::cluster::ConsoleRpc;
@@ -201,7 +204,23 @@ impl NodeServer {
             None => grpc_builder(),
         };
         let (reflect_v1, reflect_v1alpha) = reflection_services()?;
-        let router = builder.add_service(reflect_v1).add_service(reflect_v1alpha);
+        // KV events: the cluster node's change feed; a standalone node gets an
+        // events-only feed (nothing else subscribes to its store).
+        let kv_events = match &node {
+            Some(n) => KvEventRpc::new(n.change_feed().clone(), n.info().node_id.clone()),
+            None => {
+                let feed = Arc::new(ChangeFeed::events_only());
+                store.watch_changes(feed.clone());
+                KvEventRpc::new(feed, grpc_addr.to_string())
+            }
+        };
+        let router = builder
+            .add_service(reflect_v1)
+            .add_service(reflect_v1alpha)
+            .add_service(InterceptedService::new(
+                KvEventServiceServer::new(kv_events),
+                auth.clone(),
+            ));
         let router = match &node {
             None => {
                 let local = CacheServer::new(store.clone(), grpc_addr.to_string());

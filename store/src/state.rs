@@ -219,7 +219,12 @@ impl Inner {
     /// Tell the changes subscriber, if any, what happened to `key`.
     pub fn note(&self, key: &BlockKey, change: BlockChange) {
         if let Some(feed) = &self.changes {
-            feed.push(*key, change);
+            let tier = match self.blocks.get(key) {
+                Some(b) if b.ram.is_some() => kvfabric_proto::v1::Tier::Ram,
+                Some(_) => kvfabric_proto::v1::Tier::Disk,
+                None => kvfabric_proto::v1::Tier::Unspecified,
+            };
+            feed.push(*key, change, tier);
         }
     }
 

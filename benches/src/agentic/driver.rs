@@ -2,7 +2,7 @@
 //! ([`generate`]: submit, stream, time to first token, usage), and one
 //! configuration's run of the agentic trace ([`drive`]: sessions whose next
 //! turn is ready are sent at most `rate` per second, each request routed to
-//! the engine [`route`] picks, a session's next turn built from its answer;
+//! the engine the [`BenchRouter`] picks, a session's next turn built from its answer;
 //! sessions join one after another unless `burst_start`).
 
 use std::collections::VecDeque;
@@ -13,8 +13,9 @@ use kvfabric_engine::{EngineHandle, GenerationEvent, GenerationRequest, Sampling
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::routing::BenchRouter;
 use super::stats::RequestRecord;
-use super::trace::{route, Workload};
+use super::trace::Workload;
 
 /// What one request produced.
 #[derive(Clone, Debug)]
@@ -99,14 +100,17 @@ struct Sent {
     turn: usize,
     engine: usize,
     prompt: Vec<u32>,
+    /// Reserved on the engine until the turn finishes.
+    tokens: u64,
 }
 
-/// Run every turn of every session of `workload` on `engines`; records in
-/// submission order and the wall time of the whole run.
+/// Run every turn of every session of `workload` on `engines`, routed by
+/// `router`; records in submission order and the wall time of the whole run.
 pub async fn drive(
     engines: &[EngineHandle],
     workload: &Workload,
     p: &DriveParams,
+    router: &mut BenchRouter,
 ) -> anyhow::Result<(Vec<RequestRecord>, Duration)> {
     if engines.is_empty() {
         bail!("no engines to drive");
@@ -136,8 +140,10 @@ pub async fn drive(
         if turns > 0 && Instant::now() >= next_send {
             if let Some(session) = ready.pop_front() {
                 let turn = answers[session].len();
-                let engine = route(p.seed, session, turn, engines.len());
                 let prompt = workload.prompt(session, &answers[session]);
+                let tokens = (prompt.len() + p.answer_tokens) as u64;
+                let (engine, tokens) = router.pick(session, turn, &prompt, tokens);
+                let engine = engine % engines.len();
                 let handle = engines[engine].clone();
                 let meta = Sent {
                     index: sent,
@@ -145,6 +151,7 @@ pub async fn drive(
                     turn,
                     engine,
                     prompt: prompt.clone(),
+                    tokens,
                 };
                 let answer_tokens = p.answer_tokens;
                 in_flight.spawn(async move {
@@ -171,6 +178,7 @@ pub async fn drive(
                     continue;
                 };
                 let (meta, result) = joined.map_err(|e| anyhow!("request task: {e}"))?;
+                router.release(meta.engine, meta.tokens);
                 let done = result?;
                 answers[meta.session].push(done.tokens.clone());
                 if meta.turn == 0 && next_session < sessions {
@@ -214,7 +222,12 @@ mod tests {
     use kvfabric_engine::{FinishReason, GenerationRequest};
 
     use super::*;
-    use crate::agentic::trace::WorkloadShape;
+    use crate::agentic::trace::{route, WorkloadShape};
+    use kvfabric_router::pick::{PickParams, Policy};
+
+    fn random(seed: u64, engines: usize) -> BenchRouter {
+        BenchRouter::new(Policy::Random, PickParams::default(), seed, engines, None)
+    }
 
     fn shape(sessions: usize, turns: usize, system_tokens: usize) -> WorkloadShape {
         WorkloadShape {
@@ -286,7 +299,9 @@ mod tests {
             seed: 9,
             burst_start: false,
         };
-        let (records, wall) = drive(&engines, &workload, &p).await.expect("drive");
+        let (records, wall) = drive(&engines, &workload, &p, &mut random(9, 3))
+            .await
+            .expect("drive");
         assert_eq!(records.len(), 9);
         assert!(wall > Duration::ZERO);
         for r in &records {
@@ -341,7 +356,7 @@ mod tests {
             seed: 1,
             burst_start: true,
         };
-        assert!(drive(&[], &workload, &p).await.is_err());
+        assert!(drive(&[], &workload, &p, &mut random(1, 1)).await.is_err());
         let (tx, mut rx) = mpsc::channel::<GenerationRequest>(4);
         tokio::spawn(async move {
             while let Some(r) = rx.recv().await {
@@ -351,15 +366,17 @@ mod tests {
                     .await;
             }
         });
-        let err = drive(&[EngineHandle::new(tx)], &workload, &p)
+        let err = drive(&[EngineHandle::new(tx)], &workload, &p, &mut random(1, 1))
             .await
             .expect_err("engine error must fail the run");
         assert!(err.to_string().contains("prompt too long"), "{err}");
         // An engine that shut down.
         let (tx, rx) = mpsc::channel::<GenerationRequest>(4);
         drop(rx);
-        assert!(drive(&[EngineHandle::new(tx)], &workload, &p)
-            .await
-            .is_err());
+        assert!(
+            drive(&[EngineHandle::new(tx)], &workload, &p, &mut random(1, 1))
+                .await
+                .is_err()
+        );
     }
 }

@@ -133,6 +133,18 @@ impl FabricCluster {
         }
     }
 
+    /// A subscriber to node `i`'s KV events (its store's change feed: what
+    /// `KvEventService.KvEvents` streams).
+    pub fn kv_events(
+        &self,
+        i: usize,
+    ) -> tokio::sync::broadcast::Receiver<kvfabric_store::KvEventRecord> {
+        self.nodes[i % self.nodes.len()]
+            .node()
+            .change_feed()
+            .subscribe()
+    }
+
     /// Bytes node `i`'s transfer engine moved, per transport and direction.
     pub async fn transfer_bytes(
         &self,

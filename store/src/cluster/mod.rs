@@ -10,6 +10,7 @@
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
 //!   [`ClusterNode::read_leased`] of [`RangeRead`]s.
 //! - [`security`]: node identity on the gRPC side (mutual TLS, claimed ids).
+//! - [`kv_events`]: the node's block stored / removed event stream (`KvEventService`).
 //! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
 //!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
 
@@ -18,6 +19,7 @@ pub mod client;
 pub mod cluster_cache_service;
 pub mod cluster_config;
 pub mod directory;
+pub mod kv_events;
 mod lease;
 pub mod membership;
 mod membership_metrics;
@@ -33,6 +35,7 @@ pub use announce::RefreshStatus;
 pub use cluster_cache_service::{ClusterCacheService, LOCAL_ONLY_HEADER};
 pub use cluster_config::{parse_peer, ClusterConfig};
 pub use directory::{DirectoryShard, HolderEntry, HolderTier};
+pub use kv_events::KvEventRpc;
 pub use lease::LeasedBlock;
 pub use membership::{Membership, MembershipSource, MembershipView, NodeInfo};
 pub use node::{ClusterNode, FetchedBlock, RangeRead, ReadTarget};

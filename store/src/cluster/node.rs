@@ -221,6 +221,11 @@ impl ClusterNode {
         &self.me
     }
 
+    /// The store's change feed (announcer queue and KV-event publisher).
+    pub fn change_feed(&self) -> &Arc<ChangeFeed> {
+        &self.changes
+    }
+
     /// The local store.
     pub fn store(&self) -> &Store {
         &self.store
