@@ -141,6 +141,13 @@ function renderCapacity(c) {
   const note = document.getElementById("capacity-note");
   box.replaceChildren();
   if (!c) { note.textContent = "planner not available"; return; }
+  if (!c.tiers.length) { note.textContent = "planner off (planner_sample_rate = 0)"; return; }
+  // Below min_samples sampled lookups a curve is noise: say so instead of plotting it.
+  if (c.sampled_lookups < c.min_samples) {
+    note.textContent = "too few samples: " + c.sampled_lookups + " of " + c.min_samples +
+      " needed (sampled lookups at planner_sample_rate " + c.sample_rate + "); the curve appears once there are enough.";
+    return;
+  }
   note.textContent = "Estimated token hit ratio at other tier sizes (SHARDS miss-ratio curves); ● marks the current capacity.";
   for (const t of c.tiers) {
     const pts = [...t.points].sort((a, b) => a.capacity_bytes - b.capacity_bytes);
