@@ -191,7 +191,10 @@ async function pollCapacity() {
   try { renderCapacity(await getJson("/api/v1/capacity")); } catch (e) {
     if (e.status === 404) renderCapacity(null); else document.getElementById("capacity-note").textContent = "planner: " + e.message;
   }
-  setTimeout(pollCapacity, 30000);
+  // While the planner is still gathering samples, look again at the page's refresh rate.
+  const c = state.capacity;
+  const gathering = c && c.tiers.length && c.sampled_lookups < c.min_samples;
+  setTimeout(pollCapacity, gathering ? (state.cluster && state.cluster.refresh_ms) || 2000 : 30000);
 }
 
 document.getElementById("tenant").addEventListener("change", ev => { state.tenant = ev.target.value; });

@@ -235,11 +235,17 @@ impl Planner {
             return;
         }
         sh.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        let sampled = |k: &&BlockKey| spot(k) < sh.threshold;
-        let Some(first) = keys.iter().position(|k| sampled(&k)) else {
+        // One pass, one hash per key; the Vec allocates only at a sampled key.
+        let mut sampled = Vec::new();
+        for k in keys {
+            if spot(k) < sh.threshold {
+                sampled.push(*k);
+            }
+        }
+        if sampled.is_empty() {
             return;
-        };
-        let keys = keys[first..].iter().filter(sampled).copied().collect();
+        }
+        let keys = sampled;
         let all_puts = sh.puts.load(Ordering::Relaxed);
         sh.push(Sample::Lookup { keys, all_puts });
     }
