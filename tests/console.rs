@@ -27,8 +27,9 @@ const PAGE_REFRESH_MS: u64 = 2000;
 
 /// Lookups (half of them of prompts never put: misses), and reads, on every
 /// client until `stop`; errors (a killed node) are ignored. The first
-/// client also loops over 600 more prompts (4800 blocks, never put): a
-/// working set around the RAM tier's size, so the planner's curve bends.
+/// client also loops over 40 more 64-block prompts (2560 blocks, never
+/// put): a working set between a quarter and a half of the RAM tier, so
+/// the planner's curve bends.
 fn spawn_load(clients: Vec<CacheClient>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut i = 0u32;
@@ -49,7 +50,7 @@ fn spawn_load(clients: Vec<CacheClient>, stop: Arc<AtomicBool>) -> tokio::task::
             let mut first = clients[0].clone();
             let _ = first
                 .lookup(kvfabric_proto::v1::LookupRequest {
-                    keys: keys(1000 + i % 600, 8)
+                    keys: keys(1000 + i % 40, 64)
                         .iter()
                         .map(|k| k.as_bytes().to_vec())
                         .collect(),
