@@ -26,7 +26,10 @@ const TTL_MS: u64 = 2000;
 const PAGE_REFRESH_MS: u64 = 2000;
 
 /// Lookups (half of them of prompts never put: misses), and reads, on every
-/// client until `stop`; errors (a killed node) are ignored.
+/// client until `stop`; errors (a killed node) are ignored. The first
+/// client also loops over 40 more 64-block prompts (2560 blocks, never
+/// put): a working set between a quarter and a half of the RAM tier, so
+/// the planner's curve bends.
 fn spawn_load(clients: Vec<CacheClient>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut i = 0u32;
@@ -44,6 +47,16 @@ fn spawn_load(clients: Vec<CacheClient>, stop: Arc<AtomicBool>) -> tokio::task::
                     let _ = client::get_block(&mut c, &ks[(i % 8) as usize]).await;
                 }
             }
+            let mut first = clients[0].clone();
+            let _ = first
+                .lookup(kvfabric_proto::v1::LookupRequest {
+                    keys: keys(1000 + i % 40, 64)
+                        .iter()
+                        .map(|k| k.as_bytes().to_vec())
+                        .collect(),
+                    with_holders: false,
+                })
+                .await;
             i = i.wrapping_add(1);
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -102,10 +115,15 @@ fn save(png: &[u8], name: &str) {
 
 const ROWS: &str = "return [...document.querySelectorAll('#nodes tbody tr')].map(r => [r.dataset.node, r.dataset.state]);";
 
-/// Three nodes on a fresh etcd, history sampled every 500 ms.
+/// Three nodes on a fresh etcd, history sampled every 500 ms, the planner
+/// sampling every key (a curve from a short test's load).
 fn start_cluster(etcd: &EtcdProcess, dir: &std::path::Path) -> [NodeProc; 3] {
     let config = dir.join("console.toml");
-    std::fs::write(&config, "[node]\nconsole_interval_ms = 500\n").unwrap();
+    std::fs::write(
+        &config,
+        "[node]\nconsole_interval_ms = 500\nplanner_sample_rate = 1.0\n",
+    )
+    .unwrap();
     let flags: Vec<String> = [
         "--etcd",
         &etcd.endpoint(),
@@ -193,12 +211,50 @@ async fn check_panels(browser: &Browser) {
         top[0]["hits"].as_u64().unwrap_or(0) > 0 && top[0]["depth_blocks"] == 8,
         "{top}"
     );
-    let planner = browser
-        .eval("return document.getElementById('capacity-note').textContent;")
-        .await;
+    // Under load the planner gathers its samples and the panel plots the
+    // RAM curve (8 points) where it said "too few samples".
+    wait_page(
+        browser,
+        "the planner's curve",
+        "const p = document.querySelector('#capacity .plot[data-tier=\"ram\"]'); return [p && p.querySelector('canvas') ? Number(p.dataset.points) : 0, document.getElementById('capacity-note').textContent];",
+        |v| v[0].as_u64() == Some(8) && v[1].as_str().is_some_and(|s| !s.contains("too few")),
+    )
+    .await;
+}
+
+/// Before any lookup the planner panel says it has too few samples (N of
+/// the API's `min_samples`), not a flat curve.
+async fn check_too_few_samples(browser: &Browser, node: &NodeProc) {
+    let api: Value = serde_json::from_str(
+        &kvfabric_benches::hosts::http_get(node.http.parse().expect("addr"), "/api/v1/capacity")
+            .expect("GET /api/v1/capacity"),
+    )
+    .expect("capacity JSON");
+    let min = api["min_samples"].as_u64().expect("min_samples");
+    let note = wait_page(
+        browser,
+        "the planner's note",
+        "return document.getElementById('capacity-note').textContent;",
+        |v| v.as_str().is_some_and(|s| !s.is_empty()),
+    )
+    .await;
+    let note = note.as_str().unwrap_or("");
+    let n: u64 = note
+        .strip_prefix("too few samples: ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("planner panel: {note:?}"));
     assert!(
-        planner.as_str().is_some_and(|s| !s.is_empty()),
-        "planner panel says something"
+        n < min && note.contains(&format!("{n} of {min} needed")),
+        "{note} (min_samples {min})"
+    );
+    let plots = browser
+        .eval("return document.querySelectorAll('#capacity .plot').length;")
+        .await;
+    assert_eq!(
+        plots.as_u64(),
+        Some(0),
+        "no curve drawn from too few samples"
     );
 }
 
@@ -219,11 +275,11 @@ async fn console_shows_the_cluster_in_a_real_browser() {
         let mut on = clients[seed as usize % 3].clone();
         put_all(&mut on, &keys(seed, 8), false).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let load = spawn_load(clients, stop.clone());
-
     let browser = Browser::start(&chromium, &chromedriver, free_port()).await;
     browser.goto(&format!("http://{}/", a.http)).await;
+    check_too_few_samples(&browser, &a).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = spawn_load(clients, stop.clone());
     let rows = wait_page(&browser, "three alive nodes", ROWS, |v| {
         v.as_array()
             .is_some_and(|r| r.len() == 3 && r.iter().all(|x| x[1] == "alive"))

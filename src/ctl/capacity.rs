@@ -1,5 +1,11 @@
 //! `kvfabric ctl capacity`: the capacity planner's curves of one node (the
 //! token hit ratio it would have at 0.25x..4x each tier; docs/OPERATIONS.md).
+//!
+//! Columns (JSON key): tier (`tiers[].tier`), policy (`policy`), scale
+//! (`points[].scale`), capacity (`capacity_bytes`), hit ratio
+//! (`token_hit_ratio`); the header line: `sample_rate`, `lookups`,
+//! `sampled_lookups`, and below `min_samples` sampled lookups a "too few
+//! samples" line. `--json` prints the report as one line.
 
 use anyhow::anyhow;
 
@@ -14,7 +20,7 @@ pub(super) async fn run(c: &mut Client, key: Option<&str>, json: bool) -> anyhow
         .into_inner()
         .into();
     if json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        println!("{}", serde_json::to_string(&r)?);
         return Ok(());
     }
     if r.tiers.is_empty() {
@@ -27,6 +33,18 @@ pub(super) async fn run(c: &mut Client, key: Option<&str>, json: bool) -> anyhow
         r.lookups,
         r.sampled_lookups
     );
+    if r.sampled_lookups < r.min_samples {
+        println!(
+            "too few samples: {} of {} needed; the curve below is noise until then",
+            r.sampled_lookups, r.min_samples
+        );
+    }
+    if r.dropped_samples > 0 {
+        println!(
+            "{} samples dropped (the planner's queue was full)",
+            r.dropped_samples
+        );
+    }
     println!(
         "{:<5}  {:<7}  {:>6}  {:>12}  {:>9}",
         "tier", "policy", "scale", "capacity", "hit ratio"

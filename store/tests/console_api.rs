@@ -31,15 +31,16 @@ async fn json(addr: &str, path: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn console_page_assets_and_api_on_a_standalone_node() {
+/// A standalone node of `cfg` serving gRPC and HTTP on free ports: its gRPC
+/// address, its HTTP address, and the sender that stops it.
+async fn standalone(
+    cfg: NodeConfig,
+) -> (
+    std::net::SocketAddr,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let mut registry = Registry::default();
-    let cfg = NodeConfig {
-        ram_capacity: bytesize::ByteSize::mib(4),
-        console_interval_ms: 100,
-        console_history_samples: 50,
-        ..Default::default()
-    };
     let store = Store::open(cfg, &mut registry).unwrap();
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -50,7 +51,18 @@ async fn console_page_assets_and_api_on_a_standalone_node() {
             let _ = rx.await;
         }),
     );
-    let http = h.to_string();
+    (g, h.to_string(), tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_page_assets_and_api_on_a_standalone_node() {
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::mib(4),
+        console_interval_ms: 100,
+        console_history_samples: 50,
+        ..Default::default()
+    };
+    let (g, http, tx) = standalone(cfg).await;
 
     let (status, page) = http_get(&http, "/").await;
     assert!(status.contains("200"), "{status}");
@@ -136,6 +148,52 @@ async fn console_page_assets_and_api_on_a_standalone_node() {
         top["prefixes"].as_array().is_some_and(|p| p.is_empty()),
         "no prefix found: {top}"
     );
+    let _ = tx.send(());
+}
+
+/// GET /api/v1/capacity says how many sampled lookups the curve rests on
+/// and how many it needs (the console's "too few samples: N of M needed"),
+/// and that none were dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_api_carries_the_sample_count_and_the_minimum() {
+    let cfg = NodeConfig {
+        ram_capacity: bytesize::ByteSize::mib(4),
+        planner_sample_rate: 1.0,
+        ..Default::default()
+    };
+    let (g, http, tx) = standalone(cfg).await;
+    let client = CacheServiceClient::connect(format!("http://{g}"))
+        .await
+        .unwrap();
+    let lookups = |n: u32, from: u32| {
+        let mut client = client.clone();
+        async move {
+            for i in from..from + n {
+                let k = |j: u32| [i.to_le_bytes(), j.to_le_bytes()].concat().repeat(4);
+                client
+                    .lookup(LookupRequest {
+                        keys: vec![k(0), k(1)],
+                        with_holders: false,
+                    })
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    lookups(5, 0).await;
+    let c = json(&http, "/api/v1/capacity").await;
+    let min = c["min_samples"].as_u64().unwrap_or(0);
+    assert!(
+        min > 10,
+        "a curve needs more than a handful of samples: {c}"
+    );
+    assert_eq!(c["sampled_lookups"], 10, "every key sampled at rate 1: {c}");
+    assert_eq!(c["lookups"], 10, "{c}");
+    assert_eq!(c["dropped_samples"], 0, "{c}");
+    assert_eq!(c["tiers"][0]["tier"], "ram", "{c}");
+    lookups(min as u32 / 2 + 1, 5).await;
+    let c = json(&http, "/api/v1/capacity").await;
+    assert!(c["sampled_lookups"].as_u64() >= Some(min), "{c}");
     let _ = tx.send(());
 }
 

@@ -141,6 +141,13 @@ function renderCapacity(c) {
   const note = document.getElementById("capacity-note");
   box.replaceChildren();
   if (!c) { note.textContent = "planner not available"; return; }
+  if (!c.tiers.length) { note.textContent = "planner off (planner_sample_rate = 0)"; return; }
+  // Below min_samples sampled lookups a curve is noise: say so instead of plotting it.
+  if (c.sampled_lookups < c.min_samples) {
+    note.textContent = "too few samples: " + c.sampled_lookups + " of " + c.min_samples +
+      " needed (sampled lookups at planner_sample_rate " + c.sample_rate + "); the curve appears once there are enough.";
+    return;
+  }
   note.textContent = "Estimated token hit ratio at other tier sizes (SHARDS miss-ratio curves); ● marks the current capacity.";
   for (const t of c.tiers) {
     const pts = [...t.points].sort((a, b) => a.capacity_bytes - b.capacity_bytes);
@@ -184,7 +191,10 @@ async function pollCapacity() {
   try { renderCapacity(await getJson("/api/v1/capacity")); } catch (e) {
     if (e.status === 404) renderCapacity(null); else document.getElementById("capacity-note").textContent = "planner: " + e.message;
   }
-  setTimeout(pollCapacity, 30000);
+  // While the planner is still gathering samples, look again at the page's refresh rate.
+  const c = state.capacity;
+  const gathering = c && c.tiers.length && c.sampled_lookups < c.min_samples;
+  setTimeout(pollCapacity, gathering ? (state.cluster && state.cluster.refresh_ms) || 2000 : 30000);
 }
 
 document.getElementById("tenant").addEventListener("change", ev => { state.tenant = ev.target.value; });

@@ -465,8 +465,11 @@ impl ClusterNode {
     }
 
     /// Longest prefix of `keys` present anywhere, with the best holder of each
-    /// of its blocks. Counts the hits and misses in the node's lookup metrics.
+    /// of its blocks. Counts the hits and misses in the node's lookup metrics,
+    /// and feeds the keys to the node's capacity planner (a cluster node's
+    /// lookups do not go through `Store::lookup`, its other hook).
     pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
+        self.store.shared.planner.on_lookup(keys);
         let located = self.locate(keys).await;
         let prefix: Vec<HolderEntry> = located
             .into_iter()

@@ -29,12 +29,17 @@
 //! docs/BENCHMARKS.md, "capacity planner").
 //!
 //! The hot path: a lookup adds its key count to one relaxed atomic and
-//! hashes each key; only a lookup with a sampled key takes the planner's lock. Puts hash
-//! their key the same way. Tiers: the RAM curve scales the RAM tier with the
+//! hashes each key; a lookup with a sampled key pushes its sampled keys into
+//! a bounded lock-free queue, and a background thread runs the mini-caches
+//! (`feed`: a full queue drops the sample and counts it,
+//! `kvfabric_planner_dropped_samples_total`). Puts hash their key the same
+//! way. Below [`MIN_SAMPLES`] sampled lookups the report says the curve is
+//! not yet meaningful (the console shows "too few samples"). Tiers: the RAM curve scales the RAM tier with the
 //! disk tier as it is, the disk curve the disk tier with RAM as it is; a
 //! point holds the two tiers' bytes together (write-back keeps a block in one
 //! tier at a time, so they add up).
 
+mod feed;
 mod mini;
 #[cfg(test)]
 mod tests;
@@ -42,9 +47,11 @@ mod tests;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crossbeam::queue::ArrayQueue;
 use parking_lot::Mutex;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -53,10 +60,15 @@ use serde::{Deserialize, Serialize};
 use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::store::Store;
+use feed::{Drain, Feeder, Sample, QUEUE};
 use mini::Mini;
 
 /// Capacity multipliers of each tier's curve.
 pub const SCALES: [f64; 8] = [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0];
+
+/// Sampled lookups below which a curve is noise (a few hundred sampled
+/// blocks: docs/OPERATIONS.md, "Capacity planner"); reported as `min_samples`.
+pub const MIN_SAMPLES: u64 = 256;
 
 /// The RAM arena's slot size: a block takes a multiple of it.
 const SLOT: u64 = 4096;
@@ -88,8 +100,15 @@ pub struct CapacityReport {
     pub sample_rate: f64,
     /// Keys looked up since start (every key, sampled or not).
     pub lookups: u64,
-    /// Of them, sampled.
+    /// Of them, sampled (and run through the mini-caches).
     pub sampled_lookups: u64,
+    /// Sampled lookups the curve needs before it means anything
+    /// ([`MIN_SAMPLES`]); below it the console says "too few samples".
+    #[serde(default)]
+    pub min_samples: u64,
+    /// Samples dropped because the planner's queue was full.
+    #[serde(default)]
+    pub dropped_samples: u64,
 }
 
 /// A tier's mini-caches.
@@ -110,9 +129,17 @@ struct Sims {
     puts: u64,
 }
 
-/// The planner of one node.
+/// The planner of one node: the hooks and the report; the simulations run
+/// on its feeder thread (stopped on drop).
 #[derive(Debug)]
 pub struct Planner {
+    shared: Arc<Shared>,
+    _feeder: Option<Feeder>,
+}
+
+/// What the hooks, the feeder thread and reports share.
+#[derive(Debug)]
+struct Shared {
     /// A key is sampled when its hash is below this; 0 = off.
     threshold: u64,
     rate: f64,
@@ -123,6 +150,9 @@ pub struct Planner {
     /// Puts asked of the store (every key): sampled puts over this is the
     /// share of blocks actually sampled, which sizes the mini-caches.
     puts: AtomicU64,
+    /// Samples the full queue turned away.
+    dropped: AtomicU64,
+    queue: ArrayQueue<Sample>,
     sims: Mutex<Sims>,
 }
 
@@ -162,19 +192,30 @@ impl Planner {
                 tiers.push(curve("disk", disk, &|s| r + s * d));
             }
         }
-        Planner {
+        let shared = Arc::new(Shared {
             threshold,
             rate: threshold as f64 / 2f64.powi(64),
             fill: (cfg.high_watermark + cfg.low_watermark) / 2.0,
             policy: cfg.eviction,
             lookups: AtomicU64::new(0),
             puts: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            queue: ArrayQueue::new(if threshold > 0 { QUEUE } else { 1 }),
             sims: Mutex::new(Sims {
                 tiers,
                 sampled_lookups: 0,
                 put_bytes: 0,
                 puts: 0,
             }),
+        });
+        let feeder = if threshold > 0 {
+            Feeder::start(shared.clone())
+        } else {
+            None
+        };
+        Planner {
+            shared,
+            _feeder: feeder,
         }
     }
 
@@ -185,44 +226,81 @@ impl Planner {
         p
     }
 
-    /// The store looked up `keys` (the hook on the lookup path).
+    /// The store looked up `keys` (the hook on the lookup path): hashes
+    /// only; a lookup with sampled keys queues them for the feeder.
     #[inline]
     pub fn on_lookup(&self, keys: &[BlockKey]) {
-        if self.threshold == 0 {
+        let sh = &*self.shared;
+        if sh.threshold == 0 {
             return;
         }
-        self.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
-        let sampled = |k: &&BlockKey| spot(k) < self.threshold;
-        let Some(first) = keys.iter().position(|k| sampled(&k)) else {
+        sh.lookups.fetch_add(keys.len() as u64, Ordering::Relaxed);
+        // One pass, one hash per key; the Vec allocates only at a sampled key.
+        let mut sampled = Vec::new();
+        for k in keys {
+            if spot(k) < sh.threshold {
+                sampled.push(*k);
+            }
+        }
+        if sampled.is_empty() {
             return;
-        };
-        let mut s = self.sims.lock();
-        let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
-        s.lookup(keys[first..].iter().filter(sampled), per_byte);
+        }
+        let keys = sampled;
+        let all_puts = sh.puts.load(Ordering::Relaxed);
+        sh.push(Sample::Lookup { keys, all_puts });
     }
 
     /// The store was asked to put `key` of `len` bytes (the hook on the put path).
     #[inline]
     pub fn on_put(&self, key: &BlockKey, len: u64) {
-        if self.threshold == 0 {
+        let sh = &*self.shared;
+        if sh.threshold == 0 {
             return;
         }
-        self.puts.fetch_add(1, Ordering::Relaxed);
-        if spot(key) < self.threshold {
-            let mut s = self.sims.lock();
-            s.note_put(len);
-            let per_byte = s.blocks_per_byte(self.rate, self.fill, &self.puts);
-            s.put(key, per_byte);
+        let all_puts = sh.puts.fetch_add(1, Ordering::Relaxed) + 1;
+        if spot(key) < sh.threshold {
+            sh.push(Sample::Put {
+                key: *key,
+                len,
+                all_puts,
+            });
         }
     }
 
-    /// The curves now.
+    /// The curves now (after applying what is queued).
     pub fn report(&self) -> CapacityReport {
+        self.shared.report()
+    }
+}
+
+impl Shared {
+    fn push(&self, sample: Sample) {
+        if self.queue.push(sample).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Pop and apply up to `max` samples; the caller holds the lock (so
+    /// samples reach the mini-caches in queue order).
+    fn pop_into(&self, s: &mut Sims, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(sample) = self.queue.pop() else {
+                break;
+            };
+            s.apply(sample, self.rate, self.fill);
+            n += 1;
+        }
+        n
+    }
+
+    fn report(&self) -> CapacityReport {
+        let mut s = self.sims.lock();
+        self.pop_into(&mut s, usize::MAX);
         let lookups = self.lookups.load(Ordering::Relaxed);
-        let s = self.sims.lock();
         // Misses are of the blocks that get put: their sampled share (not a
         // hot key's luck) scales the sampled misses up.
-        let share = s.share(self.rate, &self.puts);
+        let share = s.share(self.rate, self.puts.load(Ordering::Relaxed));
         let expected = share * lookups as f64;
         let ratio = |misses: u64| {
             if expected <= 0.0 {
@@ -254,17 +332,44 @@ impl Planner {
             sample_rate: self.rate,
             lookups,
             sampled_lookups: s.sampled_lookups,
+            min_samples: if self.threshold > 0 { MIN_SAMPLES } else { 0 },
+            dropped_samples: self.dropped.load(Ordering::Relaxed),
         }
     }
 }
 
+impl Drain for Shared {
+    fn drain(&self, max: usize) -> usize {
+        if self.queue.is_empty() {
+            return 0;
+        }
+        let mut s = self.sims.lock();
+        self.pop_into(&mut s, max)
+    }
+}
+
 impl Sims {
+    /// One queued sample, sized by the put count it was pushed with.
+    fn apply(&mut self, sample: Sample, rate: f64, fill: f64) {
+        match sample {
+            Sample::Lookup { keys, all_puts } => {
+                let per_byte = self.blocks_per_byte(rate, fill, all_puts);
+                self.lookup(keys.iter(), per_byte);
+            }
+            Sample::Put { key, len, all_puts } => {
+                self.note_put(len);
+                let per_byte = self.blocks_per_byte(rate, fill, all_puts);
+                self.put(&key, per_byte);
+            }
+        }
+    }
+
     /// Sampled blocks per byte a point holds: the share of blocks sampled
     /// times `fill` over the mean block. The share is the sampled puts'
     /// share of all puts once there are enough of them (the hash's rate
     /// before): the sampled keys are `rate` of the keys only on average, and
     /// a cache a few percent too small for a loop misses it all.
-    fn blocks_per_byte(&self, rate: f64, fill: f64, all_puts: &AtomicU64) -> f64 {
+    fn blocks_per_byte(&self, rate: f64, fill: f64, all_puts: u64) -> f64 {
         let share = self.share(rate, all_puts);
         let mean = if self.puts == 0 {
             SLOT as f64
@@ -276,11 +381,10 @@ impl Sims {
 
     /// The share of blocks sampled: sampled puts over all puts once there
     /// are enough, the hash's rate before.
-    fn share(&self, rate: f64, all_puts: &AtomicU64) -> f64 {
+    fn share(&self, rate: f64, all_puts: u64) -> f64 {
         const ENOUGH: u64 = 64;
-        let (sampled, all) = (self.puts, all_puts.load(Ordering::Relaxed));
-        if sampled >= ENOUGH && all > 0 {
-            sampled as f64 / all as f64
+        if self.puts >= ENOUGH && all_puts > 0 {
+            self.puts as f64 / all_puts as f64
         } else {
             rate
         }
@@ -330,6 +434,13 @@ impl Collector for Planner {
                 ConstGauge::new(p.token_hit_ratio).encode(family.encode_family(&labels)?)?;
             }
         }
+        let dropped = encoder.encode_descriptor(
+            "kvfabric_planner_dropped_samples",
+            "Sampled accesses the capacity planner dropped because its queue was full (the curve is from the rest)",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(report.dropped_samples).encode(dropped)?;
         Ok(())
     }
 }
@@ -359,6 +470,8 @@ impl From<CapacityReport> for kvfabric_proto::v1::CapacityResponse {
             sample_rate: r.sample_rate,
             lookups: r.lookups,
             sampled_lookups: r.sampled_lookups,
+            min_samples: r.min_samples,
+            dropped_samples: r.dropped_samples,
         }
     }
 }
@@ -387,6 +500,8 @@ impl From<kvfabric_proto::v1::CapacityResponse> for CapacityReport {
             sample_rate: r.sample_rate,
             lookups: r.lookups,
             sampled_lookups: r.sampled_lookups,
+            min_samples: r.min_samples,
+            dropped_samples: r.dropped_samples,
         }
     }
 }

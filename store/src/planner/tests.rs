@@ -1,10 +1,15 @@
 //! The planner against the store it watches: sampled at rate 1 its point at
 //! scale 1 is the store's own hit ratio (same policy code, same capacity);
-//! sampled keys are the configured share; the report's and the metric's shapes.
+//! sampled keys are the configured share; the report's and the metric's
+//! shapes; the feeder thread runs the simulations off the hot path, a full
+//! queue drops and counts, and the thread stops with the planner.
 
 use bytesize::ByteSize;
 
-use super::{spot, Planner, SCALES};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{spot, Planner, MIN_SAMPLES, QUEUE, SCALES};
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
 use crate::metrics::encode_text;
 use crate::node_config::{EvictionPolicy, NodeConfig};
@@ -171,4 +176,84 @@ fn report_json_and_metric_shapes() {
         let name = format!("kvfabric_planner_hit_ratio{{tier=\"ram\",scale=\"{scale}\"}}");
         assert!(text.contains(&name), "{name} missing from:\n{text}");
     }
+}
+
+fn every_key_planner() -> Planner {
+    Planner::new(
+        &NodeConfig {
+            planner_sample_rate: 1.0,
+            ..Default::default()
+        },
+        1 << 30,
+        0,
+    )
+}
+
+/// The hooks only queue; the feeder thread applies the samples without a
+/// report asking (the old hooks ran the mini-caches inline), and the thread
+/// ends (its handle on the shared state released) when the planner drops.
+#[test]
+fn the_feeder_thread_applies_samples_and_stops_on_drop() {
+    let p = every_key_planner();
+    p.on_lookup(&(0..100).map(key).collect::<Vec<_>>());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.shared.sims.lock().sampled_lookups < 100 {
+        assert!(Instant::now() < deadline, "feeder applied nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let weak = Arc::downgrade(&p.shared);
+    drop(p);
+    assert!(
+        weak.upgrade().is_none(),
+        "feeder thread still holds the planner"
+    );
+}
+
+/// With the simulations busy (their lock held), the queue takes QUEUE
+/// samples and drops the rest, counted in the report and the metric; the
+/// queued ones all reach the curve.
+#[test]
+fn a_full_queue_drops_and_counts() {
+    let mut registry = Registry::default();
+    let p = Planner::register(
+        &NodeConfig {
+            planner_sample_rate: 1.0,
+            ..Default::default()
+        },
+        1 << 30,
+        0,
+        &mut registry,
+    );
+    let held = p.shared.sims.lock();
+    for i in 0..(QUEUE + 10) as u64 {
+        p.on_lookup(&[key(i)]);
+    }
+    drop(held);
+    let rep = p.report();
+    assert_eq!(rep.dropped_samples, 10);
+    assert_eq!(rep.sampled_lookups, QUEUE as u64);
+    assert_eq!(rep.lookups, QUEUE as u64 + 10);
+    let text = encode_text(&registry);
+    assert!(
+        text.contains("kvfabric_planner_dropped_samples_total 10"),
+        "{text}"
+    );
+}
+
+/// The report carries how many sampled lookups a curve needs (0 when off).
+#[test]
+fn the_report_says_how_many_samples_a_curve_needs() {
+    let p = every_key_planner();
+    p.on_lookup(&(0..10).map(key).collect::<Vec<_>>());
+    let rep = p.report();
+    assert_eq!((rep.sampled_lookups, rep.min_samples), (10, MIN_SAMPLES));
+    let off = Planner::new(
+        &NodeConfig {
+            planner_sample_rate: 0.0,
+            ..Default::default()
+        },
+        1 << 30,
+        0,
+    );
+    assert_eq!(off.report().min_samples, 0);
 }
