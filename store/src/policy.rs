@@ -82,6 +82,17 @@ impl EvictionOrder {
         }
     }
 
+    /// Start loading the order's node at `slot` (a hint: a `touch` or
+    /// `remove` of it follows soon, and at a million blocks the node is a
+    /// DRAM miss that the work between can overlap).
+    pub fn prefetch(&self, slot: Slot) {
+        match self {
+            EvictionOrder::Lru(l) => l.queue.prefetch(slot),
+            EvictionOrder::S3Fifo(s) => s.prefetch(slot),
+            EvictionOrder::Lirs(l) => l.prefetch(slot),
+        }
+    }
+
     /// The block `victim` would look at first now, if any: a hint for a
     /// prefetch of its record (the next eviction's), not a decision. It
     /// changes nothing (`victim` may still skip it, or reorder first).

@@ -380,6 +380,12 @@ impl Lirs {
         }
     }
 
+    pub(super) fn prefetch(&self, n: Slot) {
+        if let Some(node) = self.nodes.get(n as usize) {
+            crate::huge_alloc::prefetch(node);
+        }
+    }
+
     /// The block `victim` looks at first unless a demotion comes first
     /// (see `EvictionOrder::peek`).
     pub(super) fn peek(&self) -> Option<BlockKey> {

@@ -86,6 +86,10 @@ impl S3Fifo {
         }
     }
 
+    pub(super) fn prefetch(&self, s: Slot) {
+        self.queues.prefetch(s);
+    }
+
     /// The block `victim` looks at first (see `EvictionOrder::peek`).
     pub(super) fn peek(&self) -> Option<BlockKey> {
         let (small, total) = (self.queues.len(SMALL), self.queues.total());

@@ -127,23 +127,16 @@ impl BlockMap {
     }
 
     /// Start loading `key`'s record into the cache (a hint: the caller
-    /// reads it soon; nothing happens where the target has no prefetch
-    /// instruction or the key is not stored).
+    /// reads it soon). Only the table is read here: the first bucket whose
+    /// 7-bit tag matches is taken for the key's without comparing keys,
+    /// since comparing would wait for the very record this loads. A wrong
+    /// guess (about 1 in 128) only loads another record.
     pub fn prefetch(&self, key: &BlockKey) {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(i) = self.find(key) {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            let p: *const Entry = &self.entries[i];
-            let lines = std::mem::size_of::<Entry>().div_ceil(64);
-            for l in 0..lines {
-                // SAFETY: a prefetch never faults and changes no memory; the
-                // addresses are those of the entry `p` points at (the last
-                // line may reach past it, which a prefetch also allows).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>().wrapping_add(l * 64)) };
+        if let Some(&i) = self.index.find(self.hasher.hash_one(key), |_| true) {
+            if let Some(e) = self.entries.get(i as usize) {
+                crate::huge_alloc::prefetch(e);
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = key;
     }
 
     /// Stored keys, in no particular order.
