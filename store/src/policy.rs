@@ -93,17 +93,6 @@ impl EvictionOrder {
         }
     }
 
-    /// The block `victim` would look at first now, if any: a hint for a
-    /// prefetch of its record (the next eviction's), not a decision. It
-    /// changes nothing (`victim` may still skip it, or reorder first).
-    pub fn peek(&self) -> Option<BlockKey> {
-        match self {
-            EvictionOrder::Lru(l) => l.queue.front(0).map(|s| l.queue.key(s)),
-            EvictionOrder::S3Fifo(s) => s.peek(),
-            EvictionOrder::Lirs(l) => l.peek(),
-        }
-    }
-
     /// The next block to evict among those `eligible`; it stays in the order until `remove`.
     pub fn victim(&mut self, eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
         match self {

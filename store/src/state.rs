@@ -252,17 +252,6 @@ impl Inner {
         })
     }
 
-    /// Start loading the record of the block the next RAM eviction will
-    /// most likely pick. Called after an eviction: the next put evicts
-    /// again, and at a million blocks that record is a DRAM miss the
-    /// eviction would otherwise wait for (the order's front node is in
-    /// cache already: removing the victim wrote its link).
-    pub fn prefetch_ram_victim(&self) {
-        if let Some(next) = self.ram_order.peek() {
-            self.blocks.prefetch(&next);
-        }
-    }
-
     /// A disk-resident block whose disk copy may be dropped now.
     pub fn disk_victim(&mut self, now: Instant) -> Option<BlockKey> {
         let Inner {

@@ -120,7 +120,6 @@ impl Shared {
                 g.seen.insert(victim);
             }
             g.drop_ram_copy(&victim);
-            g.prefetch_ram_victim();
             StoreMetrics::tier(&self.metrics.evictions, TierName::Ram).inc();
             return;
         }

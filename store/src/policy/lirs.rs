@@ -386,12 +386,6 @@ impl Lirs {
         }
     }
 
-    /// The block `victim` looks at first unless a demotion comes first
-    /// (see `EvictionOrder::peek`).
-    pub(super) fn peek(&self) -> Option<BlockKey> {
-        (self.q.head != NIL).then(|| self.nodes[self.q.head as usize].key)
-    }
-
     pub(super) fn victim(
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,

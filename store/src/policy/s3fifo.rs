@@ -90,14 +90,6 @@ impl S3Fifo {
         self.queues.prefetch(s);
     }
 
-    /// The block `victim` looks at first (see `EvictionOrder::peek`).
-    pub(super) fn peek(&self) -> Option<BlockKey> {
-        let (small, total) = (self.queues.len(SMALL), self.queues.total());
-        let from_small = small > 0 && (small * 10 >= total || self.queues.len(MAIN) == 0);
-        let q = if from_small { SMALL } else { MAIN };
-        self.queues.front(q).map(|s| self.queues.key(s))
-    }
-
     pub(super) fn victim(
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,

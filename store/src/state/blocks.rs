@@ -126,19 +126,6 @@ impl BlockMap {
         entries[i as usize].block.take()
     }
 
-    /// Start loading `key`'s record into the cache (a hint: the caller
-    /// reads it soon). Only the table is read here: the first bucket whose
-    /// 7-bit tag matches is taken for the key's without comparing keys,
-    /// since comparing would wait for the very record this loads. A wrong
-    /// guess (about 1 in 128) only loads another record.
-    pub fn prefetch(&self, key: &BlockKey) {
-        if let Some(&i) = self.index.find(self.hasher.hash_one(key), |_| true) {
-            if let Some(e) = self.entries.get(i as usize) {
-                crate::huge_alloc::prefetch(e);
-            }
-        }
-    }
-
     /// Stored keys, in no particular order.
     pub fn keys(&self) -> impl Iterator<Item = &BlockKey> {
         self.entries
@@ -245,7 +232,6 @@ mod tests {
         exp.sort();
         assert_eq!(got, exp);
         for (k, _) in &exp {
-            m.prefetch(k);
             assert!(m.remove(k).is_some());
         }
         assert_eq!((m.len(), m.keys().count(), m.values().count()), (0, 0, 0));
