@@ -82,6 +82,17 @@ impl EvictionOrder {
         }
     }
 
+    /// Start loading the order's node at `slot` (a hint: a `touch` or
+    /// `remove` of it follows soon, and at a million blocks the node is a
+    /// DRAM miss that the work between can overlap).
+    pub fn prefetch(&self, slot: Slot) {
+        match self {
+            EvictionOrder::Lru(l) => l.queue.prefetch(slot),
+            EvictionOrder::S3Fifo(s) => s.prefetch(slot),
+            EvictionOrder::Lirs(l) => l.prefetch(slot),
+        }
+    }
+
     /// The next block to evict among those `eligible`; it stays in the order until `remove`.
     pub fn victim(&mut self, eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
         match self {

@@ -8,7 +8,6 @@
 //! its bytes reused under it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::RandomState;
 use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,10 +15,12 @@ use std::time::Instant;
 use crate::changes::{BlockChange, ChangeFeed};
 use crate::disk_codec::DiskCodec;
 use crate::extent::{Extent, ExtentAllocator};
-use crate::huge_alloc::HugeAlloc;
 use crate::keys::{BlockKey, KvLayout};
 use crate::node_config::NodeConfig;
 use crate::policy::{EvictionOrder, Slot};
+
+mod blocks;
+pub(crate) use blocks::BlockMap;
 
 /// One stored block and where its copies are.
 #[derive(Debug)]
@@ -92,10 +93,6 @@ impl SeenKeys {
     }
 }
 
-/// The block index: at a million blocks it is hundreds of MB touched at
-/// random, so it lives on huge pages (`huge_alloc`).
-pub(crate) type BlockMap = hashbrown::HashMap<BlockKey, Block, RandomState, HugeAlloc>;
-
 /// Everything behind the store's mutex.
 pub(crate) struct Inner {
     pub blocks: BlockMap,
@@ -117,7 +114,7 @@ pub(crate) struct Inner {
 impl Inner {
     pub fn new(cfg: &NodeConfig, ram_capacity: u64, disk_capacity: u64, align: u64) -> Self {
         Inner {
-            blocks: BlockMap::with_hasher_in(RandomState::new(), HugeAlloc),
+            blocks: BlockMap::default(),
             ram: ExtentAllocator::new(ram_capacity, align),
             ram_order: EvictionOrder::new(cfg),
             ram_leases: HashMap::new(),

@@ -271,6 +271,8 @@ impl Store {
                 let at = copy.as_deref().map_or(0, |c| c.offset.min(b.len));
                 self.shared.prefetch_ram(ram.offset + at);
                 let slot = b.ram_slot;
+                // The order's node arrives while the lease is counted.
+                g.ram_order.prefetch(slot);
                 g.lease_ram(ram);
                 g.ram_order.touch(slot, key);
                 StoreMetrics::tier(&m.hits, TierName::Ram).inc();

@@ -380,6 +380,12 @@ impl Lirs {
         }
     }
 
+    pub(super) fn prefetch(&self, n: Slot) {
+        if let Some(node) = self.nodes.get(n as usize) {
+            crate::huge_alloc::prefetch(node);
+        }
+    }
+
     pub(super) fn victim(
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,

@@ -101,6 +101,13 @@ impl<const Q: usize> Queues<Q> {
         self.nodes[s as usize].key
     }
 
+    /// Start loading `s`'s node (see `huge_alloc::prefetch`).
+    pub fn prefetch(&self, s: Slot) {
+        if let Some(n) = self.nodes.get(s as usize) {
+            crate::huge_alloc::prefetch(n);
+        }
+    }
+
     /// The queue `s` is in.
     #[cfg(test)]
     pub fn queue(&self, s: Slot) -> usize {

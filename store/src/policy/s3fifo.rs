@@ -86,6 +86,10 @@ impl S3Fifo {
         }
     }
 
+    pub(super) fn prefetch(&self, s: Slot) {
+        self.queues.prefetch(s);
+    }
+
     pub(super) fn victim(
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,
