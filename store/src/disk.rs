@@ -25,8 +25,7 @@ use crate::keys::{BlockKey, KvLayout, KEY_LEN};
 use crate::uring::IoRing;
 use crate::StoreError;
 
-/// Alignment of every disk extent and of every buffer handed to O_DIRECT.
-pub const DISK_ALIGN: u64 = 4096;
+pub use crate::extent::DISK_ALIGN;
 
 const BLOCK_PREFIX: u8 = b'b';
 /// An index record: extent, length, checksum, tokens, layout, codec.

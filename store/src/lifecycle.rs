@@ -18,8 +18,8 @@ use kvfabric_transfer::checksum::Checksummer;
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
 use crate::metrics::OpName;
+use crate::shared::Shared;
 use crate::state::{Block, RES_CLOSED, RES_IDLE, RES_WRITING};
-use crate::store::Shared;
 use crate::StoreError;
 
 /// What a put did.

@@ -18,8 +18,8 @@ use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::{DiskAdmission, DiskCompression, WritePolicy};
+use crate::shared::Shared;
 use crate::state::{Block, Inner};
-use crate::store::Shared;
 use crate::StoreError;
 
 impl Shared {

@@ -17,7 +17,7 @@ use kvfabric_transfer::{SegmentId, SharedRegion, TransferError, TransferOp};
 use crate::cluster::directory::HolderEntry;
 use crate::cluster::lease::{LeaseSource, LeasedBlock};
 use crate::cluster::membership::MembershipView;
-use crate::cluster::node::{tier_pb, ClusterNode};
+use crate::cluster::node_state::{tier_pb, ClusterNode};
 use crate::keys::{BlockKey, KvLayout};
 use crate::StoreError;
 
