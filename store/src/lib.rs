@@ -40,7 +40,7 @@ mod uring;
 
 pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed};
-pub use error::StoreError;
+pub use error::{BadArgument, BadConfig, NoRoom, StoreError};
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};

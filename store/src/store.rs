@@ -25,7 +25,7 @@ use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
 use crate::node_config::NodeConfig;
 use crate::shared::Shared;
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
 /// Options of a one-call put.
 #[derive(Clone, Copy, Debug, Default)]
@@ -145,14 +145,13 @@ impl Store {
         layout.validate()?;
         let max = self.shared.cfg.max_block_size.as_u64();
         if len == 0 || len > max {
-            return Err(StoreError::InvalidArgument(format!(
-                "block size {len} is outside 1..={max} (max_block_size)"
-            )));
+            return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
+                len: len as u64,
+                max: max as u64,
+            }));
         }
         if durable && self.shared.disk.is_none() {
-            return Err(StoreError::InvalidArgument(
-                "durable put needs a disk tier; this node has none".into(),
-            ));
+            return Err(StoreError::InvalidArgument(BadArgument::DurableWithoutDisk));
         }
         self.reap_zombies();
         self.shared.planner.on_put(&key, len);

@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 
 use crate::cluster::rendezvous;
 use crate::keys::BlockKey;
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
 /// How a node is reached.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,9 +116,7 @@ impl Membership {
                 ttl,
             } => {
                 if endpoints.is_empty() {
-                    return Err(StoreError::InvalidArgument(
-                        "etcd membership needs at least one endpoint".into(),
-                    ));
+                    return Err(StoreError::InvalidArgument(BadArgument::NoEtcdEndpoint));
                 }
                 let connected = Gauge::default();
                 etcd_connected = Some(connected.clone());

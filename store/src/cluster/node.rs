@@ -42,7 +42,7 @@ use crate::cluster::refresh::SyncState;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
 use crate::store::Store;
-use crate::StoreError;
+use crate::{BadConfig, StoreError};
 
 /// A directory epoch for a node starting now: differs between restarts.
 fn start_epoch() -> u64 {
@@ -217,13 +217,23 @@ impl ClusterNode {
             "http"
         };
         let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| StoreError::Config(format!("peer address {addr:?}: {e}")))?
+            .map_err(|e| {
+                StoreError::Config(BadConfig::PeerAddress {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })
+            })?
             .connect_timeout(self.cfg.rpc_timeout())
             .tcp_nodelay(true);
         if let Some(id) = &self.identity {
             ep = ep
                 .tls_config(crate::cluster::security::client_tls(id))
-                .map_err(|e| StoreError::Config(format!("peer channel tls: {e}")))?;
+                .map_err(|e| {
+                    StoreError::Config(BadConfig::Tls {
+                        what: "peer channel tls",
+                        reason: e.to_string(),
+                    })
+                })?;
         }
         let ch = ep.connect_lazy();
         self.channels.lock().insert(addr.to_string(), ch.clone());
