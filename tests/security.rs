@@ -3,13 +3,10 @@
 //! in `authenticate` mode, and in-process transfer engines as the members
 //! (or outsiders) that try what the threat model says must fail.
 
-mod cluster_support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::*;
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::holder_service_client::HolderServiceClient;
 use kvfabric_proto::internal::v1::{
@@ -18,6 +15,8 @@ use kvfabric_proto::internal::v1::{
 use kvfabric_proto::v1::Holder;
 use kvfabric_store::cluster::client;
 use kvfabric_store::cluster::security::client_tls;
+use kvfabric_testkit::procs::node::*;
+use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{Capability, NodeIdentity, SecurityMode};
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransferError, TransferOp};
 
