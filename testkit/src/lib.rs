@@ -20,6 +20,8 @@
 //!   HTTP client for them.
 //! - feature `fabric`: [`fabric`], engines with embedded fabric nodes in this
 //!   process on a real etcd.
+//! - feature `router`: [`router`], the router on loopback in front of real
+//!   engines, and a client for its JSON and SSE answers.
 //! - [`metrics`]: reading Prometheus text.
 //!
 //! A harness that starts the `kvfabric` binary finds it beside the test
@@ -38,6 +40,8 @@ pub mod engine;
 pub mod fabric;
 #[cfg(feature = "procs")]
 pub mod procs;
+#[cfg(feature = "router")]
+pub mod router;
 #[cfg(feature = "transfer")]
 pub mod transfer;
 
