@@ -14,3 +14,30 @@ pub mod serve;
 pub mod server;
 
 pub use model::{model, model_path};
+
+use std::net::SocketAddr;
+
+use kvfabric_engine::http::{serve, HttpState};
+use kvfabric_engine::EngineError;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// `state` served on 127.0.0.1:0: the address, the sender that starts a
+/// graceful shutdown (sent or dropped), the serve task.
+pub async fn serve_on_loopback(
+    state: HttpState,
+) -> (
+    SocketAddr,
+    oneshot::Sender<()>,
+    JoinHandle<Result<(), EngineError>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(listener, state, async move {
+        let _ = stop.await;
+    }));
+    (addr, shutdown, task)
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use kvfabric_engine::chat::ChatTemplate;
 use kvfabric_engine::gguf::GgufFile;
-use kvfabric_engine::http::{serve, EngineMetrics, HttpState};
+use kvfabric_engine::http::{EngineMetrics, HttpState};
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::tokenizer::Tokenizer;
 use kvfabric_engine::{EngineConfig, EngineHandle, GenerationRequest, Role, RunningEngine};
@@ -167,14 +167,7 @@ pub async fn serve_handle(
         metrics,
         Arc::new(registry),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, state, async move {
-        let _ = rx.await;
-    }));
+    let (addr, tx, task) = super::serve_on_loopback(state).await;
     TestEngine {
         addr,
         received,
