@@ -287,34 +287,8 @@ async fn etcd_session(
     let mut client = Client::connect(endpoints, Some(opts))
         .await
         .map_err(|x| e("connect", x))?;
-    let ttl_s = ttl.as_secs().max(1) as i64;
-    let lease = client
-        .lease_grant(ttl_s, None)
-        .await
-        .map_err(|x| e("lease grant", x))?
-        .id();
-    let me_key = format!("{nodes_prefix}{}", me.node_id);
-    let me_json = serde_json::to_string(me).map_err(|x| x.to_string())?;
-    client
-        .put(
-            me_key.clone(),
-            me_json,
-            Some(PutOptions::new().with_lease(lease)),
-        )
-        .await
-        .map_err(|x| e("register", x))?;
-    let listing = client
-        .get(nodes_prefix, Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|x| e("list", x))?;
-    let revision = listing.header().map_or(0, |h| h.revision());
-    let mut nodes = BTreeMap::new();
-    for kv in listing.kvs() {
-        if let Some(info) = parse_node(kv.value()) {
-            nodes.insert(info.node_id.clone(), info);
-        }
-    }
-    nodes.insert(me.node_id.clone(), me.clone());
+    let (lease, revision, mut nodes) =
+        register_and_list(&mut client, me, nodes_prefix, ttl).await?;
     // Registered and listed: the session is live (set before the view it
     // gives is published, so whoever sees that view sees the gauge at 1).
     connected.set(1);
@@ -365,23 +339,8 @@ async fn etcd_session(
             },
             msg = watch_stream.message() => match msg {
                 Ok(Some(resp)) => {
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        let Ok(key) = kv.key_str() else { continue };
-                        let id = key.trim_start_matches(nodes_prefix).to_string();
-                        match ev.event_type() {
-                            EventType::Put => {
-                                if let Some(info) = parse_node(kv.value()) {
-                                    nodes.insert(info.node_id.clone(), info);
-                                }
-                            }
-                            EventType::Delete => {
-                                if id == me.node_id {
-                                    return Ok(SessionEnd::Lost("our registration vanished".into()));
-                                }
-                                nodes.remove(&id);
-                            }
-                        }
+                    if let Some(end) = apply_events(&resp, nodes_prefix, me, &mut nodes) {
+                        return Ok(end);
                     }
                     publish(tx, MembershipView { nodes: nodes.clone() });
                 }
@@ -390,6 +349,75 @@ async fn etcd_session(
             },
         }
     }
+}
+
+/// Register `me` under a lease of `ttl`, then list the registered nodes
+/// (`me` included): (lease id, the listing's revision, the nodes).
+async fn register_and_list(
+    client: &mut Client,
+    me: &NodeInfo,
+    nodes_prefix: &str,
+    ttl: Duration,
+) -> Result<(i64, i64, BTreeMap<String, NodeInfo>), String> {
+    let e = |what: &str, err: etcd_client::Error| format!("{what}: {err}");
+    let ttl_s = ttl.as_secs().max(1) as i64;
+    let lease = client
+        .lease_grant(ttl_s, None)
+        .await
+        .map_err(|x| e("lease grant", x))?
+        .id();
+    let me_key = format!("{nodes_prefix}{}", me.node_id);
+    let me_json = serde_json::to_string(me).map_err(|x| x.to_string())?;
+    client
+        .put(
+            me_key.clone(),
+            me_json,
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .map_err(|x| e("register", x))?;
+    let listing = client
+        .get(nodes_prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|x| e("list", x))?;
+    let revision = listing.header().map_or(0, |h| h.revision());
+    let mut nodes = BTreeMap::new();
+    for kv in listing.kvs() {
+        if let Some(info) = parse_node(kv.value()) {
+            nodes.insert(info.node_id.clone(), info);
+        }
+    }
+    nodes.insert(me.node_id.clone(), me.clone());
+    Ok((lease, revision, nodes))
+}
+
+/// Apply one watch answer's puts and deletes to `nodes`; the session's end
+/// when it deleted our own registration.
+fn apply_events(
+    resp: &etcd_client::WatchResponse,
+    nodes_prefix: &str,
+    me: &NodeInfo,
+    nodes: &mut BTreeMap<String, NodeInfo>,
+) -> Option<SessionEnd> {
+    for ev in resp.events() {
+        let Some(kv) = ev.kv() else { continue };
+        let Ok(key) = kv.key_str() else { continue };
+        let id = key.trim_start_matches(nodes_prefix).to_string();
+        match ev.event_type() {
+            EventType::Put => {
+                if let Some(info) = parse_node(kv.value()) {
+                    nodes.insert(info.node_id.clone(), info);
+                }
+            }
+            EventType::Delete => {
+                if id == me.node_id {
+                    return Some(SessionEnd::Lost("our registration vanished".into()));
+                }
+                nodes.remove(&id);
+            }
+        }
+    }
+    None
 }
 
 fn parse_node(value: &[u8]) -> Option<NodeInfo> {
