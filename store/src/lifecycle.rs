@@ -91,8 +91,8 @@ impl Reservation {
             return Err(StoreError::InvalidArgument(
                 BadArgument::WriteBeyondReservation {
                     len: data.len() as u64,
-                    offset: offset as u64,
-                    reserved: self.len as u64,
+                    offset,
+                    reserved: self.len,
                 },
             ));
         }
@@ -376,9 +376,9 @@ impl RangeCopy<'_> {
             Some(end) if end <= block_len => Ok(self.offset as usize..end as usize),
             _ => Err(StoreError::InvalidArgument(
                 BadArgument::RangeOutsideBlock {
-                    offset: self.offset as u64,
-                    len: len as u64,
-                    block_len: block_len as u64,
+                    offset: self.offset,
+                    len,
+                    block_len,
                 },
             )),
         }

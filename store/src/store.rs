@@ -146,8 +146,8 @@ impl Store {
         let max = self.shared.cfg.max_block_size.as_u64();
         if len == 0 || len > max {
             return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
-                len: len as u64,
-                max: max as u64,
+                len,
+                max,
             }));
         }
         if durable && self.shared.disk.is_none() {

@@ -31,9 +31,7 @@ impl Shared {
             let mut g = self.inner.lock();
             let want = g.ram.rounded(len);
             if want > g.ram.capacity() {
-                return Err(StoreError::ResourceExhausted(NoRoom::LargerThanRam {
-                    len: len as u64,
-                }));
+                return Err(StoreError::ResourceExhausted(NoRoom::LargerThanRam { len }));
             }
             let limit = if evicting {
                 self.ram_low

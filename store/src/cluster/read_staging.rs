@@ -61,7 +61,7 @@ impl Staging {
             .map(|(&o, &l)| (o, l));
         let Some((offset, l)) = found else {
             return Err(StoreError::ResourceExhausted(NoRoom::Staging {
-                len: len as u64,
+                len,
                 capacity: self.region.len() as u64,
             }));
         };
