@@ -33,8 +33,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
-use kvfabric_store::cluster::client::CacheClient;
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
 };

@@ -231,7 +231,6 @@ async fn probe(addr: &str, timeout: Duration) -> bool {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
