@@ -8,14 +8,12 @@
 //!   JSONL lines and a bad request body go to the error file while the good
 //!   lines complete, and a cancelled batch ends `cancelled`.
 
-mod engine_procs;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use engine_procs::*;
+use kvfabric_testkit::procs::*;
 use serde_json::{json, Value};
 
 const SYSTEM: &str = "You are a careful assistant for a team of engineers who run a \

@@ -2,12 +2,11 @@
 //! processes on loopback. Each test is bounded (every wait has a deadline);
 //! etcd leases use a 2 s TTL so a crash is noticed within TTL + 1 s.
 
-mod cluster_support;
-
 use std::time::Duration;
 
-use cluster_support::*;
 use kvfabric_store::cluster::client;
+use kvfabric_testkit::procs::node::*;
+use kvfabric_testkit::{eventually, free_port, EtcdProcess};
 
 const TTL_MS: u64 = 2000;
 

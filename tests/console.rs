@@ -9,16 +9,16 @@
 //! Skips (with a message) only when chromium or chromedriver is absent;
 //! scripts/install-deps.sh installs both, so CI runs it.
 
-mod cluster_support;
 mod console_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::*;
 use console_support::{find_browser, Browser};
 use kvfabric_store::cluster::client::{self, CacheClient};
+use kvfabric_testkit::procs::node::*;
+use kvfabric_testkit::{free_port, EtcdProcess};
 use serde_json::Value;
 
 const TTL_MS: u64 = 2000;

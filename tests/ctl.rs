@@ -4,13 +4,12 @@
 //! table shows; the ratios keep one meaning each (lookup hit ratio of the
 //! lookups a node answered, blocks served to peers, tier hits).
 
-mod cluster_support;
-
 use std::process::Command;
 use std::time::Duration;
 
-use cluster_support::*;
 use kvfabric_store::ModelFingerprint;
+use kvfabric_testkit::free_port;
+use kvfabric_testkit::procs::node::*;
 
 fn ctl(addr: &str, args: &[&str]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvfabric"));

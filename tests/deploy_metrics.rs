@@ -6,16 +6,11 @@
 //! in the engine's `/metrics`, every other one in the node's `/metrics`.
 //! (`promtool check rules` checks the rules' syntax: scripts/test.sh.)
 
-mod engine_procs;
-
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine_procs::{free_port, http, model_path, parse_response};
-use kvfabric_testkit::EtcdProcess;
+use kvfabric_testkit::procs::{get_ok, http, EngineOptions};
+use kvfabric_testkit::{free_port, EtcdProcess};
 
 /// Every `kvfabric_...` metric name in `text`.
 fn referenced(text: &str) -> BTreeSet<String> {
@@ -100,30 +95,6 @@ fn matchers(text: &str) -> BTreeSet<(String, String)> {
     out
 }
 
-fn get_text(addr: &str, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-    let (status, body) = parse_response(&raw)?;
-    if status != 200 {
-        return Err(format!("{path}: HTTP {status}"));
-    }
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn referenced_names_are_parsed() {
     let r = referenced(
@@ -165,38 +136,13 @@ fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
 
     let etcd = EtcdProcess::start().expect("etcd");
     let dir = tempfile::tempdir().unwrap();
-    let engine = format!("127.0.0.1:{}", free_port());
     let node = format!("127.0.0.1:{}", free_port());
-    let log = dir.path().join("engine.log");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvfabric"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("KVFABRIC_") {
-            cmd.env_remove(k);
-        }
-    }
-    let child = cmd
-        .arg("engine")
-        .arg("--model")
-        .arg(model_path())
-        .args(["--listen", &engine, "--node-id", "ops", "--threads", "1"])
-        .args(["--kv-pool", "64MiB", "--ram-capacity", "64MiB"])
-        .args(["--grpc-listen", "127.0.0.1:0", "--http-listen", &node])
-        .args(["--etcd", &etcd.endpoint(), "--etcd-prefix", "/t-deploy"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-        .spawn()
-        .expect("start kvfabric engine");
-    let _child = Kill(child);
-    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !matches!(http(&engine, "GET", "/health", None), Ok((200, _))) {
-        assert!(
-            Instant::now() < deadline,
-            "engine never healthy:\n{}",
-            logs()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let proc = EngineOptions::new("ops", dir.path())
+        .memory("64MiB", "64MiB")
+        .node_http(&node)
+        .args(&["--etcd", &etcd.endpoint(), "--etcd-prefix", "/t-deploy"])
+        .start();
+    let engine = proc.addr.clone();
     // One request, so the per-request series have samples too.
     let body = serde_json::json!({"model": "smollm2", "prompt": "Hello there", "max_tokens": 2});
     let (status, v) = http(&engine, "POST", "/v1/completions", Some(&body)).unwrap();
@@ -204,7 +150,7 @@ fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
 
     // True gauges: with the request finished, nothing runs or waits.
     let gauge = |name: &str| {
-        let text = get_text(&engine, "/metrics").unwrap();
+        let text = get_ok(&engine, "/metrics").unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
     };
@@ -219,8 +165,8 @@ fn every_metric_of_the_dashboard_and_alerts_exists_on_a_live_node_and_engine() {
     }
     assert_eq!(gauge("kvfabric_engine_waiting_requests"), Some(0.0));
 
-    let engine_text = get_text(&engine, "/metrics").unwrap();
-    let node_text = get_text(&node, "/metrics").unwrap();
+    let engine_text = get_ok(&engine, "/metrics").unwrap();
+    let node_text = get_ok(&node, "/metrics").unwrap();
     // Label values the files match on are values the processes export
     // (they are PascalCase: direction="ServedRead", tier="Ram").
     let both = format!("{engine_text}{node_text}");

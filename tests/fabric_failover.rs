@@ -5,11 +5,9 @@
 //! no request fails and every answer stays bitwise the no-cache answer
 //! (lookups or reads that hit the dead node fall back to recomputing).
 
-mod engine_procs;
-
 use std::time::Duration;
 
-use engine_procs::*;
+use kvfabric_testkit::procs::*;
 use kvfabric_testkit::EtcdProcess;
 
 const SYSTEM: &str = "You are a careful coding agent. You can call these tools: \

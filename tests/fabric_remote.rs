@@ -3,14 +3,12 @@
 //! What engine 1 computed through node a, engine 2 loads through node b,
 //! bit-exact with a cold run.
 
-mod cluster_support;
-mod fabric_support;
-
 use std::time::Duration;
 
-use cluster_support::{wait_members, EtcdProcess, NodeProc};
-use fabric_support::*;
 use kvfabric_connector::{ConnectorConfig, RemoteConnector};
+use kvfabric_testkit::fabric::*;
+use kvfabric_testkit::procs::node::{wait_members, NodeProc};
+use kvfabric_testkit::EtcdProcess;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_on_remote_nodes_reuse_each_others_prefixes_bit_exact() {

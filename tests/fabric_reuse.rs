@@ -7,14 +7,12 @@
 //! hosts of a test bed (network namespaces), where the transfer has to go
 //! over TCP.
 
-mod fabric_support;
-
 use std::net::IpAddr;
 use std::time::Duration;
 
-use fabric_support::*;
 use kvfabric_engine::KvDtype;
 use kvfabric_testbed::Testbed;
+use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::EtcdProcess;
 
 const PROMPT: usize = 2048;

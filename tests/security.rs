@@ -3,13 +3,10 @@
 //! in `authenticate` mode, and in-process transfer engines as the members
 //! (or outsiders) that try what the threat model says must fail.
 
-mod cluster_support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cluster_support::*;
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::holder_service_client::HolderServiceClient;
 use kvfabric_proto::internal::v1::{
@@ -18,6 +15,8 @@ use kvfabric_proto::internal::v1::{
 use kvfabric_proto::v1::Holder;
 use kvfabric_store::cluster::client;
 use kvfabric_store::cluster::security::client_tls;
+use kvfabric_testkit::procs::node::*;
+use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{Capability, NodeIdentity, SecurityMode};
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransferError, TransferOp};
 
@@ -140,11 +139,25 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
         identity(&certs, "c"),
         identity(&certs, "d"),
     );
+    let wrong = identity(&rogue, "c");
+    let key = members_read_across_nodes(&a, &b, &ida).await;
+    grpc_refuses_outsiders(&a, &wrong, &key).await;
+    no_announce_under_another_id(&a, &idc).await;
+    let remote = leases_bound_transfer_reads(&a, &idc, &idd, &key).await;
+    transfer_refuses_outsiders(&a, wrong, remote).await;
+    drop((a, b));
+}
 
-    // A member's cross-node read works: put on a, get from b (b leases at
-    // a, shows the capability over an authenticated transfer connection).
-    let mut ca = secure_client(&a, &ida).await;
-    let cb = secure_client(&b, &ida).await;
+/// A member's cross-node read works: put on a, get from b (b leases at a,
+/// shows the capability over an authenticated transfer connection). The
+/// block's key.
+async fn members_read_across_nodes(
+    a: &NodeProc,
+    b: &NodeProc,
+    ida: &NodeIdentity,
+) -> kvfabric_store::BlockKey {
+    let mut ca = secure_client(a, ida).await;
+    let cb = secure_client(b, ida).await;
     let key = keys(1, 1)[0];
     let bytes = data(&key, 4096);
     client::put_block(&mut ca, &key, &layout(), &bytes, false)
@@ -161,24 +174,32 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
         "bit-exact across the secured data plane\n{}",
         b.log()
     );
+    key
+}
 
-    // gRPC: no certificate, or one of another CA: no connection.
+/// gRPC: no certificate, or one of another CA (`wrong`): no connection.
+async fn grpc_refuses_outsiders(
+    a: &NodeProc,
+    wrong: &NodeIdentity,
+    key: &kvfabric_store::BlockKey,
+) {
     let plain = client::connect(&a.grpc, TIMEOUT).await;
     let plain_ok = match plain {
-        Ok(mut c) => client::get_block(&mut c, &key).await.is_ok(),
+        Ok(mut c) => client::get_block(&mut c, key).await.is_ok(),
         Err(_) => false,
     };
     assert!(!plain_ok, "a client without a certificate was served");
-    let wrong = identity(&rogue, "c");
     assert!(
-        client::connect_with(&a.grpc, TIMEOUT, Some(&wrong))
+        client::connect_with(&a.grpc, TIMEOUT, Some(wrong))
             .await
             .is_err(),
         "a certificate of another CA was accepted"
     );
+}
 
-    // A member cannot announce under another node's id.
-    let mut dirc = DirectoryServiceClient::new(channel(&a.grpc, &idc).await);
+/// A member (c) cannot announce under another node's id.
+async fn no_announce_under_another_id(a: &NodeProc, idc: &NodeIdentity) {
+    let mut dirc = DirectoryServiceClient::new(channel(&a.grpc, idc).await);
     let announce = |claim: &str| AnnounceRequest {
         node_id: claim.into(),
         entries: vec![DirectoryEntry {
@@ -200,9 +221,23 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
         dirc.announce(announce("c")).await.is_ok(),
         "c may announce as itself"
     );
+}
 
-    // Lease as c (claiming d is refused), then READ through the transfer plane.
-    let mut holder = HolderServiceClient::new(channel(&a.grpc, &idc).await);
+fn forbidden(r: &[Result<(), TransferError>]) -> bool {
+    matches!(r[0], Err(TransferError::Forbidden { .. }))
+}
+
+/// Lease `key` at a as c (claiming d is refused), then READ through the
+/// transfer plane: only the leased range, only with the capability, only
+/// by c, never a WRITE, and not once released or expired. a's arena
+/// segment.
+async fn leases_bound_transfer_reads(
+    a: &NodeProc,
+    idc: &Arc<NodeIdentity>,
+    idd: &Arc<NodeIdentity>,
+    key: &kvfabric_store::BlockKey,
+) -> kvfabric_transfer::SegmentId {
+    let mut holder = HolderServiceClient::new(channel(&a.grpc, idc).await);
     let lease = |reader: &str, ttl_ms: u64| LeaseManyRequest {
         keys: vec![key.as_bytes().to_vec()],
         ttl_ms,
@@ -228,8 +263,6 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
         .batch(&a.transfer, vec![read(0, l.size).with_capability(cap)])
         .await;
     assert!(r[0].is_ok(), "the leased range reads: {r:?}");
-    let forbidden =
-        |r: &[Result<(), TransferError>]| matches!(r[0], Err(TransferError::Forbidden { .. }));
     let r = ec
         .batch(
             &a.transfer,
@@ -272,8 +305,15 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
     let op = TransferOp::read(segc, 0, remote, l.offset, l.size).with_capability(cap);
     let r = ec.batch(&a.transfer, vec![op]).await;
     assert!(forbidden(&r), "a READ after the lease expired: {r:?}");
+    remote
+}
 
-    // Transfer: no certificate, or another CA's: no connection, no op.
+/// Transfer: no certificate, or another CA's (`wrong`): no connection, no op.
+async fn transfer_refuses_outsiders(
+    a: &NodeProc,
+    wrong: Arc<NodeIdentity>,
+    remote: kvfabric_transfer::SegmentId,
+) {
     let (outsider, sego) = engine(None).await;
     let r = outsider
         .batch(
@@ -299,7 +339,6 @@ async fn secured_cluster_refuses_outsiders_impostors_and_stray_reads() {
         ),
         "another CA's certificate opened a transfer connection: {r:?}"
     );
-    drop((a, b));
 }
 
 /// `authenticate` mode: a block altered in flight fails its keyed MAC and

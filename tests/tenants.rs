@@ -7,13 +7,11 @@
 //! OpenAI error body; a key removed from the file is refused after one
 //! reload; a tenant over its rate limit gets a 429.
 
-mod engine_procs;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use engine_procs::*;
 use kvfabric_tenants::KeyHash;
+use kvfabric_testkit::procs::*;
 use kvfabric_testkit::EtcdProcess;
 use serde_json::json;
 

@@ -19,6 +19,7 @@
 //! `store/reconcile.rs`: "directory_sync", the cluster directory's sync).
 
 mod disk;
+mod grpc;
 mod metadata;
 mod reconcile;
 mod redis;
@@ -32,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
 use kvfabric_store::{
     BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
 };
@@ -209,7 +209,7 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     for _ in 0..ROUNDS {
         let mut round = serde_json::Map::new();
         redis::redis(&sources, args.clients, &mut round)?;
-        grpc(&sources, args.clients, &mut round)?;
+        grpc::grpc(&sources, args.clients, &mut round)?;
         data_path(&sources, args.clients, &mut round)?;
         keep_best_rounds(&mut report, round);
     }
@@ -384,108 +384,6 @@ fn parallel(
 
 fn parking<T>(v: T) -> std::sync::Mutex<T> {
     std::sync::Mutex::new(v)
-}
-
-fn grpc(
-    sources: &[Vec<u8>],
-    clients: usize,
-    out: &mut serde_json::Map<String, Value>,
-) -> anyhow::Result<()> {
-    let n = sources.len();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
-        let cfg = NodeConfig {
-            ram_capacity: bytesize::ByteSize::b((n * BLOCK + (64 << 20)) as u64),
-            ..Default::default()
-        };
-        let mut registry = Registry::default();
-        let store = Store::open(cfg, &mut registry)?;
-        let g = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let h = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", g.local_addr()?);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(
-            kvfabric_store::NodeServer::standalone(store, registry, g, h).serve(async {
-                let _ = stopped.await;
-            }),
-        );
-        let mut cs = Vec::new();
-        for _ in 0..clients {
-            // The store's own client: the same windows and frame size as the server.
-            cs.push(kvfabric_store::cluster::client::connect(&url, Duration::from_secs(60)).await?);
-        }
-        // Shared, not cloned per put: the timed loop moves no bytes of its own.
-        let sources: Arc<Vec<bytes::Bytes>> = Arc::new(
-            sources
-                .iter()
-                .map(|s| bytes::Bytes::copy_from_slice(s))
-                .collect(),
-        );
-        let phase = |get: bool| {
-            let tasks: Vec<_> = cs
-                .iter()
-                .cloned()
-                .enumerate()
-                .map(|(c, mut client)| {
-                    let sources = sources.clone();
-                    tokio::spawn(async move {
-                        let mut lat = Vec::new();
-                        for i in (c..sources.len()).step_by(clients) {
-                            let t = Instant::now();
-                            if get {
-                                let req = GetRequest {
-                                    key: key(i).0.to_vec(),
-                                    offset: 0,
-                                    length: 0,
-                                };
-                                let mut s = client.get(req).await?.into_inner();
-                                let mut got = 0;
-                                while let Some(m) = s.message().await? {
-                                    got += m.data.len();
-                                }
-                                if got != BLOCK {
-                                    bail!("grpc get returned {got} bytes");
-                                }
-                            } else {
-                                let header = PutHeader {
-                                    key: key(i).0.to_vec(),
-                                    layout: Some((&layout()).into()),
-                                    size: BLOCK as u64,
-                                    ..Default::default()
-                                };
-                                let msg = PutRequest {
-                                    header: Some(header),
-                                    data: sources[i].clone(),
-                                };
-                                client.put(tokio_stream::iter(vec![msg])).await?;
-                            }
-                            lat.push(t.elapsed());
-                        }
-                        Ok::<_, anyhow::Error>(lat)
-                    })
-                })
-                .collect();
-            async move {
-                let t = Instant::now();
-                let mut lat = Vec::new();
-                for task in tasks {
-                    lat.extend(task.await??);
-                }
-                Ok::<_, anyhow::Error>((gbps(n * BLOCK, t.elapsed()), lat))
-            }
-        };
-        let (put, _) = phase(false).await?;
-        let (get, mut lat) = phase(true).await?;
-        out.insert("grpc_put_gbps".into(), json!(put));
-        out.insert("grpc_get_gbps".into(), json!(get));
-        out.insert("grpc_get_p50_ms".into(), json!(pct_ms(&mut lat, 0.5)));
-        out.insert("grpc_get_p99_ms".into(), json!(pct_ms(&mut lat, 0.99)));
-        let _ = stop.send(());
-        server.await??;
-        Ok(())
-    })
 }
 
 fn data_path(

@@ -4,8 +4,6 @@
 //! Scripted engines (axum on loopback) record which requests they got and
 //! with which header.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
@@ -16,8 +14,8 @@ use axum::routing::post;
 use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use kvfabric_testkit::router::{metric, plain, start_router, LIMIT};
 use serde_json::json;
-use support::{metric, plain, start_router, LIMIT};
 
 /// (engine index, session header) of every request an engine got.
 type Seen = Arc<Mutex<Vec<(usize, Option<String>)>>>;

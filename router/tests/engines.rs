@@ -5,11 +5,9 @@
 //! Greedy decoding is deterministic and the kernels are batch-invariant, so
 //! a routed answer must be the exact text a colocated engine gives.
 
-mod support;
-
 use kvfabric_engine::Role;
+use kvfabric_testkit::router::*;
 use serde_json::{json, Value};
-use support::*;
 
 const PROMPTS: [&str; 3] = [
     "The capital of France is",

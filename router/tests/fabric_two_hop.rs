@@ -5,8 +5,6 @@
 //! engine loads them instead of recomputing, and the routed text is still
 //! exactly a colocated engine's.
 
-mod support;
-
 use std::time::Duration;
 
 use kvfabric_connector::{ConnectorConfig, EmbeddedNode, FabricConnector};
@@ -14,9 +12,9 @@ use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::Role;
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
+use kvfabric_testkit::router::*;
 use kvfabric_testkit::EtcdProcess;
 use serde_json::json;
-use support::*;
 
 async fn fabric_engine(node: &EmbeddedNode, role: Role) -> TestEngine {
     let metrics = EngineMetrics::new();

@@ -7,8 +7,6 @@
 //! fabric connector yet, so a real prefill answer carries no
 //! `kv_transfer_params`; `engines.rs` covers the same paths with real ones.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,8 +18,10 @@ use axum::routing::post;
 use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use kvfabric_testkit::router::{
+    disaggregated, metric, post_json, post_stream, start_router, stream_text, LIMIT,
+};
 use serde_json::{json, Value};
-use support::{disaggregated, metric, post_json, post_stream, start_router, stream_text, LIMIT};
 use tokio::sync::Notify;
 
 /// How a scripted engine answers.

@@ -23,7 +23,7 @@ use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::ReadLease;
 use crate::store::{ReserveOutcome, Store};
 use crate::tenant_scope::PutKeyScope;
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
 /// Size of the data chunks of a Get or Put stream.
 pub const STREAM_CHUNK: usize = 1 << 20;
@@ -326,8 +326,12 @@ pub(crate) fn get_range(
     };
     match end {
         Some(end) if offset <= end && end <= total => Ok(offset as usize..end as usize),
-        _ => Err(StoreError::InvalidArgument(format!(
-            "range {offset}+{length} is outside the {total}-byte block"
-        ))),
+        _ => Err(StoreError::InvalidArgument(
+            BadArgument::RangeOutsideBlock {
+                offset,
+                len: length,
+                block_len: total,
+            },
+        )),
     }
 }

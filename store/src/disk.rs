@@ -23,10 +23,9 @@ use crate::disk_staging::StagingPool;
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout, KEY_LEN};
 use crate::uring::IoRing;
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
-/// Alignment of every disk extent and of every buffer handed to O_DIRECT.
-pub const DISK_ALIGN: u64 = 4096;
+pub use crate::extent::DISK_ALIGN;
 
 const BLOCK_PREFIX: u8 = b'b';
 /// An index record: extent, length, checksum, tokens, layout, codec.
@@ -211,15 +210,17 @@ impl DiskTier {
 /// O_DIRECT needs aligned offsets and lengths; `data_len` must fit the extent.
 fn check_extent(extent: Extent, data_len: usize) -> Result<(), StoreError> {
     if extent.offset % DISK_ALIGN != 0 || extent.len % DISK_ALIGN != 0 || extent.len == 0 {
-        return Err(StoreError::InvalidArgument(format!(
-            "disk extent {extent:?} is not {DISK_ALIGN}-aligned"
-        )));
+        return Err(StoreError::InvalidArgument(BadArgument::UnalignedExtent {
+            offset: extent.offset,
+            len: extent.len,
+            align: DISK_ALIGN,
+        }));
     }
     if data_len as u64 > extent.len {
-        return Err(StoreError::InvalidArgument(format!(
-            "{data_len} bytes do not fit the {}-byte disk extent",
-            extent.len
-        )));
+        return Err(StoreError::InvalidArgument(BadArgument::ExtentOverflow {
+            len: data_len as u64,
+            extent_len: extent.len,
+        }));
     }
     Ok(())
 }

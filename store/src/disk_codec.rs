@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use crate::disk::DISK_ALIGN;
+use crate::extent::DISK_ALIGN;
 use crate::keys::KvLayout;
 
 /// How a block's bytes sit in its disk extent (a byte of the index record).

@@ -27,7 +27,7 @@ use std::ptr::NonNull;
 
 use parking_lot::Mutex;
 
-use crate::disk::DISK_ALIGN;
+use crate::extent::DISK_ALIGN;
 
 /// Buffers kept for reuse: enough for the queue depths the disk tier is
 /// driven at (8-16) with room for a few more.

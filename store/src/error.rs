@@ -10,10 +10,10 @@ use crate::keys::BlockKey;
 pub enum StoreError {
     /// Bad input from a client (maps to gRPC INVALID_ARGUMENT).
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(BadArgument),
     /// No room: everything that could make room is pinned or being read (RESOURCE_EXHAUSTED).
     #[error("resource exhausted: {0}")]
-    ResourceExhausted(String),
+    ResourceExhausted(NoRoom),
     /// The reservation for `key` was reclaimed (timed out) or revoked before commit.
     #[error("reservation expired: {key:?} was reclaimed or revoked before commit")]
     ReservationExpired {
@@ -38,7 +38,7 @@ pub enum StoreError {
     },
     /// A configuration that cannot work.
     #[error("bad configuration: {0}")]
-    Config(String),
+    Config(BadConfig),
     /// A disk or OS call failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
@@ -93,12 +93,154 @@ pub enum StoreError {
     Tenants(#[from] kvfabric_tenants::TenantsError),
 }
 
+/// What was wrong with a client's input ([`StoreError::InvalidArgument`]):
+/// the values a caller can act on, with the message the `String` it replaced
+/// gave.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadArgument {
+    /// A block of `len` bytes, outside `1..=max` (`max_block_size`).
+    #[error("block size {len} is outside 1..={max} (max_block_size)")]
+    BlockSize { len: u64, max: u64 },
+    /// A durable put on a node without a disk tier.
+    #[error("durable put needs a disk tier; this node has none")]
+    DurableWithoutDisk,
+    /// A write of `len` bytes at `offset` past the `reserved` size.
+    #[error("write of {len} bytes at {offset} exceeds the reserved size {reserved}")]
+    WriteBeyondReservation {
+        len: u64,
+        offset: u64,
+        reserved: u64,
+    },
+    /// The client's checksum (`want`) is not the data's (`got`).
+    #[error("checksum mismatch: client said {want:#018x}, data hashes to {got:#018x}")]
+    ChecksumMismatch { want: u64, got: u64 },
+    /// A byte range `offset+len` outside a block of `block_len` bytes
+    /// (`len` 0 in a request means "to the end").
+    #[error("range {offset}+{len} is outside the {block_len}-byte block")]
+    RangeOutsideBlock {
+        offset: u64,
+        len: u64,
+        block_len: u64,
+    },
+    /// [`BadArgument::RangeOutsideBlock`] of a leased block, named by `key`.
+    #[error("range {offset}+{len} is outside the {block_len}-byte block {key:?}")]
+    RangeOutsideLeased {
+        offset: u64,
+        len: u64,
+        block_len: u64,
+        key: BlockKey,
+    },
+    /// A range the lease checked no longer fits the stored block.
+    #[error("range {offset}+{len} is outside the stored block")]
+    RangeOutsideStored { offset: u64, len: u64 },
+    /// `len` bytes for a read target of `capacity` bytes at `offset` of a
+    /// `region_len`-byte region.
+    #[error(
+        "{len} bytes do not fit the read target ({capacity} bytes at {offset} of a {region_len}-byte region)"
+    )]
+    ReadTarget {
+        len: u64,
+        capacity: u64,
+        offset: u64,
+        region_len: u64,
+    },
+    /// A disk extent at `offset`, `len` bytes, not `align`-aligned.
+    #[error("disk extent Extent {{ offset: {offset}, len: {len} }} is not {align}-aligned")]
+    UnalignedExtent { offset: u64, len: u64, align: u64 },
+    /// `len` bytes for a disk extent of `extent_len` bytes.
+    #[error("{len} bytes do not fit the {extent_len}-byte disk extent")]
+    ExtentOverflow { len: u64, extent_len: u64 },
+    /// A node address (`addr`) that is not a URI.
+    #[error("address {addr:?}: {reason}")]
+    Address { addr: String, reason: String },
+    /// etcd membership with no endpoint.
+    #[error("etcd membership needs at least one endpoint")]
+    NoEtcdEndpoint,
+    /// A key or layout the shared vocabulary refused (its message).
+    #[error("{0}")]
+    Vocabulary(String),
+}
+
+/// Which tier or region had no room ([`StoreError::ResourceExhausted`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    /// A block of `len` bytes cannot fit the RAM tier at all.
+    #[error("block of {len} bytes is larger than the RAM tier")]
+    LargerThanRam { len: u64 },
+    /// Every RAM block is pinned, leased or reserved: nothing to evict.
+    #[error("RAM tier full: every block is pinned, leased or reserved")]
+    RamPinned,
+    /// A durable put found no room on disk.
+    #[error("disk tier full: durable put not acknowledged")]
+    DiskFull,
+    /// No free `len`-byte range in the `capacity`-byte staging region.
+    #[error("no {len}-byte range free in the {capacity}-byte staging region")]
+    Staging { len: u64, capacity: u64 },
+}
+
+/// A setting that cannot work ([`StoreError::Config`]): which key, and the
+/// value or limit it broke.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BadConfig {
+    /// `key` is empty.
+    #[error("{key} is empty")]
+    Empty { key: &'static str },
+    /// `key` is zero.
+    #[error("{key} is zero")]
+    Zero { key: &'static str },
+    /// `key` is below one 4 KiB page.
+    #[error("{key} is below one page")]
+    BelowOnePage { key: &'static str },
+    /// The capacity `key` is `value`, below one 4 KiB page.
+    #[error("{key} {value} is below one page")]
+    CapacityBelowPage { key: &'static str, value: String },
+    /// `key` is `got`, outside what it `must` be (e.g. `in (0, 50]`).
+    #[error("{key} must be {must}, got {got}")]
+    OutOfRange {
+        key: &'static str,
+        must: &'static str,
+        got: f64,
+    },
+    /// The watermarks are not `0 < low <= high <= 1`.
+    #[error("watermarks must satisfy 0 < low ({low}) <= high ({high}) <= 1")]
+    Watermarks { low: f64, high: f64 },
+    /// The disk tier cannot hold one block of the largest size.
+    #[error("disk_capacity {disk_capacity} is smaller than max_block_size {max_block_size}")]
+    DiskBelowBlock {
+        disk_capacity: String,
+        max_block_size: String,
+    },
+    /// Both etcd endpoints and static peers.
+    #[error("give either etcd endpoints or static peers, not both")]
+    EtcdAndPeers,
+    /// A `peers` entry that does not parse.
+    #[error("peer {spec:?} is not node_id=grpc_host:port=transfer_host:port")]
+    Peer { spec: String },
+    /// A `transfer_transport` that is none of the four.
+    #[error("transfer_transport {got:?} is not auto, tcp, shm or rdma")]
+    Transport { got: String },
+    /// The certificate's node id (`cert`) is not the configured `node_id`.
+    #[error("the certificate names node {cert:?} but node_id is {node_id:?}")]
+    CertificateNode { cert: String, node_id: String },
+    /// The `[cluster.security]` settings or files (the transfer crate's message).
+    #[error("{0}")]
+    Security(String),
+    /// TLS for a channel (`what`: `tls`, `peer channel tls`) could not be set up.
+    #[error("{what}: {reason}")]
+    Tls { what: &'static str, reason: String },
+    /// A peer's advertised address (`addr`) is not a URI.
+    #[error("peer address {addr:?}: {reason}")]
+    PeerAddress { addr: String, reason: String },
+}
+
 impl From<TypesError> for StoreError {
     /// A bad key or layout is the client's (INVALID_ARGUMENT); a region that
     /// could not be made is the arena's, as when the transfer crate made it.
     fn from(e: TypesError) -> Self {
         match e {
-            TypesError::InvalidArgument(msg) => StoreError::InvalidArgument(msg),
+            TypesError::InvalidArgument(msg) => {
+                StoreError::InvalidArgument(BadArgument::Vocabulary(msg))
+            }
             other => StoreError::Region(other.into()),
         }
     }
@@ -154,5 +296,88 @@ mod tests {
             what: "read returned no result",
         };
         assert_eq!(tonic::Status::from(e).code(), tonic::Code::Internal);
+    }
+
+    /// The typed InvalidArgument / ResourceExhausted / Config fields read as
+    /// the strings they replaced, and keep their gRPC codes.
+    #[test]
+    fn typed_fields_keep_messages_and_codes() {
+        let e = StoreError::InvalidArgument(BadArgument::BlockSize { len: 0, max: 4096 });
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: block size 0 is outside 1..=4096 (max_block_size)"
+        );
+        assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
+        let e = StoreError::InvalidArgument(BadArgument::UnalignedExtent {
+            offset: 100,
+            len: 8192,
+            align: 4096,
+        });
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: disk extent Extent { offset: 100, len: 8192 } is not 4096-aligned"
+        );
+        let e = StoreError::InvalidArgument(BadArgument::ChecksumMismatch { want: 1, got: 2 });
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: checksum mismatch: client said 0x0000000000000001, data hashes to 0x0000000000000002"
+        );
+        let e = StoreError::ResourceExhausted(NoRoom::Staging {
+            len: 8192,
+            capacity: 4096,
+        });
+        assert_eq!(
+            e.to_string(),
+            "resource exhausted: no 8192-byte range free in the 4096-byte staging region"
+        );
+        assert_eq!(
+            tonic::Status::from(e).code(),
+            tonic::Code::ResourceExhausted
+        );
+        let e = StoreError::Config(BadConfig::OutOfRange {
+            key: "lirs_hir_percent",
+            must: "in (0, 50]",
+            got: 60.0,
+        });
+        assert_eq!(
+            e.to_string(),
+            "bad configuration: lirs_hir_percent must be in (0, 50], got 60"
+        );
+        assert_eq!(
+            tonic::Status::from(e).code(),
+            tonic::Code::FailedPrecondition
+        );
+        let e = StoreError::Config(BadConfig::BelowOnePage {
+            key: "staging_capacity",
+        });
+        assert_eq!(
+            e.to_string(),
+            "bad configuration: staging_capacity is below one page"
+        );
+    }
+
+    /// A validation failure names its key and value as fields, not only in text.
+    #[test]
+    fn config_validation_names_the_key() {
+        let cfg = crate::NodeConfig {
+            planner_sample_rate: 2.0,
+            ..crate::NodeConfig::default()
+        };
+        match cfg.validate() {
+            Err(StoreError::Config(BadConfig::OutOfRange { key, got, .. })) => {
+                assert_eq!((key, got), ("planner_sample_rate", 2.0));
+            }
+            other => panic!("expected OutOfRange, got {other:?}"),
+        }
+        let cluster = crate::cluster::ClusterConfig {
+            rpc_timeout_ms: 0,
+            ..crate::cluster::ClusterConfig::default()
+        };
+        assert!(matches!(
+            cluster.validate(),
+            Err(StoreError::Config(BadConfig::Zero {
+                key: "rpc_timeout_ms"
+            }))
+        ));
     }
 }

@@ -9,6 +9,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Alignment of every disk extent and of every buffer handed to O_DIRECT.
+/// Here, below the disk tier, its codec and its staging buffers, so they
+/// share it without importing each other.
+pub const DISK_ALIGN: u64 = 4096;
+
 /// One allocated range `[offset, offset + len)`; `len` is a multiple of the alignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Extent {

@@ -29,6 +29,7 @@ mod node_config;
 mod node_server;
 mod planner;
 mod policy;
+mod shared;
 mod state;
 mod store;
 #[cfg(test)]
@@ -39,7 +40,7 @@ mod uring;
 
 pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed, KvEventRecord, KV_EVENT_BUFFER};
-pub use error::StoreError;
+pub use error::{BadArgument, BadConfig, NoRoom, StoreError};
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};

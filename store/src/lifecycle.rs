@@ -18,9 +18,9 @@ use kvfabric_transfer::checksum::Checksummer;
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
 use crate::metrics::OpName;
+use crate::shared::Shared;
 use crate::state::{Block, RES_CLOSED, RES_IDLE, RES_WRITING};
-use crate::store::Shared;
-use crate::StoreError;
+use crate::{BadArgument, NoRoom, StoreError};
 
 /// What a put did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,11 +88,13 @@ impl Reservation {
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
         let end = offset.checked_add(data.len() as u64);
         if end.is_none_or(|e| e > self.len) {
-            return Err(StoreError::InvalidArgument(format!(
-                "write of {} bytes at {offset} exceeds the reserved size {}",
-                data.len(),
-                self.len
-            )));
+            return Err(StoreError::InvalidArgument(
+                BadArgument::WriteBeyondReservation {
+                    len: data.len() as u64,
+                    offset,
+                    reserved: self.len,
+                },
+            ));
         }
         let mut hasher = self.hasher.take().filter(|_| self.hashed == offset);
         let out = self.raw_bytes_mut(|buf| {
@@ -191,9 +193,10 @@ impl Shared {
         g.reservations.remove(&r.id);
         if let Some(want) = checksum.filter(|&c| c != sum) {
             g.ram.free(r.extent);
-            return Err(StoreError::InvalidArgument(format!(
-                "checksum mismatch: client said {want:#018x}, data hashes to {sum:#018x}"
-            )));
+            return Err(StoreError::InvalidArgument(BadArgument::ChecksumMismatch {
+                want,
+                got: sum,
+            }));
         }
         if g.blocks.contains_key(&r.key) {
             g.ram.free(r.extent);
@@ -309,9 +312,7 @@ impl Shared {
             }
             return match written {
                 Ok(true) => Ok(()),
-                Ok(false) if durable => Err(StoreError::ResourceExhausted(
-                    "disk tier full: durable put not acknowledged".into(),
-                )),
+                Ok(false) if durable => Err(StoreError::ResourceExhausted(NoRoom::DiskFull)),
                 Ok(false) => Ok(()),
                 Err(e) => Err(e),
             };
@@ -373,10 +374,13 @@ impl RangeCopy<'_> {
         let len = self.dst.len() as u64;
         match self.offset.checked_add(len) {
             Some(end) if end <= block_len => Ok(self.offset as usize..end as usize),
-            _ => Err(StoreError::InvalidArgument(format!(
-                "range {}+{len} is outside the {block_len}-byte block",
-                self.offset
-            ))),
+            _ => Err(StoreError::InvalidArgument(
+                BadArgument::RangeOutsideBlock {
+                    offset: self.offset,
+                    len,
+                    block_len,
+                },
+            )),
         }
     }
 

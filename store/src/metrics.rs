@@ -71,6 +71,15 @@ pub struct StoreMetrics {
 impl StoreMetrics {
     /// Create the metrics and register them under `kvfabric_store_*`.
     pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::new();
+        let r = registry.sub_registry_with_prefix("kvfabric_store");
+        m.register_tier_families(r);
+        m.register_lookups_and_ops(r);
+        m
+    }
+
+    /// Every metric at zero, and every op's latency series created.
+    fn new() -> Self {
         let m = StoreMetrics {
             capacity_bytes: Family::default(),
             used_bytes: Family::default(),
@@ -102,7 +111,12 @@ impl StoreMetrics {
         ] {
             let _ = m.op_seconds.get_or_create(&OpLabel { op });
         }
-        let r = registry.sub_registry_with_prefix("kvfabric_store");
+        m
+    }
+
+    /// The per-tier families (`tier` label): capacity, use, hits, moves.
+    fn register_tier_families(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "capacity_bytes",
             "Configured tier capacity",
@@ -140,6 +154,11 @@ impl StoreMetrics {
             "Reads that failed their checksum (miss, slot dropped)",
             m.checksum_failures.clone(),
         );
+    }
+
+    /// Prefix-lookup counters, reclaimed reservations, op latency.
+    fn register_lookups_and_ops(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "lookup_hit_blocks",
             "Blocks found by prefix lookups",
@@ -170,7 +189,6 @@ impl StoreMetrics {
             "Store operation latency",
             m.op_seconds.clone(),
         );
-        m
     }
 
     /// The counter of `family` for `tier`.

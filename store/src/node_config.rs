@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
-use crate::StoreError;
+use crate::{BadConfig, StoreError};
 
 /// When a block stored in RAM also goes to disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -152,54 +152,61 @@ impl Default for NodeConfig {
 impl NodeConfig {
     /// Refuse settings that cannot work.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let bad = |m: String| Err(StoreError::Config(m));
+        let bad = |b: BadConfig| Err(StoreError::Config(b));
         if self.node_id.is_empty() {
-            return bad("node_id is empty".into());
+            return bad(BadConfig::Empty { key: "node_id" });
         }
         if self.ram_capacity.as_u64() < 4096 {
-            return bad(format!(
-                "ram_capacity {} is below one page",
-                self.ram_capacity
-            ));
+            return bad(BadConfig::CapacityBelowPage {
+                key: "ram_capacity",
+                value: self.ram_capacity.to_string(),
+            });
         }
         if !(self.low_watermark > 0.0
             && self.low_watermark <= self.high_watermark
             && self.high_watermark <= 1.0)
         {
-            return bad(format!(
-                "watermarks must satisfy 0 < low ({}) <= high ({}) <= 1",
-                self.low_watermark, self.high_watermark
-            ));
+            return bad(BadConfig::Watermarks {
+                low: self.low_watermark,
+                high: self.high_watermark,
+            });
         }
         if !(self.lirs_hir_percent > 0.0 && self.lirs_hir_percent <= 50.0) {
-            return bad(format!(
-                "lirs_hir_percent must be in (0, 50], got {}",
-                self.lirs_hir_percent
-            ));
+            return bad(BadConfig::OutOfRange {
+                key: "lirs_hir_percent",
+                must: "in (0, 50]",
+                got: self.lirs_hir_percent,
+            });
         }
         if !(self.lirs_idle_factor >= 0.0 && self.lirs_idle_factor.is_finite()) {
-            return bad(format!(
-                "lirs_idle_factor must be >= 0, got {}",
-                self.lirs_idle_factor
-            ));
+            return bad(BadConfig::OutOfRange {
+                key: "lirs_idle_factor",
+                must: ">= 0",
+                got: self.lirs_idle_factor,
+            });
         }
         if !(0.0..=1.0).contains(&self.planner_sample_rate) {
-            return bad(format!(
-                "planner_sample_rate must be in [0, 1], got {}",
-                self.planner_sample_rate
-            ));
+            return bad(BadConfig::OutOfRange {
+                key: "planner_sample_rate",
+                must: "in [0, 1]",
+                got: self.planner_sample_rate,
+            });
         }
         if self.max_block_size.as_u64() == 0 {
-            return bad("max_block_size is zero".into());
+            return bad(BadConfig::Zero {
+                key: "max_block_size",
+            });
         }
         if self.disk_path.is_some() && self.disk_capacity.as_u64() < self.max_block_size.as_u64() {
-            return bad(format!(
-                "disk_capacity {} is smaller than max_block_size {}",
-                self.disk_capacity, self.max_block_size
-            ));
+            return bad(BadConfig::DiskBelowBlock {
+                disk_capacity: self.disk_capacity.to_string(),
+                max_block_size: self.max_block_size.to_string(),
+            });
         }
         if self.reservation_timeout_ms == 0 {
-            return bad("reservation_timeout_ms is zero".into());
+            return bad(BadConfig::Zero {
+                key: "reservation_timeout_ms",
+            });
         }
         Ok(())
     }

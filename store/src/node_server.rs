@@ -26,14 +26,15 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
+use tonic::{Request, Status};
 
 use crate::cache_service::CacheServer;
 use crate::changes::ChangeFeed;
 use crate::cluster::cluster_cache_service::ClusterCacheService;
 use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::kv_events::KvEventRpc;
-use crate::cluster::node::ClusterNode;
 use crate::cluster::rpc::{DirectoryRpc, HolderRpc};
+use crate::cluster::ClusterNode;
 use crate::console::cluster::ConsoleRpc;
 use crate::console::Console;
 use crate::metrics::encode_text;
@@ -147,7 +148,8 @@ impl NodeServer {
         self.node.as_ref()
     }
 
-    /// Serve gRPC and HTTP until `shutdown` resolves.
+    /// Serve gRPC and HTTP until `shutdown` resolves: the tenant gate, the
+    /// stop signal, the console, then both servers on one stop.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -160,31 +162,10 @@ impl NodeServer {
             grpc,
             http,
         } = self;
-        let cfg = store.config();
-        let tenants = TenantGate::from_config(
-            cfg.tenants_file.as_deref(),
-            TenantMetrics::default(),
-            "grpc-cache-service",
-        )?;
-        tenants.metrics().register(&mut registry);
-        tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
-        let auth = tenant_scope::authenticate(tenants);
+        let auth = tenant_auth(store.config(), &mut registry)?;
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.local_addr()?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        {
-            let node = node.clone();
-            tokio::spawn(async move {
-                shutdown.await;
-                if let Some(node) = node {
-                    node.leave().await;
-                }
-                let _ = stop_tx.send(true);
-            });
-        }
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
+        let stop_rx = stop_signal(shutdown, node.clone());
         let console = Console::start(
             store.clone(),
             registry,
@@ -192,70 +173,9 @@ impl NodeServer {
             node.clone(),
             stop_rx.clone(),
         );
-
-        let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
-        let mut builder = match node.as_ref().and_then(|n| n.identity()) {
-            Some(id) => grpc_builder()
-                .tls_config(crate::cluster::security::server_tls(id))
-                .map_err(|e| StoreError::Server {
-                    what: "grpc tls",
-                    source: e.into(),
-                })?,
-            None => grpc_builder(),
-        };
-        let (reflect_v1, reflect_v1alpha) = reflection_services()?;
-        // KV events: the cluster node's change feed; a standalone node gets an
-        // events-only feed (nothing else subscribes to its store).
-        let kv_events = match &node {
-            Some(n) => KvEventRpc::new(n.change_feed().clone(), n.info().node_id.clone()),
-            None => {
-                let feed = Arc::new(ChangeFeed::events_only());
-                store.watch_changes(feed.clone());
-                KvEventRpc::new(feed, grpc_addr.to_string())
-            }
-        };
-        let router = builder
-            .add_service(reflect_v1)
-            .add_service(reflect_v1alpha)
-            .add_service(InterceptedService::new(
-                KvEventServiceServer::new(kv_events),
-                auth.clone(),
-            ));
-        let router = match &node {
-            None => {
-                let local = CacheServer::new(store.clone(), grpc_addr.to_string());
-                router.add_service(InterceptedService::new(
-                    CacheServiceServer::new(TenantScoped::new(local))
-                        .max_decoding_message_size(limit)
-                        .max_encoding_message_size(limit),
-                    auth,
-                ))
-            }
-            Some(node) => {
-                let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
-                let cache = CacheServiceServer::new(TenantScoped::new(
-                    ClusterCacheService::new(local, node.clone())
-                        .with_prefix_tracker(console.prefixes().clone()),
-                ))
-                .max_decoding_message_size(limit)
-                .max_encoding_message_size(limit);
-                let cache = InterceptedService::new(cache, auth);
-                let directory = DirectoryServiceServer::new(DirectoryRpc(node.clone()))
-                    .max_decoding_message_size(DIRECTORY_MESSAGE_LIMIT)
-                    .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT);
-                router
-                    .add_service(cache)
-                    .add_service(directory)
-                    .add_service(HolderServiceServer::new(HolderRpc(node.clone())))
-                    .add_service(
-                        ConsoleServiceServer::new(ConsoleRpc(console.clone()))
-                            .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT),
-                    )
-            }
-        };
+        let router = grpc_router(&store, node.as_ref(), &console, auth, grpc_addr)?;
         let grpc_server =
             router.serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
-
         let http_server =
             axum::serve(http, http_app(console)).with_graceful_shutdown(stopped(stop_rx));
 
@@ -274,6 +194,126 @@ impl NodeServer {
             source: e.into(),
         })?;
         Ok(())
+    }
+}
+
+/// The tenant gate of the node's CacheService (its file reloaded in the
+/// background, its metrics in `registry`), as a gRPC interceptor.
+fn tenant_auth(
+    cfg: &NodeConfig,
+    registry: &mut Registry,
+) -> Result<impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone, StoreError> {
+    let tenants = TenantGate::from_config(
+        cfg.tenants_file.as_deref(),
+        TenantMetrics::default(),
+        "grpc-cache-service",
+    )?;
+    tenants.metrics().register(registry);
+    tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
+    Ok(tenant_scope::authenticate(tenants))
+}
+
+/// Set once `shutdown` resolved and a cluster node left membership (with
+/// etcd its lease is revoked, so peers see it go at once).
+fn stop_signal(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    node: Option<Arc<ClusterNode>>,
+) -> watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        if let Some(node) = node {
+            node.leave().await;
+        }
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
+
+/// Resolves once the stop signal is set.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The gRPC services: reflection and the CacheService (local, or
+/// cluster-wide with the internal Directory, Holder and Console services),
+/// over mutual TLS when the node has an identity.
+fn grpc_router<A>(
+    store: &Store,
+    node: Option<&Arc<ClusterNode>>,
+    console: &Arc<Console>,
+    auth: A,
+    grpc_addr: std::net::SocketAddr,
+) -> Result<tonic::transport::server::Router, StoreError>
+where
+    A: FnMut(Request<()>) -> Result<Request<()>, Status> + Clone + Send + Sync + 'static,
+{
+    let limit = store.config().max_block_size.as_u64() as usize + (1 << 20);
+    let mut builder = match node.and_then(|n| n.identity()) {
+        Some(id) => grpc_builder()
+            .tls_config(crate::cluster::security::server_tls(id))
+            .map_err(|e| StoreError::Server {
+                what: "grpc tls",
+                source: e.into(),
+            })?,
+        None => grpc_builder(),
+    };
+    let (reflect_v1, reflect_v1alpha) = reflection_services()?;
+    let router = builder
+        .add_service(reflect_v1)
+        .add_service(reflect_v1alpha)
+        .add_service(InterceptedService::new(
+            KvEventServiceServer::new(kv_event_rpc(store, node, grpc_addr)),
+            auth.clone(),
+        ));
+    Ok(match node {
+        None => {
+            let local = CacheServer::new(store.clone(), grpc_addr.to_string());
+            router.add_service(InterceptedService::new(
+                CacheServiceServer::new(TenantScoped::new(local))
+                    .max_decoding_message_size(limit)
+                    .max_encoding_message_size(limit),
+                auth,
+            ))
+        }
+        Some(node) => {
+            let local = CacheServer::new(store.clone(), node.info().grpc_addr.clone());
+            let cache = CacheServiceServer::new(TenantScoped::new(
+                ClusterCacheService::new(local, node.clone())
+                    .with_prefix_tracker(console.prefixes().clone()),
+            ))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+            let cache = InterceptedService::new(cache, auth);
+            let directory = DirectoryServiceServer::new(DirectoryRpc(node.clone()))
+                .max_decoding_message_size(DIRECTORY_MESSAGE_LIMIT)
+                .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT);
+            router
+                .add_service(cache)
+                .add_service(directory)
+                .add_service(HolderServiceServer::new(HolderRpc(node.clone())))
+                .add_service(
+                    ConsoleServiceServer::new(ConsoleRpc(console.clone()))
+                        .max_encoding_message_size(DIRECTORY_MESSAGE_LIMIT),
+                )
+        }
+    })
+}
+
+/// KV events: the cluster node's change feed; a standalone node gets an
+/// events-only feed (nothing else subscribes to its store).
+fn kv_event_rpc(
+    store: &Store,
+    node: Option<&Arc<ClusterNode>>,
+    grpc_addr: std::net::SocketAddr,
+) -> KvEventRpc {
+    match node {
+        Some(n) => KvEventRpc::new(n.change_feed().clone(), n.info().node_id.clone()),
+        None => {
+            let feed = Arc::new(ChangeFeed::events_only());
+            store.watch_changes(feed.clone());
+            KvEventRpc::new(feed, grpc_addr.to_string())
+        }
     }
 }
 

@@ -23,22 +23,9 @@ use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
 use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
 use crate::node_config::NodeConfig;
+use crate::shared::Shared;
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
-use crate::StoreError;
-
-/// State shared by every handle, lease and reservation of one store.
-pub(crate) struct Shared {
-    pub cfg: NodeConfig,
-    pub region: Arc<SharedRegion>,
-    pub disk: Option<DiskTier>,
-    pub metrics: StoreMetrics,
-    pub planner: Arc<crate::planner::Planner>,
-    pub inner: Mutex<Inner>,
-    pub ram_high: u64,
-    pub ram_low: u64,
-    pub disk_high: u64,
-    pub disk_low: u64,
-}
+use crate::{BadArgument, StoreError};
 
 /// Options of a one-call put.
 #[derive(Clone, Copy, Debug, Default)]
@@ -158,14 +145,13 @@ impl Store {
         layout.validate()?;
         let max = self.shared.cfg.max_block_size.as_u64();
         if len == 0 || len > max {
-            return Err(StoreError::InvalidArgument(format!(
-                "block size {len} is outside 1..={max} (max_block_size)"
-            )));
+            return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
+                len,
+                max,
+            }));
         }
         if durable && self.shared.disk.is_none() {
-            return Err(StoreError::InvalidArgument(
-                "durable put needs a disk tier; this node has none".into(),
-            ));
+            return Err(StoreError::InvalidArgument(BadArgument::DurableWithoutDisk));
         }
         self.reap_zombies();
         self.shared.planner.on_put(&key, len);

@@ -18,9 +18,9 @@ use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::{DiskAdmission, DiskCompression, WritePolicy};
+use crate::shared::Shared;
 use crate::state::{Block, Inner};
-use crate::store::Shared;
-use crate::StoreError;
+use crate::{NoRoom, StoreError};
 
 impl Shared {
     /// Allocate `len` bytes of RAM arena, evicting (and demoting) down to the
@@ -31,9 +31,7 @@ impl Shared {
             let mut g = self.inner.lock();
             let want = g.ram.rounded(len);
             if want > g.ram.capacity() {
-                return Err(StoreError::ResourceExhausted(format!(
-                    "block of {len} bytes is larger than the RAM tier"
-                )));
+                return Err(StoreError::ResourceExhausted(NoRoom::LargerThanRam { len }));
             }
             let limit = if evicting {
                 self.ram_low
@@ -59,9 +57,7 @@ impl Shared {
                         std::thread::sleep(std::time::Duration::from_millis(1));
                         continue;
                     }
-                    return Err(StoreError::ResourceExhausted(
-                        "RAM tier full: every block is pinned, leased or reserved".into(),
-                    ));
+                    return Err(StoreError::ResourceExhausted(NoRoom::RamPinned));
                 }
             }
         }

@@ -235,6 +235,7 @@ async fn out_of_range_reads_are_refused_and_move_nothing() {
         for r in &results {
             match r {
                 Err(StoreError::InvalidArgument(m)) => {
+                    let m = m.to_string();
                     assert!(m.contains("outside") || m.contains("do not fit"), "{m}")
                 }
                 other => panic!("expected a refusal, got {other:?}"),

@@ -39,28 +39,43 @@ async fn connect(url: &str) -> tonic::transport::Channel {
     panic!("node at {url} did not come up");
 }
 
+/// The service names a reflection client of protocol module `$v` (`v1` or
+/// `v1alpha`: the same messages, generated twice) lists at `$url`. A macro,
+/// not a function: the two modules share no trait.
+macro_rules! list_services {
+    ($v:ident, $url:expr) => {{
+        let mut c = $v::server_reflection_client::ServerReflectionClient::new(connect($url).await);
+        let req = $v::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some($v::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        let mut answers = c
+            .server_reflection_info(tokio_stream::once(req))
+            .await
+            .expect(concat!(
+                stringify!($v),
+                " reflection answers (UNIMPLEMENTED before)"
+            ))
+            .into_inner();
+        let answer = answers.message().await.unwrap().expect("one answer");
+        let Some($v::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+            answer.message_response
+        else {
+            panic!("not a service list: {answer:?}");
+        };
+        list.service
+            .into_iter()
+            .map(|s| s.name)
+            .collect::<Vec<String>>()
+    }};
+}
+
 #[tokio::test]
 async fn a_v1alpha_client_lists_the_services() {
     let (url, _stop) = start().await;
-    let mut c = v1alpha::server_reflection_client::ServerReflectionClient::new(connect(&url).await);
-    let req = v1alpha::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(
-            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
-        ),
-    };
-    let mut answers = c
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("v1alpha reflection answers (UNIMPLEMENTED before)")
-        .into_inner();
-    let answer = answers.message().await.unwrap().expect("one answer");
-    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
-        answer.message_response
-    else {
-        panic!("not a service list: {answer:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    let names = list_services!(v1alpha, &url);
     assert!(
         names.iter().any(|n| n == "kvfabric.v1.CacheService"),
         "{names:?}"
@@ -70,25 +85,7 @@ async fn a_v1alpha_client_lists_the_services() {
 #[tokio::test]
 async fn a_v1_client_lists_the_services() {
     let (url, _stop) = start().await;
-    let mut c = v1::server_reflection_client::ServerReflectionClient::new(connect(&url).await);
-    let req = v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
-    };
-    let mut answers = c
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("v1 reflection answers")
-        .into_inner();
-    let answer = answers.message().await.unwrap().expect("one answer");
-    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
-        answer.message_response
-    else {
-        panic!("not a service list: {answer:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    let names = list_services!(v1, &url);
     assert!(
         names.iter().any(|n| n == "kvfabric.v1.CacheService"),
         "{names:?}"

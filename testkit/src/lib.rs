@@ -15,10 +15,19 @@
 //!   stream, and a spawned peer process.
 //! - feature `cluster`: [`cluster`], N store nodes in this process on
 //!   loopback and a tcp proxy a test can freeze or cut.
+//! - feature `procs`: [`procs`], real `kvfabric node` and `kvfabric engine`
+//!   processes (the binary cargo built beside the test) and a blocking
+//!   HTTP client for them.
+//! - feature `fabric`: [`fabric`], engines with embedded fabric nodes in this
+//!   process on a real etcd.
+//! - feature `router`: [`router`], the router on loopback in front of real
+//!   engines, and a client for its JSON and SSE answers.
+//! - [`metrics`]: reading Prometheus text.
 //!
-//! A harness that starts a binary takes its path from the test
-//! (`env!("CARGO_BIN_EXE_...")` names only the test's own package's binaries).
+//! A harness that starts the `kvfabric` binary finds it beside the test
+//! executable ([`procs::kvfabric_bin`]).
 
+pub mod metrics;
 pub mod testdata;
 
 mod poll;
@@ -27,6 +36,12 @@ mod poll;
 pub mod cluster;
 #[cfg(feature = "engine")]
 pub mod engine;
+#[cfg(feature = "fabric")]
+pub mod fabric;
+#[cfg(feature = "procs")]
+pub mod procs;
+#[cfg(feature = "router")]
+pub mod router;
 #[cfg(feature = "transfer")]
 pub mod transfer;
 

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::cluster::directory::HolderEntry;
 use crate::cluster::membership::{MembershipView, NodeInfo};
-use crate::cluster::node::{holder_pb, tier_of, ClusterNode};
+use crate::cluster::node_state::{holder_pb, tier_of, ClusterNode};
 use crate::cluster::refresh::{Owners, SyncState};
 use crate::keys::BlockKey;
 

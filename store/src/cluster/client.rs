@@ -13,7 +13,7 @@ use kvfabric_transfer::security::NodeIdentity;
 
 use crate::cache_service::chunks;
 use crate::keys::{BlockKey, KvLayout};
-use crate::StoreError;
+use crate::{BadArgument, BadConfig, StoreError};
 
 /// A CacheService client on one channel.
 pub type CacheClient = CacheServiceClient<Channel>;
@@ -34,7 +34,12 @@ pub async fn connect_with(
     if let Some(id) = identity {
         e = e
             .tls_config(crate::cluster::security::client_tls(id))
-            .map_err(|e| StoreError::Config(format!("tls: {e}")))?;
+            .map_err(|e| {
+                StoreError::Config(BadConfig::Tls {
+                    what: "tls",
+                    reason: e.to_string(),
+                })
+            })?;
     }
     let ch = e.connect().await.map_err(|source| StoreError::Connect {
         addr: addr.to_string(),
@@ -56,7 +61,12 @@ fn endpoint(addr: &str, timeout: Duration, tls: bool) -> Result<Endpoint, StoreE
         (false, false) => format!("http://{addr}"),
     };
     let e = Endpoint::from_shared(url)
-        .map_err(|e| StoreError::InvalidArgument(format!("address {addr:?}: {e}")))?
+        .map_err(|e| {
+            StoreError::InvalidArgument(BadArgument::Address {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })
+        })?
         .connect_timeout(timeout)
         .timeout(timeout);
     Ok(crate::node_server::grpc_endpoint(e))

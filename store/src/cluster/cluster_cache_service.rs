@@ -23,7 +23,7 @@ use kvfabric_proto::v1::{
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache_service::{chunks, CacheServer};
-use crate::cluster::node::{holder_pb, ClusterNode};
+use crate::cluster::node_state::{holder_pb, ClusterNode};
 use crate::console::prefixes::PrefixTracker;
 use crate::keys::BlockKey;
 

@@ -13,7 +13,7 @@ use kvfabric_transfer::TransferConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::membership::{MembershipSource, NodeInfo};
-use crate::StoreError;
+use crate::{BadConfig, StoreError};
 
 /// Configuration of a node's cluster side (`[cluster]` section).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -96,9 +96,9 @@ impl Default for ClusterConfig {
 impl ClusterConfig {
     /// Refuse settings that cannot work.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let bad = |m: String| Err(StoreError::Config(m));
+        let bad = |b: BadConfig| Err(StoreError::Config(b));
         if !self.etcd.is_empty() && !self.peers.is_empty() {
-            return bad("give either etcd endpoints or static peers, not both".into());
+            return bad(BadConfig::EtcdAndPeers);
         }
         for p in &self.peers {
             parse_peer(p)?;
@@ -126,15 +126,17 @@ impl ClusterConfig {
             ),
         ] {
             if v == 0 {
-                return bad(format!("{name} is zero"));
+                return bad(BadConfig::Zero { key: name });
             }
         }
         self.transport()?;
         self.security
             .validate()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
+            .map_err(|e| StoreError::Config(BadConfig::Security(e.to_string())))?;
         if self.staging_capacity.as_u64() < 4096 {
-            return bad("staging_capacity is below one page".into());
+            return bad(BadConfig::BelowOnePage {
+                key: "staging_capacity",
+            });
         }
         Ok(())
     }
@@ -147,9 +149,9 @@ impl ClusterConfig {
             "tcp" => Ok(TransportChoice::Tcp),
             "shm" => Ok(TransportChoice::Shm),
             "rdma" => Ok(TransportChoice::Rdma),
-            other => Err(StoreError::Config(format!(
-                "transfer_transport {other:?} is not auto, tcp, shm or rdma"
-            ))),
+            other => Err(StoreError::Config(BadConfig::Transport {
+                got: other.to_string(),
+            })),
         }
     }
 
@@ -220,9 +222,9 @@ pub fn parse_peer(s: &str) -> Result<NodeInfo, StoreError> {
                 transfer_addr: (*transfer).to_string(),
             })
         }
-        _ => Err(StoreError::Config(format!(
-            "peer {s:?} is not node_id=grpc_host:port=transfer_host:port"
-        ))),
+        _ => Err(StoreError::Config(BadConfig::Peer {
+            spec: s.to_string(),
+        })),
     }
 }
 

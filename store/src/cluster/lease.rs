@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 
 use crate::cluster::directory::{HolderEntry, HolderTier};
 use crate::cluster::membership::NodeInfo;
-use crate::cluster::node::{tier_of, ClusterNode};
+use crate::cluster::node_state::{tier_of, ClusterNode, Release};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::ReadLease;
 use crate::StoreError;
@@ -29,9 +29,6 @@ use crate::StoreError;
 /// it (a reader that crashed): long enough for a layer-wise load across a
 /// forward pass, short enough not to pin RAM for long.
 pub const READ_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A remote lease to give back: (holder's gRPC address, lease id).
-pub(super) type Release = (String, u64);
 
 /// A block leased for reading: in this node's tiers (a store lease) or at a
 /// remote holder (a HolderService lease). Dropping it releases the lease.

@@ -21,69 +21,28 @@ use std::time::{Duration, Instant};
 
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::LocateRequest;
-use kvfabric_proto::v1::{Holder, Tier};
+use kvfabric_proto::v1::Tier;
 use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::changes::ChangeFeed;
 use crate::cluster::cluster_config::ClusterConfig;
-use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
-use crate::cluster::lease::Release;
+use crate::cluster::directory::{DirectoryShard, HolderEntry};
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
+pub use crate::cluster::node_state::ClusterNode;
+use crate::cluster::node_state::{holder_entry, tier_of, HeldLease, MAX_LEASE};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
 use crate::cluster::read_staging::Staging;
 use crate::cluster::refresh::SyncState;
 use crate::keys::BlockKey;
 use crate::lifecycle::{BlockInfo, ReadLease};
 use crate::store::Store;
-use crate::StoreError;
-
-/// Longest a holder keeps a block leased for a reader.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(60);
-
-/// A lease a holder keeps for a remote reader until Release or expiry.
-pub(super) struct HeldLease {
-    _lease: ReadLease,
-    deadline: Instant,
-}
-
-/// One node's cluster state.
-pub struct ClusterNode {
-    pub(super) me: NodeInfo,
-    pub(super) cfg: ClusterConfig,
-    /// Secured modes: this node's certificate identity (gRPC and transfer).
-    pub(super) identity: Option<Arc<NodeIdentity>>,
-    pub(super) store: Store,
-    pub(super) membership: Mutex<Option<Membership>>,
-    pub(super) view_rx: watch::Receiver<Arc<MembershipView>>,
-    pub(super) transfer: TransferEngine,
-    pub(super) ram_segment: SegmentId,
-    pub(super) staging: Arc<Staging>,
-    pub(super) shard: Mutex<DirectoryShard>,
-    pub(super) channels: Mutex<HashMap<String, Channel>>,
-    pub(super) leases: Mutex<HashMap<u64, HeldLease>>,
-    pub(super) next_lease: AtomicU64,
-    /// What the store reported and the announcer has not taken yet.
-    pub(super) changes: Arc<ChangeFeed>,
-    /// The announcer's state (held keys, retries, the refresh under way);
-    /// held across an announcement's RPCs, so announcements go out in the
-    /// order the store changed.
-    pub(super) sync_state: tokio::sync::Mutex<SyncState>,
-    /// This node's directory epoch (see [`ClusterNode::directory_epoch`]).
-    pub(super) epoch: AtomicU64,
-    pub(super) kick: Notify,
-    /// Remote leases to give back (drained by the releaser task).
-    pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,
-    /// Lease RPCs this node served as a holder (Lease and LeaseMany).
-    pub(super) lease_requests: Counter,
-    /// Blocks this node leased to remote readers.
-    pub(super) leased_blocks: Counter,
-}
+use crate::{BadConfig, StoreError};
 
 /// A directory epoch for a node starting now: differs between restarts.
 fn start_epoch() -> u64 {
@@ -95,40 +54,6 @@ fn start_epoch() -> u64 {
     h.write_u64(nanos);
     h.write_u32(std::process::id());
     h.finish()
-}
-
-pub(crate) fn tier_of(t: Tier) -> HolderTier {
-    match t {
-        Tier::Vram => HolderTier::Vram,
-        Tier::Disk => HolderTier::Disk,
-        _ => HolderTier::Ram,
-    }
-}
-
-pub(crate) fn tier_pb(t: HolderTier) -> Tier {
-    match t {
-        HolderTier::Vram => Tier::Vram,
-        HolderTier::Ram => Tier::Ram,
-        HolderTier::Disk => Tier::Disk,
-    }
-}
-
-pub(crate) fn holder_pb(e: &HolderEntry) -> Holder {
-    Holder {
-        node_id: e.node_id.clone(),
-        tier: tier_pb(e.tier) as i32,
-        size: e.size,
-        checksum: e.checksum,
-    }
-}
-
-pub(crate) fn holder_entry(h: &Holder) -> HolderEntry {
-    HolderEntry {
-        node_id: h.node_id.clone(),
-        tier: tier_of(Tier::try_from(h.tier).unwrap_or(Tier::Ram)),
-        size: h.size,
-        checksum: h.checksum,
-    }
 }
 
 impl ClusterNode {
@@ -297,13 +222,23 @@ impl ClusterNode {
             "http"
         };
         let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| StoreError::Config(format!("peer address {addr:?}: {e}")))?
+            .map_err(|e| {
+                StoreError::Config(BadConfig::PeerAddress {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })
+            })?
             .connect_timeout(self.cfg.rpc_timeout())
             .tcp_nodelay(true);
         if let Some(id) = &self.identity {
             ep = ep
                 .tls_config(crate::cluster::security::client_tls(id))
-                .map_err(|e| StoreError::Config(format!("peer channel tls: {e}")))?;
+                .map_err(|e| {
+                    StoreError::Config(BadConfig::Tls {
+                        what: "peer channel tls",
+                        reason: e.to_string(),
+                    })
+                })?;
         }
         let ch = ep.connect_lazy();
         self.channels.lock().insert(addr.to_string(), ch.clone());

@@ -17,9 +17,9 @@ use kvfabric_transfer::{SegmentId, SharedRegion, TransferError, TransferOp};
 use crate::cluster::directory::HolderEntry;
 use crate::cluster::lease::{LeaseSource, LeasedBlock};
 use crate::cluster::membership::MembershipView;
-use crate::cluster::node::{tier_pb, ClusterNode};
+use crate::cluster::node_state::{tier_pb, ClusterNode};
 use crate::keys::{BlockKey, KvLayout};
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
 /// A block read by [`ClusterNode::get`], from this node or a peer.
 #[derive(Clone, Debug)]
@@ -46,12 +46,12 @@ impl ReadTarget<'_> {
     fn check(&self, len: u64) -> Result<(), StoreError> {
         let end = self.offset.checked_add(len);
         if len > self.capacity || end.is_none_or(|e| e > self.region.len() as u64) {
-            return Err(StoreError::InvalidArgument(format!(
-                "{len} bytes do not fit the read target ({} bytes at {} of a {}-byte region)",
-                self.capacity,
-                self.offset,
-                self.region.len()
-            )));
+            return Err(StoreError::InvalidArgument(BadArgument::ReadTarget {
+                len,
+                capacity: self.capacity,
+                offset: self.offset,
+                region_len: self.region.len() as u64,
+            }));
         }
         Ok(())
     }
@@ -75,13 +75,14 @@ impl RangeRead<'_> {
     fn check(&self) -> Result<(), StoreError> {
         let end = self.offset.checked_add(self.len);
         if end.is_none_or(|e| e > self.block.len()) {
-            return Err(StoreError::InvalidArgument(format!(
-                "range {}+{} is outside the {}-byte block {:?}",
-                self.offset,
-                self.len,
-                self.block.len(),
-                self.block.key()
-            )));
+            return Err(StoreError::InvalidArgument(
+                BadArgument::RangeOutsideLeased {
+                    offset: self.offset,
+                    len: self.len,
+                    block_len: self.block.len(),
+                    key: *self.block.key(),
+                },
+            ));
         }
         self.target.check(self.len)
     }
@@ -90,7 +91,10 @@ impl RangeRead<'_> {
     fn copy_local(&self, lease: &crate::lifecycle::ReadLease) -> Result<(), StoreError> {
         let (o, n) = (self.offset as usize, self.len as usize);
         let src = lease.bytes().get(o..o + n).ok_or_else(|| {
-            StoreError::InvalidArgument(format!("range {o}+{n} is outside the stored block"))
+            StoreError::InvalidArgument(BadArgument::RangeOutsideStored {
+                offset: o as u64,
+                len: n as u64,
+            })
         })?;
         // SAFETY: the caller owns the target range for the duration of the call.
         let dst = unsafe { self.target.region.slice_mut(self.target.offset as usize, n) }?;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kvfabric_transfer::{SegmentId, SharedRegion};
 use parking_lot::Mutex;
 
-use crate::StoreError;
+use crate::{NoRoom, StoreError};
 
 const ALIGN: u64 = 4096;
 
@@ -60,10 +60,10 @@ impl Staging {
             .find(|(_, &l)| l >= alloc_len)
             .map(|(&o, &l)| (o, l));
         let Some((offset, l)) = found else {
-            return Err(StoreError::ResourceExhausted(format!(
-                "no {len}-byte range free in the {}-byte staging region",
-                self.region.len()
-            )));
+            return Err(StoreError::ResourceExhausted(NoRoom::Staging {
+                len,
+                capacity: self.region.len() as u64,
+            }));
         };
         free.remove(&offset);
         if l > alloc_len {

@@ -15,7 +15,7 @@ use kvfabric_proto::internal::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::cluster::node::{holder_entry, holder_pb, ClusterNode, MAX_LEASE};
+use crate::cluster::node_state::{holder_entry, holder_pb, ClusterNode, MAX_LEASE};
 use crate::cluster::security::authorize;
 use crate::keys::BlockKey;
 

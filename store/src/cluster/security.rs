@@ -12,11 +12,12 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
 use crate::cluster::cluster_config::ClusterConfig;
-use crate::StoreError;
+use crate::{BadConfig, StoreError};
 
 /// Load `cfg`'s identity for node `node_id`; None (and a loud warning) in mode `none`.
 pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentity>>, StoreError> {
-    let id = NodeIdentity::load(&cfg.security).map_err(|e| StoreError::Config(e.to_string()))?;
+    let id = NodeIdentity::load(&cfg.security)
+        .map_err(|e| StoreError::Config(BadConfig::Security(e.to_string())))?;
     match &id {
         None => tracing::warn!(
             node = %node_id,
@@ -25,10 +26,10 @@ pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentit
              only (docs/SECURITY.md)"
         ),
         Some(i) if i.node_id != node_id => {
-            return Err(StoreError::Config(format!(
-                "the certificate names node {:?} but node_id is {node_id:?}",
-                i.node_id
-            )))
+            return Err(StoreError::Config(BadConfig::CertificateNode {
+                cert: i.node_id.clone(),
+                node_id: node_id.to_string(),
+            }))
         }
         Some(i) => {
             tracing::info!(node = %node_id, mode = i.mode.as_str(), "mutual TLS between nodes")

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use kvfabric_engine::chat::ChatTemplate;
-use kvfabric_engine::http::{serve, EngineMetrics, HttpState};
+use kvfabric_engine::http::{EngineMetrics, HttpState};
 use kvfabric_engine::tokenizer::{PreTokenizerKind, Tokenizer, TokenizerSpec};
 use kvfabric_engine::{
     EngineHandle, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, Usage,
@@ -209,14 +209,7 @@ pub async fn start_gated(engine_running: bool, tenants: Option<&std::path::Path>
         Arc::new(registry),
     )
     .with_tenants(gate);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, state, async move {
-        let _ = shutdown_rx.await;
-    }));
+    let (addr, shutdown_tx, task) = super::serve_on_loopback(state).await;
     Server {
         addr,
         seen,

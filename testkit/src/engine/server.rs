@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytesize::ByteSize;
 use kvfabric_engine::chat::ChatTemplate;
 use kvfabric_engine::gguf::GgufFile;
-use kvfabric_engine::http::{serve, EngineMetrics, HttpState};
+use kvfabric_engine::http::{EngineMetrics, HttpState};
 use kvfabric_engine::tokenizer::Tokenizer;
 use kvfabric_engine::{EngineConfig, EngineError, RunningEngine};
 use prometheus_client::registry::Registry;
@@ -70,14 +70,7 @@ pub async fn real_server() -> RealServer {
         metrics,
         Arc::new(registry),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (shutdown, stop) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(listener, state, async move {
-        let _ = stop.await;
-    }));
+    let (addr, shutdown, task) = super::serve_on_loopback(state).await;
     RealServer {
         addr,
         engine,

@@ -1,13 +1,12 @@
-//! Engines with embedded fabric nodes in this process, on a real etcd:
-//! what the connector tests need to run prefill on one node and reuse it on
-//! another. Every wait has a deadline.
-#![allow(dead_code)]
+//! Engines with embedded fabric nodes in this process, on a real etcd
+//! (feature `fabric`): what the connector tests need to run prefill on one
+//! node and reuse it on another. Every wait has a deadline.
 
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr};
 
 use std::time::{Duration, Instant};
 
+use crate::EtcdProcess;
 use bytesize::ByteSize;
 use kvfabric_connector::{ConnectFn, ConnectorConfig, EmbeddedNode, FabricConnector};
 use kvfabric_engine::{
@@ -16,10 +15,10 @@ use kvfabric_engine::{
 };
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
-use kvfabric_testkit::EtcdProcess;
 use tokio::sync::mpsc;
 
-pub use kvfabric_testkit::engine::model;
+pub use crate::engine::model;
+pub use crate::metrics::metric_sum;
 
 pub fn engine_config() -> EngineConfig {
     EngineConfig {
@@ -156,30 +155,7 @@ pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// Sum of the samples of Prometheus metric `name` whose labels contain
-/// every `labels` pair, in the /metrics text `text`.
-pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// GET /metrics of a node (blocking; call from a thread of the node's host).
 pub fn node_metrics(addr: SocketAddr) -> String {
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-        .expect("connect to the node's metrics port");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("response");
-    raw
+    crate::procs::get_ok(&addr.to_string(), "/metrics").expect("the node's /metrics")
 }

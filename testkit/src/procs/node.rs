@@ -1,18 +1,17 @@
-//! Shared harness of the multi-process cluster tests: real `kvfabric node`
-//! processes on loopback (and a real etcd through `EtcdProcess`), blocks with
-//! deterministic contents, and bounded polling.
-
-#![allow(dead_code)]
+//! `kvfabric node` child processes on loopback for the multi-process cluster
+//! tests, blocks with deterministic contents in a small layout, and the
+//! cluster RPCs the tests check (ClusterStatus members, lookup, exists, reads
+//! that compare bytes).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+use super::{kvfabric_command, log_tail};
+use crate::{eventually, free_port};
 use std::time::{Duration, Instant};
 
 use kvfabric_store::cluster::client::{self, CacheClient};
 use kvfabric_store::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
-
-#[allow(unused_imports)] // used by tests/cluster.rs, not by tests/ctl.rs
-pub use kvfabric_testkit::EtcdProcess;
 
 /// A small layout: 2 layers x 2 heads x 16 dims x 16 tokens of f16 = 4 KiB blocks.
 pub fn layout() -> KvLayout {
@@ -51,8 +50,6 @@ pub fn data(key: &BlockKey, len: usize) -> Vec<u8> {
         })
         .collect()
 }
-
-pub use kvfabric_testkit::free_port;
 
 /// One `kvfabric node` child process.
 pub struct NodeProc {
@@ -125,14 +122,8 @@ impl NodeProc {
             .append(true)
             .open(&self.log)
             .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvfabric"));
-        for (k, _) in std::env::vars() {
-            if k.starts_with("KVFABRIC_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("KVFABRIC_LOG", "info,kvfabric_store=debug")
-            .args(&self.args)
+        let mut cmd = kvfabric_command("info,kvfabric_store=debug");
+        cmd.args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         self.child = Some(cmd.spawn().expect("start kvfabric node"));
@@ -172,9 +163,7 @@ impl NodeProc {
 
     /// The node's log so far (for failure messages).
     pub fn log(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = s.lines().rev().take(40).collect();
-        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        log_tail(&self.log)
     }
 
     /// A client of this node (retried until it answers, up to 15 s).
@@ -197,8 +186,6 @@ impl Drop for NodeProc {
         self.kill();
     }
 }
-
-pub use kvfabric_testkit::eventually;
 
 /// Node ids that `node`'s ClusterStatus lists as alive.
 pub async fn alive(c: &mut CacheClient) -> Vec<String> {
