@@ -23,6 +23,7 @@ use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
 use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
 use crate::node_config::NodeConfig;
+use crate::planner::CapacityReport;
 use crate::shared::Shared;
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
 use crate::{BadArgument, StoreError};
@@ -438,6 +439,11 @@ impl Store {
     /// Reclaim reservations older than the timeout; returns how many.
     pub fn reap_zombies(&self) -> usize {
         reap(&self.shared)
+    }
+
+    /// The capacity planner's curves (GET /api/v1/capacity, the Capacity RPC).
+    pub fn capacity(&self) -> CapacityReport {
+        self.shared.planner.report()
     }
 
     /// Per-tier gauges and counters (also refreshes the Prometheus gauges).

@@ -59,7 +59,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
-use crate::store::Store;
 use feed::{Drain, Feeder, Sample, QUEUE};
 use mini::Mini;
 
@@ -503,12 +502,5 @@ impl From<kvfabric_proto::v1::CapacityResponse> for CapacityReport {
             min_samples: r.min_samples,
             dropped_samples: r.dropped_samples,
         }
-    }
-}
-
-impl Store {
-    /// The capacity planner's curves (GET /api/v1/capacity, the Capacity RPC).
-    pub fn capacity(&self) -> CapacityReport {
-        self.shared.planner.report()
     }
 }
