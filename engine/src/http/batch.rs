@@ -19,7 +19,7 @@ use kvfabric_tenants::Identity;
 
 use super::openai::{parse_body, ApiError};
 use super::{completions, unix_now, HttpState};
-use crate::batch::{multipart, BatchService, FileObject};
+use crate::batch::{multipart, BatchObject, BatchService, FileObject};
 
 /// The endpoints a batch may target.
 const ENDPOINTS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
@@ -83,6 +83,15 @@ fn owned_file(svc: &BatchService, who: &Identity, id: &str) -> Result<FileObject
         .map_err(store_error)?
         .filter(|f| f.owner == who.label())
         .ok_or_else(|| not_found("file", id, "file_id"))
+}
+
+/// The batch `id` if it exists and `who` owns it.
+fn owned_batch(svc: &BatchService, who: &Identity, id: &str) -> Result<BatchObject, ApiError> {
+    svc.catalog
+        .batch(id)
+        .map_err(store_error)?
+        .filter(|b| b.owner == who.label())
+        .ok_or_else(|| not_found("batch", id, "batch_id"))
 }
 
 pub(super) async fn upload_file(
@@ -256,13 +265,10 @@ pub(super) async fn get_batch(
     Extension(who): Extension<Identity>,
     Path(id): Path<String>,
 ) -> Response {
-    answer(service(&state).and_then(|svc| {
-        let b = svc.catalog.batch(&id).map_err(store_error)?;
-        let b = b
-            .filter(|b| b.owner == who.label())
-            .ok_or_else(|| not_found("batch", &id, "batch_id"))?;
-        Ok(axum::Json(b.wire()).into_response())
-    }))
+    answer(
+        service(&state)
+            .and_then(|svc| Ok(axum::Json(owned_batch(svc, &who, &id)?.wire()).into_response())),
+    )
 }
 
 pub(super) async fn cancel_batch(
@@ -271,10 +277,7 @@ pub(super) async fn cancel_batch(
     Path(id): Path<String>,
 ) -> Response {
     answer(service(&state).and_then(|svc| {
-        let owned = svc.catalog.batch(&id).map_err(store_error)?;
-        if owned.is_none_or(|b| b.owner != who.label()) {
-            return Err(not_found("batch", &id, "batch_id"));
-        }
+        owned_batch(svc, &who, &id)?;
         let b = svc.cancel(&id).map_err(store_error)?;
         let b = b.ok_or_else(|| not_found("batch", &id, "batch_id"))?;
         Ok(axum::Json(b.wire()).into_response())
