@@ -206,15 +206,30 @@ mod tests {
         assert!(me.rss_bytes > 0 && me.fds > 0);
         assert_eq!(ProcStats::of(u32::MAX), None);
         // Other tests in this binary open and close sockets on their own
-        // threads, so the fd count is only comparable while it holds still:
-        // read the kinds between two equal counts.
-        let settled = (0..200).find_map(|_| {
-            let before = ProcStats::of(std::process::id())?.fds;
-            let kinds = fd_kinds(std::process::id());
-            let after = ProcStats::of(std::process::id())?.fds;
-            (before == after).then(|| (kinds.values().sum::<u64>(), after))
-        });
-        let (by_kind, total) = settled.expect("the fd count settled");
-        assert_eq!(by_kind, total);
+        // threads, so this process's fds never hold still: count the kinds
+        // of a quiet child instead (a `sleep` with stdin, stdout and stderr
+        // on /dev/null and nothing else open).
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id();
+        // Once `sleep` runs, its fd table never changes: wait for exec
+        // (two equal reads 20 ms apart), then count the kinds.
+        let total = (0..200)
+            .find_map(|_| {
+                let before = ProcStats::of(pid)?.fds;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let after = ProcStats::of(pid)?.fds;
+                (before == after).then_some(after)
+            })
+            .expect("the child's fd count settled");
+        let by_kind = fd_kinds(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(by_kind.values().sum::<u64>(), total, "{by_kind:?}");
     }
 }
