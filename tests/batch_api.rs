@@ -223,7 +223,13 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = config(dir.path(), 2);
     let e = start("bad", dir.path(), &cfg);
-    // Unknown file id: 404 naming the parameter.
+    unknown_ids_are_404(&e);
+    bad_lines_go_to_the_error_file(&e);
+    a_batch_can_be_cancelled_listed_and_its_file_deleted(&e);
+}
+
+/// Unknown file and batch ids: 404, naming the parameter where there is one.
+fn unknown_ids_are_404(e: &EngineProc) {
     let body = json!({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"});
     let (status, v) = http(&e.addr, "POST", "/v1/batches", Some(&body)).expect("create");
     assert_eq!(
@@ -235,7 +241,12 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
     assert_eq!(status, 404);
     let (status, _) = http(&e.addr, "GET", "/v1/batches/batch-nope", None).expect("get");
     assert_eq!(status, 404);
+}
 
+/// A wrong endpoint is a 400; bad lines (not JSON, bad parameters, a wrong
+/// url) go to the error file with the interactive 400 body, good lines to
+/// the output file.
+fn bad_lines_go_to_the_error_file(e: &EngineProc) {
     let reqs = requests();
     let mut bad_params = reqs[1].clone();
     bad_params["body"]["temperature"] = json!(-3);
@@ -262,7 +273,7 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
         .as_str()
         .expect("id")
         .to_string();
-    let b = wait_for(&e, &id, 600, |b| b["status"] == "completed");
+    let b = wait_for(e, &id, 600, |b| b["status"] == "completed");
     assert_eq!(
         b["request_counts"],
         json!({"total": 5, "completed": 2, "failed": 3}),
@@ -288,8 +299,11 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
         content(&e.addr, b["output_file_id"].as_str().expect("output")).len(),
         2
     );
+}
 
-    // Cancel: a long batch stops early and ends cancelled.
+/// Cancel: a long batch stops early and ends cancelled; the list shows it
+/// first; its input file can be deleted.
+fn a_batch_can_be_cancelled_listed_and_its_file_deleted(e: &EngineProc) {
     let mut long = requests();
     for r in &mut long {
         r["body"]["max_tokens"] = json!(200);
@@ -306,7 +320,7 @@ fn bad_inputs_are_refused_or_go_to_the_error_file_and_a_batch_can_be_cancelled()
         v["status"] == "cancelling" || v["status"] == "cancelled",
         "{v}"
     );
-    let b = wait_for(&e, &id, 600, |b| b["status"] == "cancelled");
+    let b = wait_for(e, &id, 600, |b| b["status"] == "cancelled");
     assert!(b["cancelled_at"].is_u64(), "{b}");
     assert!(b["request_counts"]["completed"].as_u64() < Some(50), "{b}");
     // Listing: newest first, limit honoured.

@@ -124,6 +124,14 @@ impl EngineMetrics {
     /// Register every series under `kvfabric_engine_*`.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("kvfabric_engine");
+        self.register_requests(r);
+        self.register_load(r);
+        self.register_streaming(r);
+        self.register_speculation(r);
+    }
+
+    /// Latencies, tokens and outcomes of requests.
+    fn register_requests(&self, r: &mut Registry) {
         r.register(
             "time_to_first_token_seconds",
             "Time from request arrival to the first generated token",
@@ -159,6 +167,10 @@ impl EngineMetrics {
             "Finished requests by outcome (stop, length, cancelled, error)",
             self.requests.clone(),
         );
+    }
+
+    /// Batch size, queues (interactive and batch jobs) and the KV pool.
+    fn register_load(&self, r: &mut Registry) {
         r.register(
             "batch_size",
             "Sequences per forward step",
@@ -199,6 +211,10 @@ impl EngineMetrics {
             "KV pool capacity in blocks",
             self.kv_blocks_total.clone(),
         );
+    }
+
+    /// Layer-wise loads from the fabric.
+    fn register_streaming(&self, r: &mut Registry) {
         r.register(
             "streamed_steps",
             "Forward passes that waited on layers of a layer-wise load",
@@ -209,6 +225,10 @@ impl EngineMetrics {
             "Layer-wise loads that failed or came late in a forward pass (step discarded, load finished whole)",
             self.stream_fallbacks.clone(),
         );
+    }
+
+    /// Speculative decoding.
+    fn register_speculation(&self, r: &mut Registry) {
         r.register(
             "spec_drafted_tokens",
             "Speculative draft tokens verified",

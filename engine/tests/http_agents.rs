@@ -139,14 +139,22 @@ const COMPUTED: &str = "kvfabric_engine_prompt_tokens_computed_total";
 async fn n_samples_share_one_prefill_and_repeat_with_a_seed() {
     let server = real_server().await;
     let addr = server.addr;
-    let text_of = |v: &Value, i: usize| {
-        v["choices"][i]["message"]["content"]
-            .as_str()
-            .expect("content")
-            .to_owned()
-    };
-    // Greedy: every sample equals the single greedy answer, which checks
-    // that forks read the shared blocks and their copied partial block right.
+    greedy_samples_equal_the_greedy_answer(addr).await;
+    sampled_samples_share_one_prefill_and_repeat_with_a_seed(addr).await;
+    best_of_keeps_one_of_the_samples(addr).await;
+}
+
+/// The text of choice `i` of a chat answer.
+fn text_of(v: &Value, i: usize) -> String {
+    v["choices"][i]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_owned()
+}
+
+/// Greedy: every sample equals the single greedy answer, which checks that
+/// forks read the shared blocks and their copied partial block right.
+async fn greedy_samples_equal_the_greedy_answer(addr: SocketAddr) {
     let greedy = json!({
         "model": MODEL_NAME,
         "messages": [{"role": "user", "content": "Name three colours of the rainbow."}],
@@ -164,8 +172,11 @@ async fn n_samples_share_one_prefill_and_repeat_with_a_seed() {
         assert_eq!(v["choices"][i]["index"], i);
         assert_eq!(text_of(&v, i), text_of(&one, 0), "sample {i}");
     }
+}
 
-    // A new prompt, n = 4, sampled: the prompt is computed once.
+/// A new prompt, n = 4, sampled: the prompt is computed once, the samples
+/// differ, and the same seed gives the same four again, streamed.
+async fn sampled_samples_share_one_prefill_and_repeat_with_a_seed(addr: SocketAddr) {
     let before = counter(addr, COMPUTED).await;
     let sampled = json!({
         "model": MODEL_NAME,
@@ -217,8 +228,10 @@ async fn n_samples_share_one_prefill_and_repeat_with_a_seed() {
         again[i].push_str(choice["delta"]["content"].as_str().unwrap_or_default());
     }
     assert_eq!(again, texts);
+}
 
-    // Completions best_of: the kept sample is one of the generated.
+/// Completions best_of: one sample kept; best_of below n is a 400.
+async fn best_of_keeps_one_of_the_samples(addr: SocketAddr) {
     let (status, v) = call_json(
         addr,
         "/v1/completions",

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{ClusterNode, HolderEntry, HolderTier, RangeRead, ReadTarget};
+use kvfabric_store::cluster::{
+    ClusterNode, HolderEntry, HolderTier, LeasedBlock, RangeRead, ReadTarget,
+};
 use kvfabric_store::{BlockKey, StoreError};
 use kvfabric_testkit::cluster::{data, key, layout, read_verified, Cluster, Options};
 use kvfabric_transfer::{SegmentId, SharedRegion};
@@ -19,6 +21,21 @@ fn dest(node: &ClusterNode, bytes: usize) -> (Arc<SharedRegion>, SegmentId) {
     let region = Arc::new(SharedRegion::create("test-dest", bytes).unwrap());
     let seg = node.transfer().register(region.clone());
     (region, seg)
+}
+
+/// A read of `len` bytes at `offset` of `block` into `target`.
+fn read<'a>(
+    block: &'a LeasedBlock,
+    offset: u64,
+    len: u64,
+    target: ReadTarget<'a>,
+) -> RangeRead<'a> {
+    RangeRead {
+        block,
+        offset,
+        len,
+        target,
+    }
 }
 
 fn bytes_at(region: &SharedRegion, at: u64, len: u64) -> Vec<u8> {
@@ -194,40 +211,15 @@ async fn out_of_range_reads_are_refused_and_move_nothing() {
         let len = b.len();
         let refused = [
             // Past the block's end.
-            RangeRead {
-                block: b,
-                offset: len - 10,
-                len: 20,
-                target: target(0, 20),
-            },
+            read(b, len - 10, 20, target(0, 20)),
             // Offset + len overflows.
-            RangeRead {
-                block: b,
-                offset: u64::MAX - 5,
-                len: 10,
-                target: target(0, 10),
-            },
+            read(b, u64::MAX - 5, 10, target(0, 10)),
             // Larger than the target's capacity.
-            RangeRead {
-                block: b,
-                offset: 0,
-                len: 4096,
-                target: target(0, 4095),
-            },
+            read(b, 0, 4096, target(0, 4095)),
             // Past the end of the target region.
-            RangeRead {
-                block: b,
-                offset: 0,
-                len: 4096,
-                target: target(region.len() as u64 - 100, 4096),
-            },
+            read(b, 0, 4096, target(region.len() as u64 - 100, 4096)),
             // A local block past its end.
-            RangeRead {
-                block: bh,
-                offset: 1,
-                len: bh.len(),
-                target: target(0, bh.len()),
-            },
+            read(bh, 1, bh.len(), target(0, bh.len())),
         ];
         let proxied = c.proxies[1].as_ref().unwrap();
         let moved_before = proxied.back_bytes();
@@ -251,18 +243,8 @@ async fn out_of_range_reads_are_refused_and_move_nothing() {
             .all(|&x| x == 0xab));
         // A good op beside a refused one still runs.
         let mixed = [
-            RangeRead {
-                block: b,
-                offset: 0,
-                len: 100,
-                target: target(0, 100),
-            },
-            RangeRead {
-                block: b,
-                offset: len,
-                len: 1,
-                target: target(200, 1),
-            },
+            read(b, 0, 100, target(0, 100)),
+            read(b, len, 1, target(200, 1)),
         ];
         let results = c.nodes[0].read_leased(&mixed).await;
         assert!(results[0].is_ok() && results[1].is_err(), "{results:?}");

@@ -90,6 +90,50 @@ async fn http_get(addr: &str, path: &str) -> String {
     out
 }
 
+type Client = CacheServiceClient<tonic::transport::Channel>;
+
+/// Put `chunks` under `k` as one client stream declaring `size` bytes.
+async fn put(
+    c: &mut Client,
+    k: Vec<u8>,
+    size: u64,
+    chunks: Vec<Vec<u8>>,
+    layout: Option<KvLayout>,
+) -> Result<kvfabric_proto::v1::PutResponse, tonic::Status> {
+    let msgs = put_msgs(k, size, chunks, layout);
+    c.put(tokio_stream::iter(msgs))
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Put one whole block of `data(i)` under `key(i)`.
+async fn put_block(
+    c: &mut Client,
+    i: u8,
+) -> Result<kvfabric_proto::v1::PutResponse, tonic::Status> {
+    put(c, key(i), BLOCK as u64, vec![data(i)], Some(layout())).await
+}
+
+/// Every byte a Get of `k` (from `offset`, `length` 0 = to the end) streams.
+async fn get_bytes(
+    c: &mut Client,
+    k: Vec<u8>,
+    offset: u64,
+    length: u64,
+) -> Result<Vec<u8>, tonic::Status> {
+    let req = GetRequest {
+        key: k,
+        offset,
+        length,
+    };
+    let mut s = c.get(req).await?.into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = s.message().await? {
+        got.extend_from_slice(&m.data);
+    }
+    Ok(got)
+}
+
 #[tokio::test]
 async fn put_get_lookup_errors_and_metrics() {
     let (url, http, stop) = start(3).await;
@@ -97,45 +141,29 @@ async fn put_get_lookup_errors_and_metrics() {
     c = c
         .max_decoding_message_size(8 << 20)
         .max_encoding_message_size(8 << 20);
+    puts_gets_and_lookups(&mut c).await;
+    bad_inputs_are_refused(&mut c).await;
+    a_full_pinned_store_refuses_and_keeps_its_blocks(&mut c).await;
+    stats_health_and_metrics(&mut c, &http).await;
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
 
-    // Inline put, then a client-streamed put in 3 chunks.
-    let r = c
-        .put(tokio_stream::iter(put_msgs(
-            key(1),
-            BLOCK as u64,
-            vec![data(1)],
-            Some(layout()),
-        )))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!r.already_present);
+/// An inline put, a put streamed in 3 chunks, an idempotent re-put; Get of
+/// the whole block, of a range and of a miss; Exists and Lookup.
+async fn puts_gets_and_lookups(c: &mut Client) {
+    assert!(!put_block(c, 1).await.unwrap().already_present);
     let d2 = data(2);
     let chunks = vec![
         d2[..1000].to_vec(),
         d2[1000..70000].to_vec(),
         d2[70000..].to_vec(),
     ];
-    c.put(tokio_stream::iter(put_msgs(
-        key(2),
-        BLOCK as u64,
-        chunks,
-        Some(layout()),
-    )))
-    .await
-    .unwrap();
-    // Idempotent.
-    let again = c
-        .put(tokio_stream::iter(put_msgs(
-            key(1),
-            BLOCK as u64,
-            vec![data(9)],
-            Some(layout()),
-        )))
+    put(c, key(2), BLOCK as u64, chunks, Some(layout()))
         .await
-        .unwrap()
-        .into_inner();
-    assert!(again.already_present);
+        .unwrap();
+    let again = put(c, key(1), BLOCK as u64, vec![data(9)], Some(layout())).await;
+    assert!(again.unwrap().already_present);
 
     // Get streams the header then the bytes; ranges work.
     let mut s = c
@@ -149,33 +177,9 @@ async fn put_get_lookup_errors_and_metrics() {
         .into_inner();
     let first = s.message().await.unwrap().unwrap();
     assert_eq!(first.header.unwrap().size, BLOCK as u64);
-    let mut got = first.data.to_vec();
-    while let Some(m) = s.message().await.unwrap() {
-        got.extend_from_slice(&m.data);
-    }
-    assert_eq!(got, d2);
-    let mut s = c
-        .get(GetRequest {
-            key: key(2),
-            offset: 10,
-            length: 5,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut part = Vec::new();
-    while let Some(m) = s.message().await.unwrap() {
-        part.extend_from_slice(&m.data);
-    }
-    assert_eq!(part, d2[10..15]);
-    let miss = c
-        .get(GetRequest {
-            key: key(7),
-            offset: 0,
-            length: 0,
-        })
-        .await
-        .unwrap_err();
+    assert_eq!(get_bytes(c, key(2), 0, 0).await.unwrap(), d2);
+    assert_eq!(get_bytes(c, key(2), 10, 5).await.unwrap(), d2[10..15]);
+    let miss = get_bytes(c, key(7), 0, 0).await.unwrap_err();
     assert_eq!(miss.code(), Code::NotFound);
 
     let ex = c
@@ -195,8 +199,10 @@ async fn put_get_lookup_errors_and_metrics() {
         .unwrap()
         .into_inner();
     assert_eq!((lk.prefix_blocks, lk.holders.len()), (2, 2));
+}
 
-    // Bad inputs: each its status code, nothing stored damaged.
+/// Bad inputs: each its status code and reason, nothing stored damaged.
+async fn bad_inputs_are_refused(c: &mut Client) {
     let bad_key = c
         .exists(ExistsRequest {
             keys: vec![vec![1; 31]],
@@ -204,122 +210,61 @@ async fn put_get_lookup_errors_and_metrics() {
         .await
         .unwrap_err();
     assert_eq!(bad_key.code(), Code::InvalidArgument);
-    let bad_put_key = c
-        .put(tokio_stream::iter(put_msgs(
-            vec![1; 33],
-            BLOCK as u64,
-            vec![data(1)],
-            Some(layout()),
-        )))
+    let e = put(c, vec![1; 33], BLOCK as u64, vec![data(1)], Some(layout()))
         .await
         .unwrap_err();
-    assert_eq!(bad_put_key.code(), Code::InvalidArgument);
+    assert_eq!(e.code(), Code::InvalidArgument);
     let mut unknown = layout();
     unknown.dtype = 42;
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(4),
-            BLOCK as u64,
-            vec![data(4)],
-            Some(unknown),
-        )))
+    let e = put(c, key(4), BLOCK as u64, vec![data(4)], Some(unknown))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     assert!(e.message().contains("dtype"));
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(4),
-            3 * BLOCK as u64,
-            vec![data(4)],
-            Some(layout()),
-        )))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("max_block_size"), "{e}");
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(4),
-            BLOCK as u64 + 1,
-            vec![data(4)],
-            Some(layout()),
-        )))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("declared"), "{e}");
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(4),
-            BLOCK as u64 - 1,
-            vec![data(4)],
-            Some(layout()),
-        )))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
+    // Declared sizes: over max_block_size, more and fewer bytes than declared.
+    for (size, reason) in [
+        (3 * BLOCK as u64, Some("max_block_size")),
+        (BLOCK as u64 + 1, Some("declared")),
+        (BLOCK as u64 - 1, None),
+    ] {
+        let e = put(c, key(4), size, vec![data(4)], Some(layout()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        if let Some(reason) = reason {
+            assert!(e.message().contains(reason), "{e}");
+        }
+    }
     // A wrong-size put of an existing key is refused too and changes nothing.
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(1),
-            7,
-            vec![data(1)],
-            Some(layout()),
-        )))
+    let e = put(c, key(1), 7, vec![data(1)], Some(layout()))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
+}
 
-    // Everything pinned and no room: RESOURCE_EXHAUSTED.
-    c.put(tokio_stream::iter(put_msgs(
-        key(3),
-        BLOCK as u64,
-        vec![data(3)],
-        Some(layout()),
-    )))
-    .await
-    .unwrap();
+/// Everything pinned and no room: RESOURCE_EXHAUSTED, and every stored
+/// block reads back whole; then unpin and remove.
+async fn a_full_pinned_store_refuses_and_keeps_its_blocks(c: &mut Client) {
+    put_block(c, 3).await.unwrap();
+    let keys = vec![key(1), key(2), key(3)];
     let p = c
         .pin(PinRequest {
-            keys: vec![key(1), key(2), key(3)],
+            keys: keys.clone(),
             ttl_ms: 0,
         })
         .await
         .unwrap();
     assert_eq!(p.into_inner().pinned, 3);
-    let e = c
-        .put(tokio_stream::iter(put_msgs(
-            key(5),
-            BLOCK as u64,
-            vec![data(5)],
-            Some(layout()),
-        )))
-        .await
-        .unwrap_err();
+    let e = put_block(c, 5).await.unwrap_err();
     assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
     for i in 1..=3u8 {
-        let mut s = c
-            .get(GetRequest {
-                key: key(i),
-                offset: 0,
-                length: 0,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let mut got = Vec::new();
-        while let Some(m) = s.message().await.unwrap() {
-            got.extend_from_slice(&m.data);
-        }
-        assert_eq!(got, data(i), "block {i} damaged");
+        assert_eq!(
+            get_bytes(c, key(i), 0, 0).await.unwrap(),
+            data(i),
+            "block {i} damaged"
+        );
     }
-    let u = c
-        .unpin(UnpinRequest {
-            keys: vec![key(1), key(2), key(3)],
-        })
-        .await
-        .unwrap();
+    let u = c.unpin(UnpinRequest { keys }).await.unwrap();
     assert_eq!(u.into_inner().unpinned, 3);
     let rm = c
         .remove(RemoveRequest {
@@ -329,14 +274,17 @@ async fn put_get_lookup_errors_and_metrics() {
         .unwrap()
         .into_inner();
     assert_eq!(rm.removed, 1);
+}
 
+/// Stats count what happened; /health and /metrics answer.
+async fn stats_health_and_metrics(c: &mut Client, http: &str) {
     let st = c.stats(StatsRequest {}).await.unwrap().into_inner();
     assert_eq!(st.tiers[0].blocks, 2);
     assert!(st.tiers[0].hits >= 5);
 
-    let health = http_get(&http, "/health").await;
+    let health = http_get(http, "/health").await;
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
-    let metrics = http_get(&http, "/metrics").await;
+    let metrics = http_get(http, "/metrics").await;
     for name in [
         "kvfabric_store_used_bytes{tier=\"Ram\"}",
         "kvfabric_store_hits_total",
@@ -346,8 +294,6 @@ async fn put_get_lookup_errors_and_metrics() {
     ] {
         assert!(metrics.contains(name), "missing {name} in\n{metrics}");
     }
-    let _ = stop.send(());
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// A Get stream's chunks are slices of the RAM arena held by the block's

@@ -9,7 +9,7 @@ use kvfabric_store::cluster::{ClusterNode, ReadTarget};
 use kvfabric_store::{BlockKey, KeyChain, ModelFingerprint, PutOptions};
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferOp};
 
-use super::{layout, ClusterArgs};
+use super::args::{layout, ClusterArgs};
 
 /// The blocks, the destination and the peers of the timed reads.
 pub(super) struct Reads {

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{BatchObject, BatchStore, FileObject};
+use super::objects::{BatchObject, FileObject};
+use super::store::BatchStore;
 use crate::EngineError;
 
 /// One request's stored result: an output-file line or an error-file line.

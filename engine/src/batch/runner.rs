@@ -19,9 +19,10 @@ use futures::StreamExt;
 use kvfabric_tenants::Identity;
 use tokio::sync::Notify;
 
-use super::catalog::StoredResult;
+use super::catalog::{Catalog, StoredResult};
+use super::config::BatchConfig;
 use super::lines::{self, InputLine};
-use super::{BatchConfig, BatchObject, BatchStatus, Catalog, FileObject, RequestCounts};
+use super::objects::{BatchObject, BatchStatus, FileObject, RequestCounts};
 use crate::http::{unix_now, HttpState};
 use crate::EngineError;
 

@@ -16,7 +16,7 @@
 
 use kvfabric_types::DType;
 
-use super::Isa;
+use super::isa::Isa;
 
 /// IEEE half -> f32 (exact; a NaN comes out quiet, as `vcvtph2ps` gives it).
 pub fn f16_to_f32(h: u16) -> f32 {

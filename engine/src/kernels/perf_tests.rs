@@ -163,49 +163,43 @@ fn perf_matmul_stream() {
     }
 }
 
-/// Why the matmuls do not use AMX tiles (see docs/BENCHMARKS.md, session 14):
-/// what one k-block of a weight-only-quantized AMX-BF16 matmul costs on this
-/// CPU, piece by piece. Three 16-column groups (tmm0-2 sums, tmm3-5 weights)
-/// and the f32 activations as three exact bf16 planes (tmm6/7, alternating),
-/// so 9 tile products per 48 x 32 weights. Skipped without AMX.
 #[cfg(target_arch = "x86_64")]
-#[test]
-#[ignore]
-fn perf_amx_tile_costs() {
+mod amx {
+    //! The pieces of [`super::perf_amx_tile_costs`]: asking Linux for the
+    //! tile state, the buffers, the weight conversion and the timed loops.
+
     use std::arch::asm;
     use std::arch::x86_64::*;
+    use std::time::Instant;
 
-    // CPUID.(EAX=7,ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then ask Linux
-    // for the tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
-    let edx = __cpuid_count(7, 0).edx;
-    let granted = if edx & (1 << 22) != 0 && edx & (1 << 24) != 0 {
-        let ret: isize;
-        // SAFETY: a plain syscall with integer arguments.
-        unsafe {
-            asm!("syscall", inlateout("rax") 158isize => ret, in("rdi") 0x1023usize,
+    /// Whether this CPU has AMX-BF16 and Linux granted this process the
+    /// tile state.
+    pub(super) fn granted() -> bool {
+        // CPUID.(EAX=7,ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then ask Linux
+        // for the tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+        let edx = __cpuid_count(7, 0).edx;
+        if edx & (1 << 22) != 0 && edx & (1 << 24) != 0 {
+            let ret: isize;
+            // SAFETY: a plain syscall with integer arguments.
+            unsafe {
+                asm!("syscall", inlateout("rax") 158isize => ret, in("rdi") 0x1023usize,
                  in("rsi") 18usize, lateout("rcx") _, lateout("r11") _, options(nostack));
+            }
+            ret == 0
+        } else {
+            false
         }
-        ret == 0
-    } else {
-        false
-    };
-    if !granted || !is_x86_feature_detected!("avx512bw") {
-        println!("no AMX-BF16 here: skipped");
-        return;
     }
+
     #[repr(C, align(64))]
-    struct Cfg([u8; 64]);
+    pub(super) struct Cfg([u8; 64]);
     #[repr(align(64))]
-    struct Buf([u8; 1 << 16]);
-    let src = Box::new(Buf([0x13; 1 << 16]));
-    let mut wts = Box::new(Buf([0x3f; 1 << 16]));
-    let mut prod = Box::new(Buf([0; 1 << 16]));
-    let act = Box::new(Buf([0x3f; 1 << 16]));
+    pub(super) struct Buf(pub(super) [u8; 1 << 16]);
 
     /// Q4_1 nibbles of 48 columns x 32 k to VNNI bf16, with the operations a
     /// kernel would use (the lookup table's values do not change the timing).
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn convert(src: *const u8, dst: *mut u8) {
+    pub(super) unsafe fn convert(src: *const u8, dst: *mut u8) {
         let table = _mm512_set1_epi32(0x3f80_0000);
         for p in 0..48 {
             let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(src.add(p * 64) as *const __m128i));
@@ -217,7 +211,8 @@ fn perf_amx_tile_costs() {
         }
     }
 
-    for rows in [1u8, 8] {
+    /// Time each variant of one k-block with `rows` activation rows.
+    pub(super) fn time_variants(rows: u8, src: &Buf, wts: &mut Buf, prod: &mut Buf, act: &Buf) {
         let mut cfg = Cfg([0; 64]);
         cfg.0[0] = 1;
         for t in 0..8 {
@@ -289,6 +284,30 @@ fn perf_amx_tile_costs() {
         }
         // SAFETY: releases the tile state this thread configured.
         unsafe { asm!("tilerelease") };
+    }
+}
+
+/// Why the matmuls do not use AMX tiles (see docs/BENCHMARKS.md, session 14):
+/// what one k-block of a weight-only-quantized AMX-BF16 matmul costs on this
+/// CPU, piece by piece. Three 16-column groups (tmm0-2 sums, tmm3-5 weights)
+/// and the f32 activations as three exact bf16 planes (tmm6/7, alternating),
+/// so 9 tile products per 48 x 32 weights. Skipped without AMX.
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore]
+fn perf_amx_tile_costs() {
+    use amx::{convert, Buf};
+    if !amx::granted() || !is_x86_feature_detected!("avx512bw") {
+        println!("no AMX-BF16 here: skipped");
+        return;
+    }
+    let src = Box::new(Buf([0x13; 1 << 16]));
+    let mut wts = Box::new(Buf([0x3f; 1 << 16]));
+    let mut prod = Box::new(Buf([0; 1 << 16]));
+    let act = Box::new(Buf([0x3f; 1 << 16]));
+
+    for rows in [1u8, 8] {
+        amx::time_variants(rows, &src, &mut wts, &mut prod, &act);
     }
     let t = Instant::now();
     for it in 0..50_000usize {

@@ -6,7 +6,7 @@
 //! concatenation of all chunks equals `decode` of all ids. Bytes that can
 //! never become valid UTF-8 are emitted as U+FFFD, exactly as `decode` does.
 
-use super::Tokenizer;
+use super::bpe_model::Tokenizer;
 
 /// Incremental detokenizer for one sequence. `finish` consumes it.
 #[derive(Debug, Default)]
@@ -80,7 +80,7 @@ impl StreamDecoder {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::tiny;
+    use super::super::bpe_model::tests::tiny;
     use super::*;
 
     #[test]

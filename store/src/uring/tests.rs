@@ -196,6 +196,45 @@ fn transient_enter_failures_are_retried_and_every_op_completes() {
     );
 }
 
+/// What a reader saw: its read's result (with the buffer) and whether the
+/// data had been sent when the answer came.
+type Answer = (std::io::Result<[u8; 8]>, bool);
+
+/// What a reused buffer is filled with.
+const SENTINEL: u8 = 0xAA;
+
+/// A reader thread of [`permanent_failure_waits_for_the_kernel`]: reads 8
+/// bytes through the ring, reports the answer, then reuses its buffer
+/// (fills it with `SENTINEL`) and, between two `reused` waits, checks that
+/// nothing wrote into it after the answer.
+fn spawn_reader(
+    ring: Arc<IoRing>,
+    data_sent: Arc<AtomicBool>,
+    reused: Arc<Barrier>,
+    done_tx: mpsc::Sender<Answer>,
+    check_tx: mpsc::Sender<bool>,
+) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8];
+        let res = ring.read(0, &mut buf);
+        let after_data = data_sent.load(Ordering::SeqCst);
+        done_tx.send((res.map(|()| buf), after_data)).unwrap();
+        // The caller reuses its buffer: nothing may write into it now.
+        for b in buf.iter_mut() {
+            // SAFETY: a live byte of our own buffer (volatile: the kernel
+            // is the writer this checks for).
+            unsafe { std::ptr::write_volatile(b, SENTINEL) };
+        }
+        reused.wait();
+        reused.wait();
+        // SAFETY: as above.
+        let kept = buf
+            .iter()
+            .all(|b| unsafe { std::ptr::read_volatile(b) } == SENTINEL);
+        check_tx.send(kept).unwrap();
+    });
+}
+
 /// A permanent `io_uring_enter` failure while reads are in the kernel: no
 /// read is answered before the kernel completes it, no buffer is written
 /// after its answer, the op the kernel never took is handed back at once,
@@ -203,7 +242,6 @@ fn transient_enter_failures_are_retried_and_every_op_completes() {
 /// kernel has completed all it took. `waits_fail`: waiting fails too, so the
 /// ring must poll its CQ.
 fn permanent_failure_waits_for_the_kernel(waits_fail: bool) {
-    const SENTINEL: u8 = 0xAA;
     let secs = Duration::from_secs;
     let (a, b) = UnixStream::pair().unwrap();
     let script = Arc::new(Mutex::new(Script::default()));
@@ -214,26 +252,7 @@ fn permanent_failure_waits_for_the_kernel(waits_fail: bool) {
     let (check_tx, check_rx) = mpsc::channel();
     for _ in 0..3 {
         let (ring, data_sent, reused) = (ring.clone(), data_sent.clone(), reused.clone());
-        let (done_tx, check_tx) = (done_tx.clone(), check_tx.clone());
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 8];
-            let res = ring.read(0, &mut buf);
-            let after_data = data_sent.load(Ordering::SeqCst);
-            done_tx.send((res.map(|()| buf), after_data)).unwrap();
-            // The caller reuses its buffer: nothing may write into it now.
-            for b in buf.iter_mut() {
-                // SAFETY: a live byte of our own buffer (volatile: the kernel
-                // is the writer this checks for).
-                unsafe { std::ptr::write_volatile(b, SENTINEL) };
-            }
-            reused.wait();
-            reused.wait();
-            // SAFETY: as above.
-            let kept = buf
-                .iter()
-                .all(|b| unsafe { std::ptr::read_volatile(b) } == SENTINEL);
-            check_tx.send(kept).unwrap();
-        });
+        spawn_reader(ring, data_sent, reused, done_tx.clone(), check_tx.clone());
     }
     let deadline = Instant::now() + secs(10);
     while script.lock().ops_taken() < 3 {

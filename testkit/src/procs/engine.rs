@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::command::{kvfabric_command, log_tail};
 use super::http::http;
-use super::{kvfabric_command, log_tail};
 use crate::engine::model_path;
 use crate::free_port;
 

@@ -9,53 +9,14 @@
 //! root package's tests, and a harness here serves them without each test
 //! passing the path in.
 
+mod command;
 pub mod engine;
 pub mod http;
 pub mod node;
 mod response;
 
-use std::path::PathBuf;
-use std::process::Command;
-
+pub use command::{kvfabric_bin, kvfabric_command, log_tail};
 pub use engine::{EngineOptions, EngineProc};
 pub use http::{get_json, get_ok, http, http_with_key, metric};
 pub use node::NodeProc;
 pub use response::parse_response;
-
-/// The `kvfabric` binary of this build: `target/<profile>/kvfabric`, beside
-/// the `deps/` folder that holds the running test executable (cargo builds a
-/// package's binaries before its integration tests run).
-pub fn kvfabric_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable's path");
-    let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("kvfabric"))
-        .expect("the test executable sits in target/<profile>/deps");
-    assert!(
-        bin.exists(),
-        "{} not found: run the test through `cargo test` in the workspace root",
-        bin.display()
-    );
-    bin
-}
-
-/// `kvfabric` with no `KVFABRIC_*` variable of the test's environment (a
-/// child reads its settings from its flags only) and `KVFABRIC_LOG=log`.
-pub fn kvfabric_command(log: &str) -> Command {
-    let mut cmd = Command::new(kvfabric_bin());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("KVFABRIC_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.env("KVFABRIC_LOG", log);
-    cmd
-}
-
-/// The last 40 lines of a process log (for failure messages).
-pub fn log_tail(path: &std::path::Path) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let tail: Vec<&str> = s.lines().rev().take(40).collect();
-    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-}

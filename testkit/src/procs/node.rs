@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::{kvfabric_command, log_tail};
+use super::command::{kvfabric_command, log_tail};
 use crate::{eventually, free_port};
 use std::time::{Duration, Instant};
 

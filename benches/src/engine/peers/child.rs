@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
-use super::Rates;
+use super::workload::Rates;
 
 /// A finished child process: exit status and what it wrote.
 pub(crate) struct Finished {

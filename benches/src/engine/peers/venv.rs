@@ -9,11 +9,8 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::child::tail;
-use super::{
-    last_json_line, parse_rates, run_child, Output, PeerWorkload, Rates, GGUF_VERSION,
-    LLAMA_CPP_PYTHON_VERSION,
-};
+use super::child::{last_json_line, parse_rates, run_child, tail, Output};
+use super::workload::{PeerWorkload, Rates, GGUF_VERSION, LLAMA_CPP_PYTHON_VERSION};
 
 const VENV_SCRIPT: &str = include_str!("../../../peers/llamacpp_venv.sh");
 const BENCH_SCRIPT: &str = include_str!("../../../peers/llamacpp_bench.py");

@@ -9,8 +9,8 @@
 
 use super::layout::{PackedFormat, TILE_N};
 use super::{q4_1, q8_0};
+use crate::kernels::isa::Isa;
 use crate::kernels::prefetch::SideCursor;
-use crate::kernels::Isa;
 
 /// Columns of one fused call: a whole tile, or half of one when a matrix has
 /// too few tiles to share evenly between threads.

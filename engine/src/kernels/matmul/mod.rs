@@ -45,8 +45,9 @@ mod q8_0;
 pub use layout::{PackedFormat, CHUNK_K, TILE_N};
 
 use crate::gguf::TensorInfo;
+use crate::kernels::isa::Isa;
+use crate::kernels::pool::ThreadPool;
 use crate::kernels::prefetch::SideLines;
-use crate::kernels::{Isa, ThreadPool};
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
 use fused::{fused_cols, fused_rows_avx512, FusedCols, FUSED_ROWS};

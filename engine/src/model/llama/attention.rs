@@ -5,12 +5,12 @@
 
 use std::cell::RefCell;
 
+use super::pass::SeqChunk;
 use super::rows::SendPtr;
-use super::SeqChunk;
 use crate::kernels::attention::{attend_group, AttnGeometry, BlockKv};
 use crate::kernels::{Compute, SideLines};
 use crate::kv::pool::KvPool;
-use crate::model::LlamaModel;
+use crate::model::weights::LlamaModel;
 
 /// Consecutive rows of one sequence whose attention runs as one group (with
 /// the query heads sharing a KV head), so each K/V row is read once for all.

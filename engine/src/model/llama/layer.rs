@@ -2,11 +2,11 @@
 //! fused q|k|v matmul, rotary embedding, the K/V store into the paged pool,
 //! the output projection and the FFN (gate|up, SwiGLU, down).
 
+use super::pass::{Activations, SeqChunk};
 use super::rows::{for_rows, FFN_ROWS};
-use super::{Activations, SeqChunk};
 use crate::kernels::{rms_norm, swiglu, Compute, SideLines, NORM_ROWS};
 use crate::kv::pool::KvPool;
-use crate::model::{LayerWeights, LlamaModel};
+use crate::model::weights::{LayerWeights, LlamaModel};
 
 impl LlamaModel {
     /// Attention RMSNorm of the residual stream, then the fused q|k|v matmul.

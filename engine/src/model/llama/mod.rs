@@ -12,39 +12,23 @@
 //! Here: the batch check, the embedding, the per-layer loop and the logits.
 //! The phases of a layer are in [`layer`] (projections, rope, KV store, FFN)
 //! and [`attention`] (the task plan, the KV prefetch and the attention
-//! itself); [`rows`] spreads row-wise steps over the compute pool.
+//! itself); `pass` holds what a pass reads and writes (the chunks, the
+//! activations, the logits); [`rows`] spreads row-wise steps over the compute pool.
 
 mod attention;
 mod layer;
+mod pass;
 mod rows;
 
-use super::LlamaModel;
+use super::weights::LlamaModel;
 use crate::kernels::{rms_norm, Compute, SideLines};
-use crate::kv::pool::{BlockId, KvPool};
+use crate::kv::pool::KvPool;
 use crate::EngineError;
 
 use attention::{kv_lines, AttnPlan};
+use pass::Activations;
+pub use pass::{ForwardOutput, RowLogits, SeqChunk};
 use rows::{return_free_heap, FFN_ROWS, RETURN_SCRATCH_ROWS};
-
-/// The part of one sequence computed in a forward pass.
-#[derive(Clone, Copy, Debug)]
-pub struct SeqChunk<'a> {
-    /// Tokens to compute, at positions `start..start + tokens.len()`.
-    pub tokens: &'a [u32],
-    /// Position of `tokens[0]`; KV of positions `0..start` is already in the pool.
-    pub start: usize,
-    /// The sequence's block table, covering at least `start + tokens.len()` positions.
-    pub blocks: &'a [BlockId],
-    /// Return the logits of the last token of this chunk.
-    pub logits: bool,
-}
-
-/// Logits per chunk (`Some` where asked for).
-pub type ForwardOutput = Vec<Option<Vec<f32>>>;
-
-/// Logits of the last rows of each chunk, oldest row first (speculative
-/// verification reads one row per drafted token).
-pub type RowLogits = Vec<Vec<Vec<f32>>>;
 
 impl LlamaModel {
     /// Run one forward pass; writes the chunks' K/V into `kv`.
@@ -246,22 +230,4 @@ impl LlamaModel {
             out[ci].push(logits[i * c.vocab..(i + 1) * c.vocab].to_vec());
         }
     }
-}
-
-/// The buffers of one forward pass over `t` rows.
-struct Activations {
-    t: usize,
-    /// The residual stream, `[t][hidden]`.
-    x: Vec<f32>,
-    /// Normed rows (the input of the q|k|v and gate|up matmuls).
-    hn: Vec<f32>,
-    /// `[t][q | k | v]`.
-    qkv: Vec<f32>,
-    /// Attention output, `[t][heads * head_dim]`.
-    att: Vec<f32>,
-    /// The output of the attention and down projections, `[t][hidden]`.
-    tmp: Vec<f32>,
-    /// gate|up and SwiGLU output of one FFN slice of at most [`FFN_ROWS`] rows.
-    gu: Vec<f32>,
-    act: Vec<f32>,
 }
