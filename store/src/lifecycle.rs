@@ -203,7 +203,7 @@ impl Shared {
             drop(g);
             return self.already_present(&r.key, r.durable);
         }
-        let mut block = Block {
+        let block = Block {
             layout: r.layout,
             len: r.len,
             checksum: sum,
@@ -219,9 +219,17 @@ impl Shared {
             flushing: false,
         };
         let to_disk = r.durable || self.write_through(&g, &r.key, &block);
-        block.ram_slot = g.ram_order.insert(r.key);
-        g.blocks.insert(r.key, block);
+        // Not stored (checked above): a new record.
+        let (rec, _) = g.blocks.insert(r.key, block);
+        let slot = g.ram_order.insert(r.key, rec);
+        if let Some(b) = g.blocks.at_mut(rec) {
+            b.ram_slot = slot;
+        }
         g.note(&r.key, crate::changes::BlockChange::Stored);
+        if g.ram.used() + r.len > self.ram_high {
+            // The next put evicts: its victim's record loads meanwhile.
+            g.prefetch_ram_victim();
+        }
         if !to_disk {
             return Ok(PutOutcome {
                 already_present: false,

@@ -20,7 +20,7 @@ use crate::node_config::NodeConfig;
 use crate::policy::{EvictionOrder, Slot};
 
 mod blocks;
-pub(crate) use blocks::BlockMap;
+pub(crate) use blocks::{BlockMap, Rec};
 
 /// One stored block and where its copies are.
 #[derive(Debug)]
@@ -241,6 +241,10 @@ impl Inner {
     }
 
     /// A RAM-resident block that may be evicted now.
+    ///
+    /// Each candidate's record is read through the record index the order
+    /// keeps (no index probe), and its index slot is prefetched meanwhile:
+    /// the eviction removes the key from the index next.
     pub fn ram_victim(&mut self, now: Instant) -> Option<BlockKey> {
         let Inner {
             blocks,
@@ -248,13 +252,26 @@ impl Inner {
             ram_leases,
             ..
         } = self;
-        ram_order.victim(|k| {
-            blocks.get(k).is_some_and(|b| {
+        ram_order.victim_at(|k, rec| {
+            blocks.prefetch_rec(rec);
+            blocks.prefetch_key(k);
+            blocks.at(rec).is_some_and(|(key, b)| {
+                debug_assert_eq!(key, k, "order and index disagree on record {rec}");
                 !b.pinned(now)
                     && !b.flushing
                     && b.ram.is_some_and(|e| !ram_leases.contains_key(&e.offset))
             })
         })
+    }
+
+    /// Start loading what the next RAM eviction reads first: the record and
+    /// the index slot of the block the order would look at first (a hint:
+    /// the loads overlap with the work until that eviction).
+    pub fn prefetch_ram_victim(&self) {
+        if let Some((key, rec)) = self.ram_order.peek() {
+            self.blocks.prefetch_rec(rec);
+            self.blocks.prefetch_key(&key);
+        }
     }
 
     /// A disk-resident block whose disk copy may be dropped now.
@@ -265,8 +282,9 @@ impl Inner {
             disk_reads,
             ..
         } = self;
-        disk_order.victim(|k| {
-            blocks.get(k).is_some_and(|b| {
+        disk_order.victim_at(|k, rec| {
+            blocks.at(rec).is_some_and(|(key, b)| {
+                debug_assert_eq!(key, k, "order and index disagree on record {rec}");
                 !b.pinned(now) && b.disk.is_some_and(|e| !disk_reads.contains_key(&e.offset))
             })
         })

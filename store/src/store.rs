@@ -78,8 +78,7 @@ impl Store {
         let mut recovered = 0usize;
         for (key, rec) in records {
             if inner.disk.claim(rec.extent) {
-                let disk_slot = inner.disk_order.insert(key);
-                inner.blocks.insert(
+                let (rec, _) = inner.blocks.insert(
                     key,
                     Block {
                         layout: rec.layout,
@@ -90,13 +89,17 @@ impl Store {
                         disk: Some(rec.extent),
                         disk_codec: rec.codec,
                         ram_slot: 0,
-                        disk_slot,
+                        disk_slot: 0,
                         hard_pin: false,
                         soft_pin_until: None,
                         accesses: 0,
                         flushing: false,
                     },
                 );
+                let disk_slot = inner.disk_order.insert(key, rec);
+                if let Some(b) = inner.blocks.at_mut(rec) {
+                    b.disk_slot = disk_slot;
+                }
                 recovered += 1;
             } else if let Some(d) = &disk {
                 tracing::warn!("disk index entry {key:?} overlaps another; dropped");

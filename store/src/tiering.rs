@@ -237,11 +237,11 @@ impl Shared {
         let Inner {
             blocks, disk_order, ..
         } = &mut *g;
-        match blocks.get_mut(key) {
-            Some(b) if b.ram == Some(ram) && b.disk.is_none() => {
+        match blocks.get_mut_rec(key) {
+            Some((rec, b)) if b.ram == Some(ram) && b.disk.is_none() => {
                 b.disk = Some(dext);
                 b.disk_codec = codec;
-                b.disk_slot = disk_order.insert(*key);
+                b.disk_slot = disk_order.insert(*key, rec);
                 Ok(true)
             }
             _ => {
@@ -327,15 +327,15 @@ impl Shared {
         let Inner {
             blocks, ram_order, ..
         } = &mut *g;
-        match blocks.get_mut(key) {
-            Some(b) if b.ram.is_none() && b.disk == Some(dext) => {
+        match blocks.get_mut_rec(key) {
+            Some((rec, b)) if b.ram.is_none() && b.disk == Some(dext) => {
                 b.ram = Some(ram);
-                b.ram_slot = ram_order.insert(*key);
+                b.ram_slot = ram_order.insert(*key, rec);
                 g.note(key, crate::changes::BlockChange::Tier);
                 StoreMetrics::tier(&self.metrics.promotions, TierName::Ram).inc();
                 Ok(Some(ram))
             }
-            Some(b) if b.ram.is_some() => {
+            Some((_, b)) if b.ram.is_some() => {
                 let theirs = b.ram;
                 g.ram.free(ram);
                 Ok(theirs)

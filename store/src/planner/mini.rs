@@ -80,7 +80,8 @@ impl Mini {
                 None => break,
             }
         }
-        let slot = self.order.insert(key);
+        // No block records here (the victims' keys are all it needs).
+        let slot = self.order.insert(key, 0);
         self.slots.insert(key, slot);
     }
 }

@@ -40,6 +40,7 @@ use allocator_api2::vec::Vec as HugeVec;
 use super::list::Slot;
 use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
+use crate::state::Rec;
 
 const NIL: u32 = u32::MAX;
 
@@ -57,6 +58,8 @@ enum State {
 #[derive(Debug)]
 struct Node {
     key: BlockKey,
+    /// The block's record in the store's `BlockMap` (valid while resident).
+    rec: Rec,
     /// Links in S.
     s: (u32, u32),
     /// Links in Q (Hir) or in the ghost FIFO (Ghost).
@@ -200,9 +203,10 @@ impl Lirs {
         self.push(List::S, n);
     }
 
-    fn alloc(&mut self, key: BlockKey, state: State) -> Slot {
+    fn alloc(&mut self, key: BlockKey, rec: Rec, state: State) -> Slot {
         let node = Node {
             key,
+            rec,
             s: (NIL, NIL),
             q: (NIL, NIL),
             state,
@@ -305,9 +309,10 @@ impl Lirs {
         self.history * self.resident.max(64)
     }
 
-    pub(super) fn insert(&mut self, key: BlockKey) -> Slot {
+    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
         self.resident += 1;
         if let Some(n) = self.ghosts.remove(&key) {
+            self.nodes[n as usize].rec = rec;
             self.accessed(n);
             self.unlink(List::G, n);
             self.promote(n);
@@ -315,13 +320,13 @@ impl Lirs {
         }
         self.clock += 1;
         if self.lir < self.lir_cap() {
-            let n = self.alloc(key, State::Lir);
+            let n = self.alloc(key, rec, State::Lir);
             self.lir += 1;
             self.push(List::S, n);
             self.prune();
             return n;
         }
-        let n = self.alloc(key, State::Hir);
+        let n = self.alloc(key, rec, State::Hir);
         self.push(List::S, n);
         self.push(List::Q, n);
         n
@@ -386,17 +391,26 @@ impl Lirs {
         }
     }
 
+    /// `victim_at` with an eligibility test of the key alone.
+    #[cfg(test)]
     pub(super) fn victim(
         &mut self,
         mut eligible: impl FnMut(&BlockKey) -> bool,
+    ) -> Option<BlockKey> {
+        self.victim_at(|k, _| eligible(k))
+    }
+
+    pub(super) fn victim_at(
+        &mut self,
+        mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
     ) -> Option<BlockKey> {
         while self.lir > self.lir_cap() || (self.s.head != NIL && self.idle(self.s.head)) {
             self.demote_bottom();
         }
         let mut at = self.q.head;
         while at != NIL {
-            let key = self.nodes[at as usize].key;
-            if eligible(&key) {
+            let (key, rec) = (self.nodes[at as usize].key, self.nodes[at as usize].rec);
+            if eligible(&key, rec) {
                 return Some(key);
             }
             at = self.nodes[at as usize].q.1;
@@ -405,7 +419,7 @@ impl Lirs {
         let mut at = self.s.head;
         while at != NIL {
             let n = &self.nodes[at as usize];
-            if n.state == State::Lir && eligible(&n.key) {
+            if n.state == State::Lir && eligible(&n.key, n.rec) {
                 return Some(n.key);
             }
             at = n.s.1;

@@ -229,6 +229,9 @@ fn lirs_differential(hir: f64, history: usize, idle: f64, keys: u64, seed: u64, 
     let mut new = Lirs::new(hir, history, idle);
     let mut old = RefLirs::new(hir, history, idle);
     let mut slots: HashMap<BlockKey, Slot> = HashMap::new();
+    // The record each resident key was inserted with (a fresh one per
+    // insert, as the store's would be): `victim_at` must pass it back.
+    let mut recs: HashMap<BlockKey, u32> = HashMap::new();
     let mut rng = Rng(seed.wrapping_mul(1_000_003) ^ keys);
     for step in 0..ops {
         let ctx =
@@ -237,7 +240,8 @@ fn lirs_differential(hir: f64, history: usize, idle: f64, keys: u64, seed: u64, 
         let x = key(rng.next() % keys);
         match r {
             0..=39 if !old.resident(&x) => {
-                slots.insert(x, new.insert(x));
+                recs.insert(x, step as u32);
+                slots.insert(x, new.insert(x, step as u32));
                 old.insert(x);
             }
             0..=59 if old.resident(&x) => {
@@ -249,7 +253,13 @@ fn lirs_differential(hir: f64, history: usize, idle: f64, keys: u64, seed: u64, 
                 old.remove(x);
             }
             68.. => {
-                let v = same_victim(&mut rng, |e| new.victim(e), |e| old.victim(e), &ctx);
+                let at = |e: &mut dyn FnMut(&BlockKey) -> bool| {
+                    new.victim_at(|k, r| {
+                        assert_eq!(Some(&r), recs.get(k), "record of {k:?}, {ctx}");
+                        e(k)
+                    })
+                };
+                let v = same_victim(&mut rng, at, |e| old.victim(e), &ctx);
                 if let Some(v) = v.filter(|_| rng.next() % 5 != 0) {
                     new.remove(slots.remove(&v).unwrap(), &v);
                     old.remove(v);
@@ -285,7 +295,7 @@ fn lirs_survives_a_loop_and_a_scan() {
             let v = o.victim(|_| true).unwrap();
             o.remove(slots.remove(&v).unwrap(), &v);
         }
-        slots.insert(k, o.insert(k));
+        slots.insert(k, o.insert(k, 0));
         false
     };
     let mut scan = 1_000_000u64;
@@ -331,7 +341,7 @@ fn lirs_keeps_a_new_block_for_its_hir_queue_share() {
                 let v = o.victim(|_| true).unwrap();
                 o.remove(slots.remove(&v).unwrap(), &v);
             }
-            slots.insert(key(i), o.insert(key(i)));
+            slots.insert(key(i), o.insert(key(i), 0));
             if i % 2 == 0 && i >= back && i >= 2 * tier as u64 {
                 reads += 1;
                 let k = key(i - back);

@@ -18,6 +18,7 @@ use allocator_api2::vec::Vec as HugeVec;
 
 use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
+use crate::state::Rec;
 
 /// No node (end of a list, or an empty queue).
 const NIL: u32 = u32::MAX;
@@ -25,10 +26,14 @@ const NIL: u32 = u32::MAX;
 /// `Node::queue` of a free slot.
 const FREE: u8 = u8::MAX;
 
-/// One queued key: its links, its queue and a small per-policy counter.
+/// One queued key: its block's record, its links, its queue and a small
+/// per-policy counter.
 #[derive(Debug)]
 struct Node {
     key: BlockKey,
+    /// The key's record in the store's `BlockMap` (the victim's record is
+    /// read through it: no index probe).
+    rec: Rec,
     prev: u32,
     next: u32,
     queue: u8,
@@ -101,6 +106,11 @@ impl<const Q: usize> Queues<Q> {
         self.nodes[s as usize].key
     }
 
+    /// The record the caller gave with `s`'s key.
+    pub fn rec(&self, s: Slot) -> Rec {
+        self.nodes[s as usize].rec
+    }
+
     /// Start loading `s`'s node (see `huge_alloc::prefetch`).
     pub fn prefetch(&self, s: Slot) {
         if let Some(n) = self.nodes.get(s as usize) {
@@ -122,10 +132,12 @@ impl<const Q: usize> Queues<Q> {
         self.nodes[s as usize].freq = f;
     }
 
-    /// Append `key` (not queued yet) to the back of queue `q`, counter 0.
-    pub fn push_back(&mut self, q: usize, key: BlockKey) -> Slot {
+    /// Append `key` (not queued yet, its record `rec`) to the back of
+    /// queue `q`, counter 0.
+    pub fn push_back(&mut self, q: usize, key: BlockKey, rec: Rec) -> Slot {
         let node = Node {
             key,
+            rec,
             prev: NIL,
             next: NIL,
             queue: q as u8,

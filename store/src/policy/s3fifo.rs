@@ -26,6 +26,7 @@ use std::hash::{BuildHasher, RandomState};
 use super::list::{Queues, Slot};
 use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
+use crate::state::Rec;
 
 const SMALL: usize = 0;
 const MAIN: usize = 1;
@@ -55,13 +56,13 @@ impl Default for S3Fifo {
 }
 
 impl S3Fifo {
-    pub(super) fn insert(&mut self, key: BlockKey) -> Slot {
+    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
         let q = if self.ghost_set.remove(&self.fingerprint.hash_one(key)) {
             MAIN
         } else {
             SMALL
         };
-        self.queues.push_back(q, key)
+        self.queues.push_back(q, key, rec)
     }
 
     pub(super) fn touch(&mut self, s: Slot, key: &BlockKey) {
@@ -92,7 +93,7 @@ impl S3Fifo {
 
     pub(super) fn victim(
         &mut self,
-        mut eligible: impl FnMut(&BlockKey) -> bool,
+        mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
     ) -> Option<BlockKey> {
         // Bounded: every block is looked at a few times at most.
         let budget = 4 * self.queues.total() + 4;
@@ -107,7 +108,7 @@ impl S3Fifo {
                 } else {
                     self.queues.move_to_back(s, SMALL);
                     let key = self.queues.key(s);
-                    if eligible(&key) {
+                    if eligible(&key, self.queues.rec(s)) {
                         return Some(key);
                     }
                 }
@@ -119,13 +120,22 @@ impl S3Fifo {
                     self.queues.set_freq(s, f - 1);
                 } else {
                     let key = self.queues.key(s);
-                    if eligible(&key) {
+                    if eligible(&key, self.queues.rec(s)) {
                         return Some(key);
                     }
                 }
             }
         }
         None
+    }
+
+    /// The key and record `victim` looks at first, when it would not move
+    /// that block first (its read counter is 0).
+    pub(super) fn peek(&self) -> Option<(BlockKey, Rec)> {
+        let (small, total) = (self.queues.len(SMALL), self.queues.total());
+        let from_small = small > 0 && (small * 10 >= total || self.queues.len(MAIN) == 0);
+        let s = self.queues.front(if from_small { SMALL } else { MAIN })?;
+        (self.queues.freq(s) == 0).then(|| (self.queues.key(s), self.queues.rec(s)))
     }
 
     /// Whether the key at `s` is in the main queue.

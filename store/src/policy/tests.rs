@@ -19,6 +19,9 @@ fn k(i: u8) -> BlockKey {
 struct Keyed {
     order: EvictionOrder,
     slots: HashMap<BlockKey, Slot>,
+    /// The record each queued key was inserted with (a fresh one per insert).
+    recs: HashMap<BlockKey, Rec>,
+    next_rec: Rec,
 }
 
 impl Keyed {
@@ -29,6 +32,8 @@ impl Keyed {
                 ..Default::default()
             }),
             slots: HashMap::new(),
+            recs: HashMap::new(),
+            next_rec: 0,
         }
     }
 
@@ -36,8 +41,10 @@ impl Keyed {
         match self.slots.get(&key) {
             Some(&s) => self.order.touch(s, &key),
             None => {
-                let s = self.order.insert(key);
+                self.next_rec += 1;
+                let s = self.order.insert(key, self.next_rec);
                 self.slots.insert(key, s);
+                self.recs.insert(key, self.next_rec);
             }
         }
     }
@@ -56,8 +63,24 @@ impl Keyed {
         }
     }
 
-    fn victim(&mut self, eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
-        self.order.victim(eligible)
+    /// The order's victim; every candidate comes with the record it was
+    /// inserted with, and the first is the one `peek` named, if any.
+    fn victim(&mut self, mut eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
+        let peeked = self.order.peek();
+        let mut first = None;
+        let recs = &self.recs;
+        let v = self.order.victim_at(|key, rec| {
+            assert_eq!(Some(&rec), recs.get(key), "record of {key:?}");
+            first.get_or_insert((*key, rec));
+            eligible(key)
+        });
+        if peeked.is_some() {
+            assert_eq!(
+                peeked, first,
+                "peek named another block than victim looked at first"
+            );
+        }
+        v
     }
 }
 

@@ -1,31 +1,47 @@
 //! `BlockMap`: the store's block index, key -> [`Block`], split in two so a
-//! lookup at a million blocks costs one cache miss, not three or four.
+//! lookup at a million blocks costs one cache miss per part, and the misses
+//! of both parts can be started together.
 //!
-//! A `hashbrown::HashMap<BlockKey, Block>` keeps the records in its buckets:
-//! 152 bytes each, so at 1M blocks the bucket array is ~300 MB, every probe
-//! lands in DRAM, and a record spans 3 lines (perf of the metadata-scale
-//! bench: the map's `get`/`get_mut`/`contains_key` were ~520 ns of a 1M op
-//! against ~120 ns at 10k). Here the hash table holds only a `u32` per key
-//! (the index of its record in a slab): at 1M blocks its buckets and
-//! control bytes are ~10 MB and mostly stay in the last-level cache, and
-//! the record (key and block together) is one slab entry, reached with one
-//! miss. The key is compared in the slab entry (the table keeps hashbrown's
-//! 7-bit tags, so a probe reads an entry that is not the key's about once
-//! in 128 lookups).
+//! The records (key and block together) live in a slab; an entry's index
+//! there (a [`Rec`]) is stable while its key is stored, and freed entries
+//! are reused last-in first-out (a put that evicts a block writes its
+//! record where the victim's was, which the eviction just read). The index
+//! from key to record is an open-addressing table with linear probing of
+//! 8-byte slots (32 bits of the key's hash, the record's index): at 1M
+//! blocks 2^21 slots, 16 MB, and a probe reads one line (at most 3/4 full;
+//! a probe looks at ~1.5 slots on average). Removal shifts the following
+//! slots back (no tombstones), so the table never needs a cleanup pass.
 //!
-//! A freed entry is reused last-in first-out: a put that evicts a block
-//! writes its record where the victim's was, which the eviction just read.
+//! Why not `hashbrown::HashTable<u32>` (what this replaces): its probe
+//! reads a control group, then the bucket, then the record: three dependent
+//! misses at 1M, and a caller that knows which key it needs next cannot
+//! start the loads early (the table has no prefetch). Here the slot of a
+//! key is a function of its hash alone ([`BlockMap::prefetch_key`]), and a
+//! caller that holds a `Rec` (the eviction orders keep their blocks' `Rec`s)
+//! reaches the record with no probe ([`BlockMap::prefetch_rec`],
+//! [`BlockMap::at`]): the eviction of a victim loads its record and its
+//! index slot in parallel. The key is compared in the record only when 32
+//! bits of hash match, so a lookup reads a record that is not the key's
+//! about once per 2^(32 - log2 slots) slots it passes.
+//!
+//! Keys come from clients, so the hash is keyed (SipHash, seeded per map):
+//! nobody can pick keys that pile onto one run of slots. The last key's
+//! hash is memoized: an op asks about the same key several times (reserve,
+//! commit, evict), and a 32-byte compare costs less than SipHash.
 //! Both parts live on huge pages (`huge_alloc`). The methods are those of
-//! the map this replaces, with the same meaning.
+//! the map this replaces, with the same meaning, plus the `Rec` ones.
 
+use std::cell::Cell;
 use std::hash::{BuildHasher, RandomState};
 
 use allocator_api2::vec::Vec as HugeVec;
-use hashbrown::HashTable;
 
-use crate::huge_alloc::HugeAlloc;
+use crate::huge_alloc::{prefetch, HugeAlloc};
 use crate::keys::BlockKey;
 use crate::state::Block;
+
+/// The index of a record in the slab (stable while its key is stored).
+pub(crate) type Rec = u32;
 
 /// One slab entry: a key and its record, or a free entry (`block` None).
 #[derive(Debug)]
@@ -34,96 +50,232 @@ struct Entry {
     block: Option<Block>,
 }
 
+/// An index slot: `hash32 << 32 | rec`, or [`EMPTY`].
+type IndexSlot = u64;
+
+/// A slot holding no key (no record has index `u32::MAX`: see `insert`).
+const EMPTY: IndexSlot = u64::MAX;
+
+/// The smallest table (a power of two).
+const MIN_SLOTS: usize = 16;
+
+/// The upper 32 bits of a key's hash: the table position is its top bits,
+/// and all 32 are compared before a record is read.
+fn hash32(h: u64) -> u32 {
+    (h >> 32) as u32
+}
+
 /// The store's block index (see the module doc).
 pub(crate) struct BlockMap {
     hasher: RandomState,
-    /// Hash of a key -> index of its entry in `entries`.
-    index: HashTable<u32, HugeAlloc>,
+    /// `slots.len()` is a power of two, at most 3/4 of it used.
+    slots: HugeVec<IndexSlot, HugeAlloc>,
+    /// log2 of `slots.len()`.
+    bits: u32,
+    /// Keys stored.
+    len: usize,
     entries: HugeVec<Entry, HugeAlloc>,
     /// Indices of free entries, the last freed on top.
-    free: Vec<u32>,
+    free: Vec<Rec>,
+    /// The last key hashed and its hash.
+    memo: Cell<(BlockKey, u64)>,
 }
 
 impl Default for BlockMap {
     fn default() -> Self {
+        let hasher = RandomState::new();
+        let zero = BlockKey([0u8; 32]);
+        let memo = Cell::new((zero, hasher.hash_one(zero)));
+        let mut slots = HugeVec::new_in(HugeAlloc);
+        slots.resize(MIN_SLOTS, EMPTY);
         BlockMap {
-            hasher: RandomState::new(),
-            index: HashTable::new_in(HugeAlloc),
+            hasher,
+            slots,
+            bits: MIN_SLOTS.trailing_zeros(),
+            len: 0,
             entries: HugeVec::new_in(HugeAlloc),
             free: Vec::new(),
+            memo,
         }
     }
 }
 
 impl BlockMap {
-    /// Where `key`'s entry is, if it is stored.
-    fn find(&self, key: &BlockKey) -> Option<usize> {
-        let entries = &self.entries;
-        self.index
-            .find(self.hasher.hash_one(key), |&i| {
-                entries[i as usize].key == *key
-            })
-            .map(|&i| i as usize)
+    /// `key`'s hash (memoized for the last key asked about).
+    fn hash(&self, key: &BlockKey) -> u64 {
+        let (k, h) = self.memo.get();
+        if k == *key {
+            return h;
+        }
+        let h = self.hasher.hash_one(key);
+        self.memo.set((*key, h));
+        h
+    }
+
+    /// The slot a hash starts probing at.
+    fn home(&self, h32: u32) -> usize {
+        (h32 >> (32 - self.bits)) as usize
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot holding `key` and its record, if it is stored.
+    fn find(&self, key: &BlockKey) -> Option<(usize, Rec)> {
+        let h32 = hash32(self.hash(key));
+        let mut i = self.home(h32);
+        loop {
+            let s = self.slots[i];
+            if s == EMPTY {
+                return None;
+            }
+            let rec = s as Rec;
+            if hash32(s) == h32 && self.entries[rec as usize].key == *key {
+                return Some((i, rec));
+            }
+            i = (i + 1) & self.mask();
+        }
+    }
+
+    /// Start loading the index slot of `key` (a hint: a lookup, insert or
+    /// removal of it follows soon). Costs the key's hash, which is memoized.
+    pub fn prefetch_key(&self, key: &BlockKey) {
+        let i = self.home(hash32(self.hash(key)));
+        prefetch(&self.slots[i]);
+    }
+
+    /// Start loading the record `rec` (a hint, like `prefetch_key`).
+    pub fn prefetch_rec(&self, rec: Rec) {
+        if let Some(e) = self.entries.get(rec as usize) {
+            prefetch(e);
+        }
+    }
+
+    /// The record of `key`, if it is stored.
+    #[cfg(test)]
+    pub fn rec(&self, key: &BlockKey) -> Option<Rec> {
+        self.find(key).map(|(_, r)| r)
+    }
+
+    /// The key and block at `rec`, if a key is stored there.
+    pub fn at(&self, rec: Rec) -> Option<(&BlockKey, &Block)> {
+        let e = self.entries.get(rec as usize)?;
+        e.block.as_ref().map(|b| (&e.key, b))
+    }
+
+    /// The block at `rec`, if a key is stored there.
+    pub fn at_mut(&mut self, rec: Rec) -> Option<&mut Block> {
+        self.entries.get_mut(rec as usize)?.block.as_mut()
     }
 
     pub fn get(&self, key: &BlockKey) -> Option<&Block> {
-        self.find(key).and_then(|i| self.entries[i].block.as_ref())
+        let (_, rec) = self.find(key)?;
+        self.entries[rec as usize].block.as_ref()
     }
 
     pub fn get_mut(&mut self, key: &BlockKey) -> Option<&mut Block> {
-        let i = self.find(key)?;
-        self.entries[i].block.as_mut()
+        let (_, rec) = self.find(key)?;
+        self.entries[rec as usize].block.as_mut()
+    }
+
+    /// The record of `key` and its block, if it is stored.
+    pub fn get_mut_rec(&mut self, key: &BlockKey) -> Option<(Rec, &mut Block)> {
+        let (_, rec) = self.find(key)?;
+        let b = self.entries[rec as usize].block.as_mut()?;
+        Some((rec, b))
     }
 
     pub fn contains_key(&self, key: &BlockKey) -> bool {
         self.find(key).is_some()
     }
 
-    /// Store `block` under `key`; the block it replaces, if any.
-    pub fn insert(&mut self, key: BlockKey, block: Block) -> Option<Block> {
-        let BlockMap {
-            hasher,
-            index,
-            entries,
-            free,
-        } = self;
-        let hash = hasher.hash_one(key);
-        let eq = |&i: &u32| entries[i as usize].key == key;
-        if let Some(&i) = index.find(hash, eq) {
-            return entries[i as usize].block.replace(block);
+    /// Store `block` under `key`: its record, and the block it replaces, if any.
+    pub fn insert(&mut self, key: BlockKey, block: Block) -> (Rec, Option<Block>) {
+        if let Some((_, rec)) = self.find(&key) {
+            return (rec, self.entries[rec as usize].block.replace(block));
+        }
+        if (self.len + 1) * 4 > self.slots.len() * 3 {
+            self.grow();
         }
         let entry = Entry {
             key,
             block: Some(block),
         };
-        let i = match free.pop() {
-            Some(i) => {
-                entries[i as usize] = entry;
-                i
+        let rec = match self.free.pop() {
+            Some(rec) => {
+                self.entries[rec as usize] = entry;
+                rec
             }
             None => {
-                let i = u32::try_from(entries.len()).expect("more than 2^32 blocks in one store");
-                entries.push(entry);
-                i
+                let rec = Rec::try_from(self.entries.len())
+                    .ok()
+                    .filter(|&r| r != Rec::MAX)
+                    .expect("more than 2^32 - 1 blocks in one store");
+                self.entries.push(entry);
+                rec
             }
         };
-        index.insert_unique(hash, i, |&j| hasher.hash_one(entries[j as usize].key));
-        None
+        let h32 = hash32(self.hash(&key));
+        self.place((u64::from(h32) << 32) | u64::from(rec));
+        self.len += 1;
+        (rec, None)
+    }
+
+    /// Put `slot` (a key known to be absent) into the first empty slot from its home.
+    fn place(&mut self, slot: IndexSlot) {
+        let mut i = self.home(hash32(slot));
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & self.mask();
+        }
+        self.slots[i] = slot;
+    }
+
+    /// Twice the slots; every key moves to its new home (no record is read:
+    /// the slot keeps the hash bits the position comes from).
+    fn grow(&mut self) {
+        let mut bigger = HugeVec::new_in(HugeAlloc);
+        bigger.resize(self.slots.len() * 2, EMPTY);
+        let old = std::mem::replace(&mut self.slots, bigger);
+        self.bits += 1;
+        for s in old.into_iter().filter(|&s| s != EMPTY) {
+            self.place(s);
+        }
+    }
+
+    /// Empty slot `i` and shift the run after it back, so that every key
+    /// stays reachable from its home without passing an empty slot.
+    fn vacate(&mut self, mut i: usize) {
+        let mask = self.mask();
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let s = self.slots[j];
+            if s == EMPTY {
+                break;
+            }
+            // `s` may move back to `i` when `i` lies between its home and `j`.
+            let home = self.home(hash32(s));
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(i) & mask) {
+                self.slots[i] = s;
+                i = j;
+            }
+        }
+        self.slots[i] = EMPTY;
+    }
+
+    /// Free the slot `i` and the record `rec` it names; the block.
+    fn take(&mut self, i: usize, rec: Rec) -> Option<Block> {
+        self.vacate(i);
+        self.len -= 1;
+        self.free.push(rec);
+        self.entries[rec as usize].block.take()
     }
 
     /// Forget `key`; its block, if it was stored.
     pub fn remove(&mut self, key: &BlockKey) -> Option<Block> {
-        let BlockMap {
-            hasher,
-            index,
-            entries,
-            free,
-        } = self;
-        let hash = hasher.hash_one(key);
-        let found = index.find_entry(hash, |&i| entries[i as usize].key == *key);
-        let (i, _) = found.ok()?.remove();
-        free.push(i);
-        entries[i as usize].block.take()
+        let (i, rec) = self.find(key)?;
+        self.take(i, rec)
     }
 
     /// Stored keys, in no particular order.
@@ -142,7 +294,7 @@ impl BlockMap {
     /// Number of stored blocks.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.len
     }
 }
 
@@ -199,17 +351,21 @@ mod tests {
             x ^= x << 17;
             let k = key(x % 5000);
             match x >> 60 {
-                0..=6 => {
-                    let old = m.insert(k, block(step)).map(|b| b.len);
+                0..=5 => {
+                    let old = m.insert(k, block(step)).1.map(|b| b.len);
                     assert_eq!(old, want.insert(k, step), "insert at step {step}");
                 }
-                7..=12 => {
+                6..=12 => {
                     let old = m.remove(&k).map(|b| b.len);
                     assert_eq!(old, want.remove(&k), "remove at step {step}");
                 }
                 _ => {
                     assert_eq!(m.get(&k).map(|b| b.len), want.get(&k).copied());
                     assert_eq!(m.contains_key(&k), want.contains_key(&k));
+                    if let Some(r) = m.rec(&k) {
+                        let (at_key, b) = m.at(r).unwrap();
+                        assert_eq!((*at_key, Some(b.len)), (k, want.get(&k).copied()));
+                    }
                     if let Some(b) = m.get_mut(&k) {
                         b.accesses += 1;
                         assert_eq!(m.get(&k).map(|b| b.accesses), Some(1));
@@ -235,6 +391,10 @@ mod tests {
             assert!(m.remove(k).is_some());
         }
         assert_eq!((m.len(), m.keys().count(), m.values().count()), (0, 0, 0));
+        assert!(
+            m.slots.iter().all(|&s| s == EMPTY),
+            "a slot outlived its key"
+        );
     }
 
     /// A freed entry is the next one used: a put after an eviction writes
@@ -245,10 +405,10 @@ mod tests {
         for i in 0..10 {
             m.insert(key(i), block(i));
         }
-        let at = m.find(&key(3)).unwrap();
+        let at = m.rec(&key(3)).unwrap();
         m.remove(&key(3));
-        m.insert(key(42), block(42));
-        assert_eq!(m.find(&key(42)), Some(at));
+        assert_eq!(m.insert(key(42), block(42)).0, at);
+        assert_eq!(m.rec(&key(42)), Some(at));
         assert_eq!(m.entries.len(), 10);
     }
 }
