@@ -33,6 +33,7 @@
 mod compare;
 pub mod driver;
 pub mod engines;
+pub mod eviction;
 pub mod fabric;
 pub mod routing;
 pub mod stats;
@@ -136,6 +137,15 @@ pub struct AgenticArgs {
     /// Rate of each host's link, Gbit/s (tbf; with --hosts).
     #[arg(long)]
     pub link_gbit: Option<f64>,
+    /// Compare the RAM tier's default eviction order with this one (lru,
+    /// s3fifo): only the fabric configuration, once per order, on RAM tiers
+    /// holding --ram-fraction of the trace's distinct blocks, no disk.
+    #[arg(long)]
+    pub compare_eviction: Option<String>,
+    /// With --compare-eviction: the nodes' RAM tiers together hold this
+    /// fraction of the trace's distinct blocks.
+    #[arg(long, default_value_t = 0.5)]
+    pub ram_fraction: f64,
 }
 
 /// Run the bench and print its report.
@@ -154,6 +164,7 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
         "--link-gbit shapes the links between hosts: give --hosts"
     );
     let policies = parse_routing(&args.routing)?;
+    let compare_eviction = eviction::check(args, policies.len())?;
     anyhow::ensure!(
         args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
         "--prefix-overlap-weight must be a number >= 0"
@@ -177,6 +188,18 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     );
     let args = args.clone();
     let model_name = path.display().to_string();
+    if let Some(other) = compare_eviction {
+        return crate::on_own_runtime(move |rt| {
+            rt.block_on(eviction::measure_eviction(
+                &args,
+                model,
+                &workload,
+                model_name,
+                policies[0],
+                other,
+            ))
+        });
+    }
     if policies.len() > 1 {
         return crate::on_own_runtime(move |rt| {
             rt.block_on(compare::measure_routing(
@@ -413,6 +436,9 @@ fn print_table(report: &Value) {
     if report["routing"].is_object() {
         return compare::print_table(report);
     }
+    if report["eviction"].is_object() {
+        return eviction::print_table(report);
+    }
     println!(
         "agentic bench: {} engines, {} sessions x {} turns, rate {}/s, {} answer tokens",
         report["engines"],
@@ -490,6 +516,8 @@ mod tests {
             step_repeats: 3,
             hosts: 0,
             link_gbit: None,
+            compare_eviction: None,
+            ram_fraction: 0.5,
         }
     }
 
@@ -517,6 +545,15 @@ mod tests {
             };
             let err = measure(&args).expect_err("bad routing");
             assert!(err.to_string().contains("--routing"), "{err}");
+        }
+        for (order, fraction) in [("fifo", 0.5), ("lirs", 0.5), ("lru", 0.0), ("lru", 1.5)] {
+            let args = AgenticArgs {
+                compare_eviction: Some(order.into()),
+                ram_fraction: fraction,
+                ..small_args(None)
+            };
+            let err = measure(&args).expect_err("bad --compare-eviction");
+            assert!(err.to_string().contains("--"), "{err}");
         }
     }
 

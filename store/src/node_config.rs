@@ -89,12 +89,12 @@ pub struct NodeConfig {
     pub disk_compression: DiskCompression,
     /// Eviction order of both tiers: lirs, lru or s3fifo. Default: lirs.
     pub eviction: EvictionPolicy,
-    /// lirs: percent of resident blocks kept as HIR (the probation queue). Default: 1.
+    /// lirs: percent of resident blocks kept as HIR (the probation queue). Default: 2.
     pub lirs_hir_percent: f64,
     /// lirs: evicted blocks remembered (ghosts), per resident block. Default: 24.
     pub lirs_history: u32,
     /// lirs: a protected block idle for this many times its last reuse
-    /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.5.
+    /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.2.
     pub lirs_idle_factor: f64,
     /// Capacity planner: fraction of block keys sampled (SHARDS) for the
     /// miss-ratio curves of GET /api/v1/capacity; 0 = off. Default: 0.01.
@@ -133,9 +133,9 @@ impl Default for NodeConfig {
             disk_admission: DiskAdmission::All,
             disk_compression: DiskCompression::Auto,
             eviction: EvictionPolicy::Lirs,
-            lirs_hir_percent: 1.0,
+            lirs_hir_percent: 2.0,
             lirs_history: 24,
-            lirs_idle_factor: 1.5,
+            lirs_idle_factor: 1.2,
             planner_sample_rate: 0.01,
             high_watermark: 0.95,
             low_watermark: 0.85,

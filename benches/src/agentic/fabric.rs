@@ -51,6 +51,17 @@ impl FabricCluster {
         ram_mib: u64,
         hosts: Option<Hosts>,
     ) -> anyhow::Result<FabricCluster> {
+        let ram = bytesize::ByteSize::mib(ram_mib);
+        Self::start_with(count, hosts, |n| n.ram_capacity = ram).await
+    }
+
+    /// [`FabricCluster::start_on`] with each node's config (RAM tier,
+    /// eviction order, watermarks) set by `tier`.
+    pub async fn start_with(
+        count: usize,
+        hosts: Option<Hosts>,
+        tier: impl Fn(&mut NodeConfig),
+    ) -> anyhow::Result<FabricCluster> {
         if let Some(h) = &hosts {
             anyhow::ensure!(h.len() == count, "{count} nodes on {} hosts", h.len());
         }
@@ -76,13 +87,13 @@ impl FabricCluster {
         let prefix = format!("/kvf-bench-{}-{nanos}", std::process::id());
         let mut nodes = Vec::with_capacity(count);
         for i in 0..count {
-            let node = NodeConfig {
+            let mut node = NodeConfig {
                 node_id: format!("bench-{i}"),
-                ram_capacity: bytesize::ByteSize::mib(ram_mib),
                 grpc_listen: SocketAddr::new(ip(i), 0),
                 http_listen: SocketAddr::new(ip(i), 0),
                 ..NodeConfig::default()
             };
+            tier(&mut node);
             let cluster = ClusterConfig {
                 etcd: vec![etcd.endpoint()],
                 etcd_prefix: prefix.clone(),
@@ -170,6 +181,21 @@ impl FabricCluster {
             }
         }
         Ok(all)
+    }
+
+    /// RAM-tier blocks held now and evictions so far, summed over the nodes
+    /// (the first tier of each node's stats is its RAM tier).
+    pub fn ram_blocks_and_evictions(&self) -> (u64, u64) {
+        self.nodes
+            .iter()
+            .filter_map(|n| {
+                n.node()
+                    .stats()
+                    .tiers
+                    .first()
+                    .map(|t| (t.blocks, t.evictions))
+            })
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// Stop every node, then etcd, then the hosts.

@@ -21,10 +21,26 @@
 //! from S's bottom and each node is popped once per entry.
 //!
 //! One addition to LIRS: a LIR block idle for more than `idle_factor` times
-//! its last reuse interval (or, never reused, older than the oldest ghost)
-//! is demoted, so blocks of sessions that ended and of a replaced system
-//! prompt leave the protected set instead of waiting for a promotion to push
-//! them out (LRU evicts them by itself; plain LIRS stayed below LRU there).
+//! its last reuse interval is dead and demoted, so blocks of sessions that
+//! ended and of a replaced system prompt leave the protected set instead of
+//! waiting for a promotion to push them out (LRU evicts them by itself;
+//! plain LIRS stayed below LRU there). A dead block goes to the *front* of
+//! Q (the next victim), not its back: it is predicted dead, and the new
+//! blocks already waiting in Q (a new session, the new system prompt) are
+//! what the tier should keep. A LIR block never reused has no interval of
+//! its own: it is dead once idle for longer than the last dead block with
+//! an interval was when it was found (the idle time that proved a session
+//! over: a session's last answer blocks go with the rest of it), or, before
+//! any was found, once older than the oldest ghost with the ghost history
+//! full. On `bench eviction` (docs/BENCHMARKS.md, #29) these two rules took
+//! `ending` at 50/75% and `version` at 75% from below LRU to LRU (= MIN).
+//! A death can be false: a scan starting beside a loop stretches the loop's
+//! reuse intervals, and its blocks, taken for dead, would be evicted at
+//! once and, put again, taken for dead again (their new interval unknown).
+//! So a block evicted after a dead demotion is remembered (a FIFO of up to
+//! the resident count, like the ghosts); put again while remembered, it
+//! proves the death false: it is protected at once and the never-reused
+//! rule's threshold is forgotten until the next true death.
 //!
 //! Knobs (docs/CONFIG.md): the HIR share of resident blocks (`hir_percent`,
 //! LIRS' usual 1%), the ghost history (`history`: ghosts per resident block;
@@ -52,6 +68,8 @@ enum State {
     Hir,
     /// Not resident, in S and in the ghost FIFO.
     Ghost,
+    /// Not resident, evicted after a dead demotion, in the dead FIFO only.
+    Dead,
     Free,
 }
 
@@ -66,6 +84,8 @@ struct Node {
     q: (u32, u32),
     state: State,
     in_s: bool,
+    /// Demoted as dead and not read since.
+    dead: bool,
     /// The order's clock at the block's last access.
     last: u64,
     /// The block's last reuse interval (clock ticks), 0 = not reused yet.
@@ -91,6 +111,7 @@ enum List {
     S,
     Q,
     G,
+    D,
 }
 
 /// LIRS ranking of one tier's blocks.
@@ -104,6 +125,9 @@ pub struct Lirs {
     q: Ends,
     g: Ends,
     ghosts: hashbrown::HashMap<BlockKey, Slot, RandomState, HugeAlloc>,
+    /// Blocks evicted after a dead demotion (FIFO through the Q links).
+    d: Ends,
+    dead: hashbrown::HashMap<BlockKey, Slot, RandomState, HugeAlloc>,
     lir: usize,
     resident: usize,
     hir_percent: f64,
@@ -113,6 +137,9 @@ pub struct Lirs {
     /// A LIR block idle for more than this many times its reuse interval is
     /// dead (0 = never).
     idle_factor: f64,
+    /// The idle time of the last dead block with a reuse interval, when it
+    /// was found: a never-reused LIR block idle longer is dead too.
+    dead_idle: Option<u64>,
 }
 
 impl Lirs {
@@ -127,12 +154,15 @@ impl Lirs {
             q: EMPTY,
             g: EMPTY,
             ghosts: hashbrown::HashMap::with_hasher_in(RandomState::new(), HugeAlloc),
+            d: EMPTY,
+            dead: hashbrown::HashMap::with_hasher_in(RandomState::new(), HugeAlloc),
             lir: 0,
             resident: 0,
             hir_percent: hir_percent.clamp(0.0, 100.0),
             history,
             clock: 0,
             idle_factor: idle_factor.max(0.0),
+            dead_idle: None,
         }
     }
 
@@ -147,6 +177,7 @@ impl Lirs {
             List::S => &mut self.s,
             List::Q => &mut self.q,
             List::G => &mut self.g,
+            List::D => &mut self.d,
         }
     }
 
@@ -173,6 +204,19 @@ impl Lirs {
         if l == List::S {
             self.nodes[n as usize].in_s = true;
         }
+    }
+
+    /// `n` at Q's front (the next victim).
+    fn push_front_q(&mut self, n: u32) {
+        let head = self.q.head;
+        self.nodes[n as usize].q = (NIL, head);
+        if head == NIL {
+            self.q.tail = n;
+        } else {
+            self.nodes[head as usize].q.0 = n;
+        }
+        self.q.head = n;
+        self.q.len += 1;
     }
 
     fn unlink(&mut self, l: List, n: u32) {
@@ -211,6 +255,7 @@ impl Lirs {
             q: (NIL, NIL),
             state,
             in_s: false,
+            dead: false,
             last: self.clock,
             irr: 0,
         };
@@ -268,8 +313,25 @@ impl Lirs {
         self.prune();
     }
 
+    /// The bottom LIR block is dead (`idle`): HIR at Q's front, out of S.
+    fn demote_dead(&mut self) {
+        let b = self.s.head;
+        let node = &self.nodes[b as usize];
+        debug_assert_eq!(node.state, State::Lir);
+        if node.irr > 0 {
+            self.dead_idle = Some(self.clock - node.last);
+        }
+        self.unlink(List::S, b);
+        self.nodes[b as usize].state = State::Hir;
+        self.nodes[b as usize].dead = true;
+        self.lir -= 1;
+        self.push_front_q(b);
+        self.prune();
+    }
+
     /// A HIR block (out of Q) or a returning ghost seen again within S: LIR.
     fn promote(&mut self, n: u32) {
+        self.nodes[n as usize].dead = false;
         self.nodes[n as usize].state = State::Lir;
         self.lir += 1;
         self.move_to_top(n);
@@ -291,18 +353,25 @@ impl Lirs {
 
     /// Whether the LIR block `n` is dead: idle for longer than `idle_factor`
     /// times its last reuse interval (a session that ended, a system prompt
-    /// replaced by a new version) or, never reused, idle since before the
-    /// oldest ghost once the ghost history is full (a ghost that old would
-    /// have been forgotten too).
+    /// replaced by a new version) or, never reused, idle for longer than the
+    /// last dead block was (`dead_idle`), or, before there was one, idle
+    /// since before the oldest ghost once the ghost history is full (a ghost
+    /// that old would have been forgotten too).
     fn idle(&self, n: u32) -> bool {
         let node = &self.nodes[n as usize];
         if node.state != State::Lir || self.idle_factor <= 0.0 {
             return false;
         }
+        let idle = self.clock - node.last;
         if node.irr > 0 {
-            return (self.clock - node.last) as f64 > self.idle_factor * node.irr as f64;
+            return idle as f64 > self.idle_factor * node.irr as f64;
         }
-        self.g.len >= self.ghost_cap() && node.last < self.nodes[self.g.head as usize].last
+        if let Some(d) = self.dead_idle {
+            return idle > d;
+        }
+        self.g.len > 0
+            && self.g.len >= self.ghost_cap()
+            && node.last < self.nodes[self.g.head as usize].last
     }
 
     fn ghost_cap(&self) -> usize {
@@ -311,6 +380,16 @@ impl Lirs {
 
     pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
         self.resident += 1;
+        if let Some(n) = self.dead.remove(&key) {
+            // A false death (see the module doc): protect it, forget the threshold.
+            self.unlink(List::D, n);
+            self.dead_idle = None;
+            self.clock += 1;
+            let node = &mut self.nodes[n as usize];
+            (node.last, node.irr, node.rec) = (self.clock, 0, rec);
+            self.promote(n);
+            return n;
+        }
         if let Some(n) = self.ghosts.remove(&key) {
             self.nodes[n as usize].rec = rec;
             self.accessed(n);
@@ -335,6 +414,7 @@ impl Lirs {
     pub(super) fn touch(&mut self, n: Slot, key: &BlockKey) {
         debug_assert!(self.holds(n, key), "stale slot {n} for {key:?}");
         self.accessed(n);
+        self.nodes[n as usize].dead = false;
         match self.nodes[n as usize].state {
             State::Lir => {
                 let bottom = self.s.head == n;
@@ -352,7 +432,7 @@ impl Lirs {
                 self.unlink(List::Q, n);
                 self.push(List::Q, n);
             }
-            State::Ghost | State::Free => {}
+            State::Ghost | State::Dead | State::Free => {}
         }
     }
 
@@ -368,6 +448,10 @@ impl Lirs {
             }
             State::Hir => {
                 self.unlink(List::Q, n);
+                if self.nodes[n as usize].dead {
+                    self.remember_dead(n, key);
+                    return;
+                }
                 if !self.nodes[n as usize].in_s {
                     self.release(n);
                     return;
@@ -381,7 +465,22 @@ impl Lirs {
                     self.forget_ghost(old);
                 }
             }
-            State::Ghost | State::Free => {}
+            State::Ghost | State::Dead | State::Free => {}
+        }
+    }
+
+    /// The HIR block `n` (`key`), demoted as dead and never read since,
+    /// leaves: remember it (the dead FIFO holds up to the resident count).
+    fn remember_dead(&mut self, n: u32, key: &BlockKey) {
+        self.nodes[n as usize].state = State::Dead;
+        self.push(List::D, n);
+        self.dead.insert(*key, n);
+        while self.d.len > self.resident.max(64) {
+            let old = self.d.head;
+            self.unlink(List::D, old);
+            let k = self.nodes[old as usize].key;
+            self.dead.remove(&k);
+            self.release(old);
         }
     }
 
@@ -404,8 +503,14 @@ impl Lirs {
         &mut self,
         mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
     ) -> Option<BlockKey> {
-        while self.lir > self.lir_cap() || (self.s.head != NIL && self.idle(self.s.head)) {
-            self.demote_bottom();
+        loop {
+            if self.lir > self.lir_cap() {
+                self.demote_bottom();
+            } else if self.s.head != NIL && self.idle(self.s.head) {
+                self.demote_dead();
+            } else {
+                break;
+            }
         }
         let mut at = self.q.head;
         while at != NIL {
