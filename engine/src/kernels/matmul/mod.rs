@@ -25,9 +25,10 @@
 //! tiles with 8 rows x 2 vectors of accumulators in registers (16 of 32);
 //! up to 2 x [`FUSED_ROWS`] rows (a sequence verifying a speculative draft)
 //! take two passes of about half the rows each over the same half tile, its
-//! chunks still in L1 for the second (a pass of 1 + 15 rows at a 400-token
-//! context: 1.4x faster than the scratch path on Zen 5, `bench spec`'s
-//! `verify_cost`).
+//! chunks still in L1 for the second (on the reference model the scratch
+//! path cost about 0.9 ms per row past 8 against 0.55 ms per fused row,
+//! docs/BENCHMARKS.md #26; the two passes' own gain is not yet measured on
+//! a quiet machine: `bench spec`'s `verify_cost`).
 //!
 //! The code is grouped by format, then ISA (as candle's quantized kernels
 //! are): [`layout`] (the tile layout, a leaf), `pack` (GGUF to tiles),
