@@ -17,6 +17,7 @@
 //! `bench engine` builds) generating the same token ids with temp 0, plain
 //! and with `LlamaPromptLookupDecoding` (its defaults).
 
+mod verify_cost;
 mod workload;
 
 use std::path::PathBuf;
@@ -62,6 +63,14 @@ pub struct SpecArgs {
     /// Most tokens drafted per step (`[engine.spec] max_draft`; default: its default).
     #[arg(long)]
     pub max_draft: Option<usize>,
+    /// Timings of one verification pass of 1 + k rows against 1 row, best
+    /// of this many each (0: skip the probe).
+    #[arg(long, default_value_t = 20)]
+    pub verify_reps: usize,
+    /// Write each workload's prompts and generated tokens (speculation off)
+    /// to DIR/spec-<workload>.json, to replay drafting policies offline.
+    #[arg(long, value_name = "DIR")]
+    pub dump_tokens: Option<PathBuf>,
     /// Skip llama.cpp: kvfabric's figures only.
     #[arg(long)]
     pub no_peers: bool,
@@ -110,6 +119,15 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
         .collect();
     let loads = workload::workloads(&tokenizer, &template)?;
     let mut report = Map::new();
+    if args.verify_reps > 0 {
+        let longest = loads[0]
+            .1
+            .iter()
+            .max_by_key(|p| p.len())
+            .context("no prompt")?;
+        let cost = verify_cost::measure(&model, threads, longest, args.verify_reps)?;
+        report.insert("verify_cost".into(), cost);
+    }
     let (a, m, s, l) = (args.clone(), model.clone(), stop.clone(), loads.clone());
     let ours = crate::on_own_runtime(move |rt| rt.block_on(measure_ours(&a, &m, &s, &l, threads)))?;
     let peer = if args.no_peers {
@@ -118,6 +136,9 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
         measure_peer(args, &path, &stop, &loads, threads).map_err(|e| format!("{e:#}"))
     };
     for ((name, _), (off, on, resent)) in loads.iter().zip(ours) {
+        if let Some(dir) = &args.dump_tokens {
+            dump_tokens(dir, name, &loads, &off.tokens, &tokenizer)?;
+        }
         let mut w = json!({
             "prompts": off.tokens.len(),
             "generated_tokens": off.tokens.iter().map(Vec::len).sum::<usize>(),
@@ -155,6 +176,27 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
         }
     }
     Ok(Value::Object(report))
+}
+
+/// `[{"prompt": ids, "out": ids, "text": answer}]` of workload `name` into `dir`.
+fn dump_tokens(
+    dir: &std::path::Path,
+    name: &str,
+    loads: &[workload::Workload],
+    outputs: &[Vec<u32>],
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<()> {
+    let prompts = loads.iter().find(|l| l.0 == name).map(|l| &l.1[..]);
+    let items: Vec<Value> = prompts
+        .unwrap_or_default()
+        .iter()
+        .zip(outputs)
+        .map(|(p, o)| json!({"prompt": p, "out": o, "text": tokenizer.decode(o)}))
+        .collect();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("spec-{name}.json"));
+    std::fs::write(&path, json!(items).to_string())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Per workload: speculation off, on, and on with the prompts sent again.
@@ -337,6 +379,13 @@ fn print_table(r: &Value) {
         );
     }
     println!("llama.cpp: {}", r["llamacpp_status"]);
+    if let Some(costs) = r["verify_cost"]["by_draft_len"].as_object() {
+        let cells: Vec<String> = costs
+            .iter()
+            .map(|(k, c)| format!("{k}: {:.2}", c["vs_one_row"].as_f64().unwrap_or(f64::NAN)))
+            .collect();
+        println!("verify pass of 1 + k rows / 1 row: {}", cells.join(", "));
+    }
 }
 
 #[cfg(test)]
@@ -352,6 +401,8 @@ mod tests {
             max_tokens: 8,
             repeats: 1,
             max_draft: None,
+            verify_reps: 0,
+            dump_tokens: None,
             no_peers: true,
             llamacpp_venv: None,
             peer_build_timeout_s: 1,

@@ -68,13 +68,14 @@ impl Scheduler {
     /// them, adapt its draft length, and give back the blocks past its
     /// accepted rows.
     pub(super) fn verified(&mut self, i: usize, drafted: usize, accepted: usize) {
+        tracing::trace!(drafted, accepted, "verified a draft");
         let m = &self.cfg.metrics;
         m.spec_drafted_tokens.inc_by(drafted as u64);
         m.spec_accepted_tokens.inc_by(accepted as u64);
         m.spec_acceptance_length.observe((accepted + 1) as f64);
         let bt = self.kv.layout().block_tokens as usize;
         let s = &mut self.running[i];
-        s.spec.verified(drafted, accepted, self.cfg.spec.max_draft);
+        s.spec.verified(drafted, accepted);
         s.table.truncate(s.computed.div_ceil(bt));
     }
 }

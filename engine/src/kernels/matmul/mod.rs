@@ -22,7 +22,13 @@
 //! AVX-512 (Emerald Rapids), a batch-8 decode step through the scratch path
 //! stored and reloaded every weight once per tile and split the 9-tile
 //! matrices unevenly between 2 threads, so 2..=[`FUSED_ROWS`] rows take half
-//! tiles with 8 rows x 2 vectors of accumulators in registers (16 of 32).
+//! tiles with 8 rows x 2 vectors of accumulators in registers (16 of 32);
+//! up to 2 x [`FUSED_ROWS`] rows (a sequence verifying a speculative draft)
+//! take two passes of about half the rows each over the same half tile, its
+//! chunks still in L1 for the second (on the reference model the scratch
+//! path cost about 0.9 ms per row past 8 against 0.55 ms per fused row,
+//! docs/BENCHMARKS.md #26; the two passes' own gain is not yet measured on
+//! a quiet machine: `bench spec`'s `verify_cost`).
 //!
 //! The code is grouped by format, then ISA (as candle's quantized kernels
 //! are): [`layout`] (the tile layout, a leaf), `pack` (GGUF to tiles),
@@ -54,6 +60,11 @@ use fused::{fused_cols, fused_rows_avx512, FusedCols, FUSED_ROWS};
 
 /// Rows processed per dequantized chunk before moving on (cache blocking).
 const ROW_BLOCK: usize = 96;
+
+/// Most passes of [`FUSED_ROWS`] rows the small-batch AVX-512 path makes
+/// (up to 16 rows: a decoding sequence and a 15-token draft).
+#[cfg(target_arch = "x86_64")]
+const FUSED_PASSES: usize = 2;
 
 /// A weight matrix W[N][K] repacked for the kernels.
 #[derive(Debug)]
@@ -114,13 +125,13 @@ impl PackedMatrix {
     }
 
     /// Whether [`Self::matmul_prefetching`] requests side lines for `m` rows:
-    /// on the small-batch AVX-512 path (2..=8 rows of a quantized matrix),
+    /// on the small-batch AVX-512 path (2..=16 rows of a quantized matrix),
     /// where the matmul is compute-bound and a batch's next step memory-bound.
     pub fn takes_side_lines(&self, isa: Isa, m: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
         return isa == Isa::Avx512
             && self.format != PackedFormat::F32
-            && (2..=FUSED_ROWS).contains(&m);
+            && (2..=FUSED_PASSES * FUSED_ROWS).contains(&m);
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (isa, m);
@@ -175,27 +186,38 @@ impl PackedMatrix {
         }
         #[cfg(target_arch = "x86_64")]
         if self.takes_side_lines(isa, m) {
-            // A small batch: half tiles, every row at once, weights dequantized in registers.
+            // A small batch: half tiles, weights dequantized in registers, every
+            // row at once, or past FUSED_ROWS rows in passes of near-equal rows
+            // (a speculative step's verification rows): the half tile's chunks
+            // are in L1 for the later passes.
             let half = TILE_N / 2;
+            let passes = m.div_ceil(FUSED_ROWS);
             pool.run(tiles * 2, &|task| {
                 let (tile, col0) = (task / 2, (task % 2) * half);
                 let out_ptr = &out_ptr;
                 let mut side = side.share(task, tiles * 2);
-                // SAFETY: Isa::Avx512 is only chosen when the CPU has it; each task
-                // writes only its own 32 columns of every row; shapes were checked.
-                unsafe {
-                    fused_rows_avx512(
-                        self.format,
-                        self.chunk(tile, 0).as_ptr(),
-                        self.k / CHUNK_K,
-                        col0,
-                        x.as_ptr(),
-                        self.k,
-                        m,
-                        out_ptr.0.add(tile * TILE_N + col0),
-                        self.n,
-                        &mut side,
-                    )
+                let mut r0 = 0;
+                for pass in 0..passes {
+                    let rows = (m - r0) / (passes - pass);
+                    // SAFETY: Isa::Avx512 is only chosen when the CPU has it; each
+                    // task writes only its own 32 columns of rows r0..r0 + rows, and
+                    // 2 <= rows <= FUSED_ROWS (m <= passes * FUSED_ROWS, m >= 2 * passes
+                    // for m >= 2); shapes were checked.
+                    unsafe {
+                        fused_rows_avx512(
+                            self.format,
+                            self.chunk(tile, 0).as_ptr(),
+                            self.k / CHUNK_K,
+                            col0,
+                            x.as_ptr().add(r0 * self.k),
+                            self.k,
+                            rows,
+                            out_ptr.0.add(r0 * self.n + tile * TILE_N + col0),
+                            self.n,
+                            &mut side,
+                        )
+                    }
+                    r0 += rows;
                 }
             });
             return;

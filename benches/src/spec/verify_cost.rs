@@ -1,0 +1,104 @@
+//! What a verification row costs: the forward pass of one sequence with
+//! 1 + k rows (the sampled token and k drafted ones, every row's logits, as
+//! the scheduler asks for them) against the pass of 1 row, at the context
+//! length of the tool-calling prompts, straight on the model (no scheduler).
+//! At batch 1 the weights are read once per pass whatever k is, so an extra
+//! row costs only its compute; this is what bounds how long a draft pays.
+//! Also timed: a draft's lookup in the request's own context.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use kvfabric_engine::kernels::Compute;
+use kvfabric_engine::kv::{BlockId, KvPool};
+use kvfabric_engine::model::{LlamaModel, SeqChunk};
+use kvfabric_engine::spec::shared::SharedContinuations;
+use kvfabric_engine::spec::SpecState;
+use kvfabric_engine::EngineConfig;
+use serde_json::{json, Value};
+
+/// Draft lengths timed.
+const KS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15];
+const BT: usize = 16;
+
+/// Best-of-`reps` milliseconds of a pass of 1 + k rows after `prompt`, for
+/// each k of [`KS`]; the report's `verify_cost` object.
+pub fn measure(
+    model: &LlamaModel,
+    threads: usize,
+    prompt: &[u32],
+    reps: usize,
+) -> anyhow::Result<Value> {
+    let c = &model.config;
+    let cx = Compute::new(threads);
+    let dtype = EngineConfig::default().kv_dtype.into();
+    let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, dtype);
+    let kmax = KS[KS.len() - 1];
+    let blocks = (prompt.len() + kmax + 1).div_ceil(BT);
+    let mut kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)
+        .context("KV pool for the verify-cost probe")?;
+    let table: Vec<BlockId> = (0..blocks as u32).collect();
+    let (ctx, rest) = prompt.split_at(prompt.len() - 1);
+    model
+        .forward(
+            &cx,
+            &mut kv,
+            &[SeqChunk {
+                tokens: ctx,
+                start: 0,
+                blocks: &table,
+                logits: false,
+            }],
+        )
+        .context("prefill")?;
+    // The rows: the prompt's last token, then its own opening as the "draft".
+    let rows: Vec<u32> = rest
+        .iter()
+        .chain(prompt.iter().cycle())
+        .take(kmax + 1)
+        .copied()
+        .collect();
+    let mut ms = Vec::new();
+    for k in KS {
+        let chunk = [SeqChunk {
+            tokens: &rows[..k + 1],
+            start: ctx.len(),
+            blocks: &table,
+            logits: true,
+        }];
+        let mut best = f64::MAX;
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            model
+                .forward_rows(&cx, &mut kv, &chunk, &[k + 1], &mut |_| {})
+                .context("verify pass")?;
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.push(best);
+    }
+    let base = ms[0];
+    let per_k: serde_json::Map<String, Value> = KS
+        .iter()
+        .zip(&ms)
+        .map(|(k, t)| (k.to_string(), json!({"ms": t, "vs_one_row": t / base})))
+        .collect();
+    Ok(json!({
+        "context_tokens": ctx.len(),
+        "reps": reps,
+        "by_draft_len": per_k,
+        "draft_lookup_us": draft_lookup_us(prompt, 15),
+    }))
+}
+
+/// Microseconds per draft (index update and lookup) when the request's own
+/// context grows by one token per step through `prompt`.
+fn draft_lookup_us(prompt: &[u32], max: usize) -> f64 {
+    let shared = SharedContinuations::new(0);
+    let mut state = SpecState::new(b"probe");
+    let mut out = Vec::new();
+    let t = Instant::now();
+    for end in 1..=prompt.len() {
+        state.draft(&prompt[..end], &shared, max, &mut out);
+    }
+    t.elapsed().as_secs_f64() * 1e6 / prompt.len().max(1) as f64
+}
