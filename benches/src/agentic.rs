@@ -32,6 +32,7 @@
 
 mod compare;
 pub mod driver;
+pub mod dtype;
 pub mod engines;
 pub mod fabric;
 pub mod routing;
@@ -136,6 +137,9 @@ pub struct AgenticArgs {
     /// Rate of each host's link, Gbit/s (tbf; with --hosts).
     #[arg(long)]
     pub link_gbit: Option<f64>,
+    /// KV dtype, and the dtype comparison (`--compare-dtype`, [`dtype`]).
+    #[command(flatten)]
+    pub dtype: dtype::DtypeArgs,
 }
 
 /// Run the bench and print its report.
@@ -177,6 +181,13 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     );
     let args = args.clone();
     let model_name = path.display().to_string();
+    if let Some(other) = args.dtype.compare_dtype {
+        return crate::on_own_runtime(move |rt| {
+            rt.block_on(dtype::measure_dtypes(
+                &args, model, &workload, model_name, policies[0], other,
+            ))
+        });
+    }
     if policies.len() > 1 {
         return crate::on_own_runtime(move |rt| {
             rt.block_on(compare::measure_routing(
@@ -257,7 +268,10 @@ async fn run_configuration(
     fabric: Option<&FabricCluster>,
     policy: Policy,
 ) -> anyhow::Result<ConfigRun> {
-    let cfg = engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None);
+    let cfg = kvfabric_engine::EngineConfig {
+        kv_dtype: args.dtype.kv_dtype.into(),
+        ..engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None)
+    };
     let mut router = bench_router(args, model, &cfg, policy, fabric);
     let connects = (0..args.engines)
         .map(|i| match (reuse, fabric) {
@@ -413,6 +427,9 @@ fn print_table(report: &Value) {
     if report["routing"].is_object() {
         return compare::print_table(report);
     }
+    if report["dtypes"].is_object() {
+        return dtype::print_table(report);
+    }
     println!(
         "agentic bench: {} engines, {} sessions x {} turns, rate {}/s, {} answer tokens",
         report["engines"],
@@ -490,6 +507,7 @@ mod tests {
             step_repeats: 3,
             hosts: 0,
             link_gbit: None,
+            dtype: dtype::DtypeArgs::default(),
         }
     }
 
