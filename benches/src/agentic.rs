@@ -184,7 +184,12 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     if let Some(other) = args.dtype.compare_dtype {
         return crate::on_own_runtime(move |rt| {
             rt.block_on(dtype::measure_dtypes(
-                &args, model, &workload, model_name, policies[0], other,
+                &args,
+                model,
+                &workload,
+                model_name,
+                policies[0],
+                other,
             ))
         });
     }

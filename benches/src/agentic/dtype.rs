@@ -122,7 +122,9 @@ pub(super) async fn measure_dtypes(
     let blocks = planned_blocks(workload, args.answer_tokens, cfg.block_tokens);
     let f32_bytes = blocks as f64 * block_bytes(DType::F32) as f64;
     let engines = args.engines.max(1) as f64;
-    let ram_mib = ((f32_bytes * frac / engines) / (1 << 20) as f64).floor().max(1.0) as u64;
+    let ram_mib = ((f32_bytes * frac / engines) / (1 << 20) as f64)
+        .floor()
+        .max(1.0) as u64;
     let mut runs: Vec<(DType, ConfigRun)> = Vec::new();
     for dtype in [base, other] {
         let mut a = args.clone();
@@ -139,7 +141,8 @@ pub(super) async fn measure_dtypes(
     for (d, run) in &runs {
         let mut m = run.summary.to_json();
         m["block_bytes"] = json!(block_bytes(*d));
-        m["blocks_ram_holds"] = json!(ram_mib as f64 * engines * (1 << 20) as f64 / block_bytes(*d) as f64);
+        m["blocks_ram_holds"] =
+            json!(ram_mib as f64 * engines * (1 << 20) as f64 / block_bytes(*d) as f64);
         m["connector"] = json!(run.connector.as_ref().map(stats_json));
         m["distinct_blocks_run"] = json!(distinct_blocks(
             run.records
@@ -150,7 +153,11 @@ pub(super) async fn measure_dtypes(
         per.insert(d.name().to_owned(), m);
     }
     let hit = |i: usize| runs[i].1.summary.hit_ratio;
-    let ratio = if hit(1) > 0.0 { Some(hit(0) / hit(1)) } else { None };
+    let ratio = if hit(1) > 0.0 {
+        Some(hit(0) / hit(1))
+    } else {
+        None
+    };
     Ok(json!({
         "model": model_name,
         "engines": args.engines,
