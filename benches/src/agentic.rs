@@ -158,6 +158,7 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
         "--link-gbit shapes the links between hosts: give --hosts"
     );
     let policies = parse_routing(&args.routing)?;
+    args.dtype.check(args.hosts)?;
     anyhow::ensure!(
         args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
         "--prefix-overlap-weight must be a number >= 0"

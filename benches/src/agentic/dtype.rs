@@ -56,6 +56,26 @@ impl Default for DtypeArgs {
     }
 }
 
+impl DtypeArgs {
+    /// Refuse a comparison that cannot run, before the model loads.
+    pub fn check(&self, hosts: usize) -> anyhow::Result<()> {
+        let Some(other) = self.compare_dtype else {
+            return Ok(());
+        };
+        anyhow::ensure!(hosts == 0, "--compare-dtype runs on one host (--hosts 0)");
+        let frac = self.compare_ram_fraction;
+        anyhow::ensure!(
+            frac.is_finite() && frac > 0.0,
+            "--compare-ram-fraction must be > 0"
+        );
+        anyhow::ensure!(
+            other != self.kv_dtype,
+            "--compare-dtype {other} is --kv-dtype: nothing to compare"
+        );
+        Ok(())
+    }
+}
+
 /// Distinct full blocks of KV the sequences `(prompt, answer)` compute (the
 /// prompt and all answer tokens but the last), counted by their whole
 /// prefix, as the fabric's chained block keys count them.
@@ -104,17 +124,9 @@ pub(super) async fn measure_dtypes(
     policy: Policy,
     other: DType,
 ) -> anyhow::Result<Value> {
-    anyhow::ensure!(
-        args.hosts == 0,
-        "--compare-dtype runs on one host (--hosts 0)"
-    );
+    args.dtype.check(args.hosts)?;
     let frac = args.dtype.compare_ram_fraction;
-    anyhow::ensure!(
-        frac.is_finite() && frac > 0.0,
-        "--compare-ram-fraction must be > 0"
-    );
     let base = args.dtype.kv_dtype;
-    anyhow::ensure!(base != other, "--compare-dtype {other} is --kv-dtype");
     let cfg = super::engines::engine_config(args.threads, args.kv_pool_mib, true);
     let c = &model.config;
     let block_bytes =
@@ -212,6 +224,30 @@ pub(super) fn print_table(report: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comparisons_that_cannot_run_are_refused() {
+        let ok = DtypeArgs {
+            compare_dtype: Some(DType::F32),
+            ..DtypeArgs::default()
+        };
+        assert!(ok.check(0).is_ok());
+        assert!(DtypeArgs::default().check(3).is_ok(), "no comparison asked");
+        let err = |a: DtypeArgs, hosts| a.check(hosts).expect_err("refused").to_string();
+        assert!(err(ok.clone(), 3).contains("--hosts 0"));
+        for frac in [0.0, -1.0, f64::NAN] {
+            let a = DtypeArgs {
+                compare_ram_fraction: frac,
+                ..ok.clone()
+            };
+            assert!(err(a, 0).contains("--compare-ram-fraction"));
+        }
+        let same = DtypeArgs {
+            compare_dtype: Some(DType::F16),
+            ..DtypeArgs::default()
+        };
+        assert!(err(same, 0).contains("nothing to compare"));
+    }
 
     #[test]
     fn distinct_blocks_count_shared_prefixes_once() {
