@@ -276,8 +276,9 @@ mod tests {
             ],
         };
         // Per session: turn 0 = system + 64 (2 full blocks of 64, 1 shared);
-        // turn 1 adds 16 answer tokens + 32: 176 tokens + 15 = 191 -> 2 blocks.
-        assert_eq!(planned_blocks(&w, 16, 64), 1 + 2 * 1 + 2 * 0);
+        // turn 1 adds 16 answer tokens + 32: 176 tokens + 15 = 191 -> the
+        // same 2 blocks. So 1 shared + 1 per session.
+        assert_eq!(planned_blocks(&w, 16, 64), 3);
         assert_eq!(planned_blocks(&w, 16, 32), 2 + 2 * (2 + 1));
     }
 }
