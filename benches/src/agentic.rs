@@ -32,6 +32,7 @@
 
 mod compare;
 pub mod driver;
+pub mod dtype;
 pub mod engines;
 pub mod eviction;
 pub mod fabric;
@@ -146,6 +147,9 @@ pub struct AgenticArgs {
     /// fraction of the trace's distinct blocks.
     #[arg(long, default_value_t = 0.5)]
     pub ram_fraction: f64,
+    /// KV dtype, and the dtype comparison (`--compare-dtype`, [`dtype`]).
+    #[command(flatten)]
+    pub dtype: dtype::DtypeArgs,
 }
 
 /// Run the bench and print its report.
@@ -165,6 +169,11 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     );
     let policies = parse_routing(&args.routing)?;
     let compare_eviction = eviction::check(args, policies.len())?;
+    args.dtype.check(args.hosts)?;
+    anyhow::ensure!(
+        compare_eviction.is_none() || args.dtype.compare_dtype.is_none(),
+        "--compare-eviction and --compare-dtype are separate runs: give one"
+    );
     anyhow::ensure!(
         args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
         "--prefix-overlap-weight must be a number >= 0"
@@ -191,6 +200,18 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     if let Some(other) = compare_eviction {
         return crate::on_own_runtime(move |rt| {
             rt.block_on(eviction::measure_eviction(
+                &args,
+                model,
+                &workload,
+                model_name,
+                policies[0],
+                other,
+            ))
+        });
+    }
+    if let Some(other) = args.dtype.compare_dtype {
+        return crate::on_own_runtime(move |rt| {
+            rt.block_on(dtype::measure_dtypes(
                 &args,
                 model,
                 &workload,
@@ -280,7 +301,10 @@ async fn run_configuration(
     fabric: Option<&FabricCluster>,
     policy: Policy,
 ) -> anyhow::Result<ConfigRun> {
-    let cfg = engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None);
+    let cfg = kvfabric_engine::EngineConfig {
+        kv_dtype: args.dtype.kv_dtype.into(),
+        ..engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None)
+    };
     let mut router = bench_router(args, model, &cfg, policy, fabric);
     let connects = (0..args.engines)
         .map(|i| match (reuse, fabric) {
@@ -439,6 +463,9 @@ fn print_table(report: &Value) {
     if report["eviction"].is_object() {
         return eviction::print_table(report);
     }
+    if report["dtypes"].is_object() {
+        return dtype::print_table(report);
+    }
     println!(
         "agentic bench: {} engines, {} sessions x {} turns, rate {}/s, {} answer tokens",
         report["engines"],
@@ -518,6 +545,7 @@ mod tests {
             link_gbit: None,
             compare_eviction: None,
             ram_fraction: 0.5,
+            dtype: dtype::DtypeArgs::default(),
         }
     }
 
