@@ -23,6 +23,7 @@ use kvfabric_engine::{
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
 use kvfabric_testbed::EtcdProcess;
+use kvfabric_transfer::security::SecurityConfig;
 use tokio::sync::mpsc;
 
 use super::engines::{start_engine, stop_engine};
@@ -50,6 +51,17 @@ impl FabricCluster {
         count: usize,
         ram_mib: u64,
         hosts: Option<Hosts>,
+    ) -> anyhow::Result<FabricCluster> {
+        Self::start_secured(count, ram_mib, hosts, |_| SecurityConfig::default()).await
+    }
+
+    /// [`Self::start_on`] with node i's `[cluster.security]` from `security(i)`
+    /// (node i is `bench-{i}`: certificates made for those ids).
+    pub async fn start_secured(
+        count: usize,
+        ram_mib: u64,
+        hosts: Option<Hosts>,
+        security: impl Fn(usize) -> SecurityConfig,
     ) -> anyhow::Result<FabricCluster> {
         if let Some(h) = &hosts {
             anyhow::ensure!(h.len() == count, "{count} nodes on {} hosts", h.len());
@@ -87,6 +99,7 @@ impl FabricCluster {
                 etcd: vec![etcd.endpoint()],
                 etcd_prefix: prefix.clone(),
                 transfer_listen: SocketAddr::new(ip(i), 0).to_string(),
+                security: security(i),
                 ..ClusterConfig::default()
             };
             let started = match &hosts {
