@@ -223,8 +223,10 @@ fn with_security(reports: Vec<(SecurityMode, Value)>) -> Value {
             "b_load_failed_blocks",
             "b_transfer",
         ];
-        let mut m: serde_json::Map<String, Value> =
-            keys.iter().map(|k| (k.to_string(), r[*k].clone())).collect();
+        let mut m: serde_json::Map<String, Value> = keys
+            .iter()
+            .map(|k| (k.to_string(), r[*k].clone()))
+            .collect();
         m.insert("speedup".into(), json!(speedup));
         m.insert(
             "speedup_ratio_to_none".into(),

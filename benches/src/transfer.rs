@@ -546,11 +546,17 @@ fn print_table(r: &Value) {
         let g = |k: &str| sec[k].as_f64().map_or("n/a".into(), |v| format!("{v:.2}"));
         println!(
             "{:<34} {:>10} {:>12} {:>8}",
-            "  cpu ns/byte, secured over none", "", "", g("cpu_ns_per_byte_over_none")
+            "  cpu ns/byte, secured over none",
+            "",
+            "",
+            g("cpu_ns_per_byte_over_none")
         );
         println!(
             "{:<34} {:>10} {:>12} {:>8}",
-            "  bound (one primitive pass a side)", "", "", g("bound_ratio")
+            "  bound (one primitive pass a side)",
+            "",
+            "",
+            g("bound_ratio")
         );
     }
     println!();

@@ -108,8 +108,8 @@ pub(super) fn primitives(dur: Duration) -> anyhow::Result<Value> {
     });
     let mut buf = data.clone();
     let mut aes = |alg: &'static ring::aead::Algorithm| -> anyhow::Result<f64> {
-        let k = UnboundKey::new(alg, &key[..alg.key_len()])
-            .map_err(|_| anyhow::anyhow!("ring key"))?;
+        let k =
+            UnboundKey::new(alg, &key[..alg.key_len()]).map_err(|_| anyhow::anyhow!("ring key"))?;
         let k = LessSafeKey::new(k);
         Ok(single_core_gbps(len, dur, || {
             let nonce = Nonce::assume_unique_for_key([0; 12]);
@@ -187,8 +187,8 @@ pub(super) fn report(
         SecurityMode::Encrypt => per_core("aes128_gcm_gbps"),
         _ => per_core("blake3_keyed_256k_pieces_gbps"),
     };
-    let none_cost = none.iter().filter_map(|c| c.cpu_ns_per_byte()).sum::<f64>()
-        / none.len().max(1) as f64;
+    let none_cost =
+        none.iter().filter_map(|c| c.cpu_ns_per_byte()).sum::<f64>() / none.len().max(1) as f64;
     Ok(json!({
         "mode": mode.as_str(),
         "tcp_gbps": secured.gbps,

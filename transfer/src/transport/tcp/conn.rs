@@ -16,10 +16,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{tcp, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
+use crate::checksum::Checksummer;
 use crate::core::Inner;
 use crate::hello::{Hello, HELLO_BYTES};
 use crate::security::{node_id_of, ConnMac, NodeIdentity, SecurityMode, TAG_BYTES};
-use crate::checksum::Checksummer;
 use crate::transport::io::{bounded, write_all_v};
 use crate::TransferError;
 
@@ -164,7 +164,9 @@ pub(crate) async fn recv_payload<R: AsyncRead + Unpin>(
     checksum: Option<u64>,
 ) -> std::io::Result<bool> {
     let mut tag = mac.map(|m| m.receiving(head));
-    let mut sum = checksum.filter(|_| mac.is_none()).map(|_| Checksummer::new());
+    let mut sum = checksum
+        .filter(|_| mac.is_none())
+        .map(|_| Checksummer::new());
     for piece in dst.chunks_mut(PIECE) {
         r.read_exact(piece).await?;
         if let Some(t) = tag.as_mut() {
@@ -377,12 +379,18 @@ mod tests {
         let head = [9u8; 24];
         for mac in [true, false] {
             let (a, b) = ConnMac::pair_for_tests();
-            let (tx_mac, rx_mac) = if mac { (Some(&a), Some(&b)) } else { (None, None) };
+            let (tx_mac, rx_mac) = if mac {
+                (Some(&a), Some(&b))
+            } else {
+                (None, None)
+            };
             let (mut w, mut r) = tokio::io::duplex(64 << 10);
             let sent = body.clone();
             let writer = async {
                 for corrupt in [false, true, false] {
-                    send_payload(&mut w, tx_mac, &head, &sent, corrupt).await.unwrap();
+                    send_payload(&mut w, tx_mac, &head, &sent, corrupt)
+                        .await
+                        .unwrap();
                 }
                 send_frame(&mut w, tx_mac, &head, b"tail").await.unwrap();
             };
@@ -393,7 +401,11 @@ mod tests {
                     r.read_exact(&mut h).await.unwrap();
                     let mut dst = vec![0u8; body.len()];
                     let sum = Some(checksum(&body));
-                    seen.push(recv_payload(&mut r, rx_mac, &h, &mut dst, sum).await.unwrap());
+                    seen.push(
+                        recv_payload(&mut r, rx_mac, &h, &mut dst, sum)
+                            .await
+                            .unwrap(),
+                    );
                     assert_eq!(dst[1..], body[1..]);
                 }
                 let mut h = [0u8; 24];
