@@ -44,6 +44,7 @@ use kvfabric_connector::{ConnectorConfig, ConnectorStats};
 use kvfabric_engine::kv::KvPool;
 use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::KvDtype;
+use kvfabric_transfer::security::{SecurityConfig, SecurityMode};
 use serde_json::{json, Value};
 
 use crate::agentic::driver::{generate, Completion};
@@ -99,6 +100,12 @@ pub struct ReuseArgs {
     /// Rate of each host's link, Gbit/s (tbf; with --hosts).
     #[arg(long)]
     pub link_gbit: Option<f64>,
+    /// Security modes, comma-separated (none, authenticate, encrypt): each
+    /// runs the whole bench on a cluster of its own in that mode
+    /// (certificates made for the run); `none` always runs first, and every
+    /// mode's speedup is reported with its ratio to none's of the same run.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    pub security: Vec<String>,
 }
 
 /// Run the bench and print its report.
@@ -129,6 +136,15 @@ pub fn run(args: &ReuseArgs) -> anyhow::Result<()> {
         ] {
             println!("  {k:<22} {}", report[k]);
         }
+        if let Some(modes) = report["security"].as_object() {
+            for (mode, m) in modes {
+                println!(
+                    "  security {mode:<13} speedup {:.2}, ratio to none {:.3}",
+                    m["speedup"].as_f64().unwrap_or(f64::NAN),
+                    m["speedup_ratio_to_none"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+        }
     })
 }
 
@@ -142,22 +158,85 @@ pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
         args.link_gbit.is_none() || args.hosts > 0,
         "--link-gbit shapes the links between hosts: give --hosts 2"
     );
+    let modes = security_modes(&args.security)?;
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.gen_tokens > 0, "--gen-tokens must be > 0");
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
+    let certs = tempfile::tempdir()?;
+    if modes.len() > 1 {
+        let ids = ["bench-0".to_string(), "bench-1".to_string()];
+        kvfabric_transfer::security::certs::init(certs.path(), &ids, 1)?;
+    }
     let args = args.clone();
+    let dir = certs.path().to_path_buf();
     crate::on_own_runtime(move |rt| {
         rt.block_on(async {
-            let hosts = match args.hosts {
-                0 => None,
-                n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
-            };
-            let cluster = FabricCluster::start_on(2, args.node_ram_mib, hosts).await?;
-            let report = measure_on(&args, &model, &cluster).await;
-            cluster.stop().await;
-            report
+            let mut reports = Vec::with_capacity(modes.len());
+            for mode in modes {
+                let hosts = match args.hosts {
+                    0 => None,
+                    n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
+                };
+                let security = |i: usize| match mode {
+                    SecurityMode::None => SecurityConfig::default(),
+                    m => SecurityConfig::from_dir(&dir, &format!("bench-{i}"), m),
+                };
+                let cluster =
+                    FabricCluster::start_secured(2, args.node_ram_mib, hosts, security).await?;
+                let report = measure_on(&args, &model, &cluster).await;
+                cluster.stop().await;
+                reports.push((mode, report?));
+            }
+            Ok(with_security(reports))
         })
     })
+}
+
+/// `--security`'s modes, `none` first, each once.
+fn security_modes(names: &[String]) -> anyhow::Result<Vec<SecurityMode>> {
+    let mut modes = vec![SecurityMode::None];
+    for n in names {
+        let m = SecurityMode::parse(n.trim())?;
+        if !modes.contains(&m) {
+            modes.push(m);
+        }
+    }
+    Ok(modes)
+}
+
+/// `none`'s report (the first), with a `security` object: each mode's
+/// speedup, its ratio to none's, and what it was measured from.
+fn with_security(reports: Vec<(SecurityMode, Value)>) -> Value {
+    let none_speedup = reports
+        .first()
+        .and_then(|(_, r)| r["speedup"].as_f64())
+        .unwrap_or(f64::NAN);
+    let mut security = serde_json::Map::new();
+    for (mode, r) in &reports {
+        let speedup = r["speedup"].as_f64().unwrap_or(f64::NAN);
+        let keys = [
+            "cold_ttft_ms",
+            "warm_ttft_ms",
+            "load_ms",
+            "cached_tokens",
+            "bit_exact",
+            "b_load_failed_blocks",
+            "b_transfer",
+        ];
+        let mut m: serde_json::Map<String, Value> = keys
+            .iter()
+            .map(|k| (k.to_string(), r[*k].clone()))
+            .collect();
+        m.insert("speedup".into(), json!(speedup));
+        m.insert(
+            "speedup_ratio_to_none".into(),
+            json!(speedup / none_speedup),
+        );
+        security.insert(mode.as_str().into(), Value::Object(m));
+    }
+    let mut base = reports.into_iter().next().map_or(json!({}), |(_, r)| r);
+    base["security"] = Value::Object(security);
+    base
 }
 
 fn bits(logits: &Option<Vec<f32>>) -> Option<Vec<u32>> {
@@ -397,7 +476,14 @@ mod tests {
             kv_dtype: kvfabric_store::DType::F16,
             hosts: 0,
             link_gbit: None,
+            security: vec!["none".into()],
         };
+        let tls = ReuseArgs {
+            security: vec!["authenticate".into(), "tls".into()],
+            ..args.clone()
+        };
+        let err = measure(&tls).expect_err("an unknown security mode");
+        assert!(err.to_string().contains("security mode"), "{err}");
         let err = measure(&args).expect_err("no model");
         assert!(err.to_string().contains("--model"), "{err}");
         let args = ReuseArgs {
@@ -441,6 +527,7 @@ mod tests {
             kv_dtype: kvfabric_store::DType::F16,
             hosts: 0,
             link_gbit: None,
+            security: vec!["none".into()],
         };
         let report = measure(&args).expect("bench");
         println!("{}", serde_json::to_string_pretty(&report).expect("json"));

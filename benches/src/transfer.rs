@@ -26,6 +26,8 @@ use kvfabric_transfer::{
 };
 use serde_json::{json, Value};
 
+mod security;
+
 /// Arguments of `kvfabric bench transfer`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TransferArgs {
@@ -427,17 +429,21 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
     let seg = args.segment_bytes;
 
     let iperf3_gbps = iperf3(args.seconds)?;
-    let tcp_gbps = read_throughput(
-        &tcp,
-        &peer,
-        tcp_local,
-        seg,
-        args.op_bytes,
-        args.batch_ops,
-        secs,
-    )
-    .await?;
-    let security = secured_throughput(args, tcp_gbps).await?;
+    let tcp_read = || {
+        let (op, batch) = (args.op_bytes, args.batch_ops);
+        read_throughput(&tcp, &peer, tcp_local, seg, op, batch, secs)
+    };
+    let none = security::costed(peer.child.id(), tcp_read()).await?;
+    let tcp_gbps = none.gbps;
+    let security = match SecurityMode::parse(&args.security)? {
+        SecurityMode::None => json!({ "mode": "none" }),
+        mode => {
+            let secured = security::secured_throughput(args, mode).await?;
+            // The plain pair again: the ratio is to the mean of before and after.
+            let after = security::costed(peer.child.id(), tcp_read()).await?;
+            security::report(mode, &[&none, &after], &secured, secs)?
+        }
+    };
     let (small_p50_us, small_p99_us) =
         small_latency(&tcp, &peer, tcp_local, args.small_iters).await?;
     let (pingpong_p50_us, pingpong_p99_us) = pingpong_latency(&peer.pingpong, args.small_iters)?;
@@ -485,51 +491,6 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
         "shm_ratio": ratio(shm_gbps, Some(memcpy_gbps)),
         "sweep": sweep,
         "security": security,
-    }))
-}
-
-/// `--security MODE`: tcp throughput between two engines in MODE, and its
-/// ratio to `none_gbps` (this run's plain tcp figure).
-async fn secured_throughput(args: &TransferArgs, none_gbps: f64) -> anyhow::Result<Value> {
-    let mode = SecurityMode::parse(&args.security)?;
-    if mode == SecurityMode::None {
-        return Ok(json!({ "mode": "none" }));
-    }
-    let dir = tempfile::tempdir()?;
-    kvfabric_transfer::security::certs::init(dir.path(), &["bench".into(), "peer".into()], 1)?;
-    let peer = spawn_peer(args, Some((mode.as_str(), dir.path())))?;
-    let with_certs = TransferArgs {
-        certs_dir: Some(dir.path().to_path_buf()),
-        ..args.clone()
-    };
-    let cfg = TransferConfig {
-        identity: identity(&with_certs, "bench")?,
-        ..config(args, TransportChoice::Tcp, "127.0.0.1:0")
-    };
-    let mut registry = prometheus_client::registry::Registry::default();
-    let engine = TransferEngine::start(cfg, &mut registry).await?;
-    let region = Arc::new(SharedRegion::create(
-        "bench-secured",
-        args.segment_bytes as usize,
-    )?);
-    // SAFETY: nothing else uses the region yet. Fault its pages in before timing.
-    unsafe { region.slice_mut(0, region.len())? }.fill(1);
-    let local = engine.register(region);
-    let secs = Duration::from_secs(args.seconds);
-    let gbps = read_throughput(
-        &engine,
-        &peer,
-        local,
-        args.segment_bytes,
-        args.op_bytes,
-        args.batch_ops,
-        secs,
-    )
-    .await?;
-    Ok(json!({
-        "mode": mode.as_str(),
-        "tcp_gbps": gbps,
-        "tcp_ratio_to_none": ratio(gbps, Some(none_gbps)),
     }))
 }
 
@@ -581,6 +542,21 @@ fn print_table(r: &Value) {
             gbps,
             f("tcp_gbps"),
             ratio
+        );
+        let g = |k: &str| sec[k].as_f64().map_or("n/a".into(), |v| format!("{v:.2}"));
+        println!(
+            "{:<34} {:>10} {:>12} {:>8}",
+            "  cpu ns/byte, secured over none",
+            "",
+            "",
+            g("cpu_ns_per_byte_over_none")
+        );
+        println!(
+            "{:<34} {:>10} {:>12} {:>8}",
+            "  bound (one primitive pass a side)",
+            "",
+            "",
+            g("bound_ratio")
         );
     }
     println!();

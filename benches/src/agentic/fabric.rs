@@ -23,6 +23,7 @@ use kvfabric_engine::{
 use kvfabric_store::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
 use kvfabric_testbed::EtcdProcess;
+use kvfabric_transfer::security::SecurityConfig;
 use tokio::sync::mpsc;
 
 use super::engines::{start_engine, stop_engine};
@@ -52,7 +53,10 @@ impl FabricCluster {
         hosts: Option<Hosts>,
     ) -> anyhow::Result<FabricCluster> {
         let ram = bytesize::ByteSize::mib(ram_mib);
-        Self::start_with(count, hosts, |n| n.ram_capacity = ram).await
+        Self::start_configured(count, hosts, |n| n.ram_capacity = ram, |_| {
+            SecurityConfig::default()
+        })
+        .await
     }
 
     /// [`FabricCluster::start_on`] with each node's config (RAM tier,
@@ -61,6 +65,29 @@ impl FabricCluster {
         count: usize,
         hosts: Option<Hosts>,
         tier: impl Fn(&mut NodeConfig),
+    ) -> anyhow::Result<FabricCluster> {
+        Self::start_configured(count, hosts, tier, |_| SecurityConfig::default()).await
+    }
+
+    /// [`Self::start_on`] with node i's `[cluster.security]` from `security(i)`
+    /// (node i is `bench-{i}`: certificates made for those ids).
+    pub async fn start_secured(
+        count: usize,
+        ram_mib: u64,
+        hosts: Option<Hosts>,
+        security: impl Fn(usize) -> SecurityConfig,
+    ) -> anyhow::Result<FabricCluster> {
+        let ram = bytesize::ByteSize::mib(ram_mib);
+        Self::start_configured(count, hosts, |n| n.ram_capacity = ram, security).await
+    }
+
+    /// Start etcd and the nodes: node i's store config from `tier`, its
+    /// `[cluster.security]` from `security(i)`.
+    async fn start_configured(
+        count: usize,
+        hosts: Option<Hosts>,
+        tier: impl Fn(&mut NodeConfig),
+        security: impl Fn(usize) -> SecurityConfig,
     ) -> anyhow::Result<FabricCluster> {
         if let Some(h) = &hosts {
             anyhow::ensure!(h.len() == count, "{count} nodes on {} hosts", h.len());
@@ -98,6 +125,7 @@ impl FabricCluster {
                 etcd: vec![etcd.endpoint()],
                 etcd_prefix: prefix.clone(),
                 transfer_listen: SocketAddr::new(ip(i), 0).to_string(),
+                security: security(i),
                 ..ClusterConfig::default()
             };
             let started = match &hosts {

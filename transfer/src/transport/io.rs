@@ -1,5 +1,5 @@
 //! Small async I/O helpers shared by the transports: deadline-bounded reads
-//! and writes, and a vectored write-all (header + payload in one syscall).
+//! and writes, and a vectored write-all (header, payload and tag in one syscall).
 
 use std::future::Future;
 use std::io::IoSlice;
@@ -29,25 +29,23 @@ pub async fn bounded<T>(
     }
 }
 
-/// Write every byte of `head` then `body`, vectored.
-pub async fn write_all_2<W: AsyncWrite + Unpin>(
+/// Write every byte of `parts` in order, vectored (one syscall when the
+/// socket takes them all: a header and its payload, a payload and its tag).
+pub async fn write_all_v<W: AsyncWrite + Unpin, const N: usize>(
     w: &mut W,
-    head: &[u8],
-    body: &[u8],
+    mut parts: [&[u8]; N],
 ) -> std::io::Result<()> {
-    let total = head.len() + body.len();
-    let mut done = 0usize;
-    while done < total {
-        let n = if done < head.len() {
-            let bufs = [IoSlice::new(&head[done..]), IoSlice::new(body)];
-            w.write_vectored(&bufs).await?
-        } else {
-            w.write(&body[done - head.len()..]).await?
-        };
+    while parts.iter().any(|p| !p.is_empty()) {
+        let bufs = parts.map(IoSlice::new);
+        let mut n = w.write_vectored(&bufs).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
-        done += n;
+        for p in parts.iter_mut() {
+            let k = n.min(p.len());
+            *p = &p[k..];
+            n -= k;
+        }
     }
     Ok(())
 }

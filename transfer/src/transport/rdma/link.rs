@@ -19,7 +19,7 @@ use super::verbs::RcQueuePair;
 use crate::core::{lock, Inner};
 use crate::hello::Hello;
 use crate::metrics::TransportLabel;
-use crate::transport::io::{bounded, read_message, write_all_2};
+use crate::transport::io::{bounded, read_message, write_all_v};
 use crate::transport::tcp::client;
 use crate::transport::tcp::protocol::{
     RdmaEndpoint, Request, RequestKind, Response, Status, RDMA_ENDPOINT_BYTES, RESPONSE_BYTES,
@@ -175,7 +175,12 @@ async fn open_link(
     let mut qp = RcQueuePair::create(device)?;
     let req = Request::control(RequestKind::RdmaConnect, RDMA_ENDPOINT_BYTES as u64);
     let ours = qp.endpoint().encode();
-    bounded(peer, timeout, write_all_2(&mut conn, &req.encode(), &ours)).await?;
+    bounded(
+        peer,
+        timeout,
+        write_all_v(&mut conn, [&req.encode(), &ours]),
+    )
+    .await?;
     let mut head = [0u8; RESPONSE_BYTES];
     bounded(peer, timeout, conn.read_exact(&mut head)).await?;
     let resp = Response::decode(&head)?;

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::conn::{frame_ok, open, send_frame, Link};
+use super::conn::{frame_ok, open, recv_payload, send_frame, send_payload, Link};
 use super::protocol::{
     Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM, RESPONSE_BYTES,
 };
@@ -263,21 +263,10 @@ async fn send_request<W: AsyncWrite + Unpin>(
                 req.checksum = checksum(data);
             }
             let head = req.encode();
-            if shared.inner.take_corruption() {
-                // In flight: the tag is the sender's, over the bytes it meant.
-                let tag = mac.map(|m| m.seal(&head, data));
-                let mut bad = data.to_vec();
-                if let Some(b) = bad.first_mut() {
-                    *b ^= 0xff;
-                }
-                bounded(&shared.peer, timeout, send_frame(wr, None, &head, &bad)).await?;
-                match tag {
-                    Some(t) => bounded(&shared.peer, timeout, wr.write_all(&t)).await,
-                    None => Ok(()),
-                }
-            } else {
-                bounded(&shared.peer, timeout, send_frame(wr, mac, &head, data)).await
-            }
+            // Fault injection: corrupted in flight, under the sender's tag.
+            let corrupt = shared.inner.take_corruption();
+            let sent = send_payload(wr, mac, &head, data, corrupt);
+            bounded(&shared.peer, timeout, sent).await
         }
     }
 }
@@ -312,10 +301,8 @@ async fn receive_reply<R: AsyncRead + Unpin>(
                     p.local
                         .slice_mut((p.op.local_offset + job.at) as usize, job.len as usize)?
                 };
-                bounded(peer, timeout, rd.read_exact(dst)).await?;
-                let tag_ok = bounded(peer, timeout, frame_ok(rd, mac, &head, dst)).await?;
-                let sum_bad = mac.is_none() && p.op.checksum && checksum(dst) != resp.checksum;
-                if !tag_ok || sum_bad {
+                let sum = p.op.checksum.then_some(resp.checksum);
+                if !bounded(peer, timeout, recv_payload(rd, mac, &head, dst, sum)).await? {
                     Err(TransferError::Checksum {
                         segment: p.op.local.0,
                         offset: p.op.local_offset + job.at,

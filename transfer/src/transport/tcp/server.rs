@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpListener;
 
 use super::answer::{authorize, check, Refusal};
-use super::conn::{accept, frame_ok, send_frame, Link};
+use super::conn::{accept, recv_payload, send_frame, send_payload, Link};
 use super::protocol::{
     RdmaEndpoint, Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM,
     RDMA_ENDPOINT_BYTES, RDMA_KEY_BYTES, REQUEST_BYTES,
@@ -133,14 +133,8 @@ impl Served<'_> {
         extra: &mut [u8],
         rd: &mut R,
     ) -> Result<(), TransferError> {
-        bounded(&self.peer, self.timeout, rd.read_exact(extra)).await?;
-        if bounded(
-            &self.peer,
-            self.timeout,
-            frame_ok(rd, self.mac, head, extra),
-        )
-        .await?
-        {
+        let intact = recv_payload(rd, self.mac, head, extra, None);
+        if bounded(&self.peer, self.timeout, intact).await? {
             Ok(())
         } else {
             Err(altered(&self.peer))
@@ -180,21 +174,10 @@ impl Served<'_> {
             0
         };
         let head = Response::ok(sum, req.slice_len).encode();
-        let (peer, timeout) = (&self.peer, self.timeout);
-        if self.inner.take_corruption() {
-            // In flight: the tag is the sender's, over the bytes it meant.
-            let tag = self.mac.map(|m| m.seal(&head, data));
-            let mut bad = data.to_vec();
-            if let Some(b) = bad.first_mut() {
-                *b ^= 0xff;
-            }
-            bounded(peer, timeout, send_frame(wr, None, &head, &bad)).await?;
-            if let Some(t) = tag {
-                bounded(peer, timeout, tokio::io::AsyncWriteExt::write_all(wr, &t)).await?;
-            }
-        } else {
-            bounded(peer, timeout, send_frame(wr, self.mac, &head, data)).await?;
-        }
+        // Fault injection: corrupted in flight, under the sender's tag.
+        let corrupt = self.inner.take_corruption();
+        let sent = send_payload(wr, self.mac, &head, data, corrupt);
+        bounded(&self.peer, self.timeout, sent).await?;
         if req.ends_op() {
             let m = &self.inner.metrics;
             m.op_done(TransportLabel::Tcp, DirectionLabel::ServedRead, req.op_len);
@@ -246,11 +229,9 @@ impl Served<'_> {
         };
         // SAFETY: as for READ; the writer owns the range.
         let dst = unsafe { region.slice_mut(req.slice_offset as usize, req.slice_len as usize)? };
-        bounded(peer, timeout, rd.read_exact(dst)).await?;
-        let tag_ok = bounded(peer, timeout, frame_ok(rd, self.mac, head, dst)).await?;
-        let sum_bad =
-            self.mac.is_none() && req.flags & FLAG_CHECKSUM != 0 && checksum(dst) != req.checksum;
-        if !tag_ok || sum_bad {
+        let sum = (req.flags & FLAG_CHECKSUM != 0).then_some(req.checksum);
+        let intact = recv_payload(rd, self.mac, head, dst, sum);
+        if !bounded(peer, timeout, intact).await? {
             let msg = format!(
                 "checksum mismatch at {}+{}",
                 req.slice_offset, req.slice_len
