@@ -1,0 +1,82 @@
+//! The costs `bench sim` runs on, measured on this machine unless given:
+//! one engine (the agentic bench's settings, no prefix cache) prefills a
+//! short and a long prompt of the agentic workload and decodes
+//! `--answer-tokens` after each; prefill is fitted as fixed + per token
+//! through the two points, decode is (end-to-end - TTFT) / (tokens - 1).
+//! The best of `repeats` of each is kept (the machine is shared). Link
+//! throughput is `--link-gbit` times `--link-efficiency` (the fraction of
+//! the line rate a cross-host load reached in `bench reuse --hosts 2`).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use kvfabric_engine::kv::KvPool;
+use kvfabric_engine::model::LlamaModel;
+
+use super::model::Costs;
+use crate::agentic::driver::generate;
+use crate::agentic::engines::{engine_config, start_engine, stop_engine};
+
+/// Bytes of one block of KV as the engine stores and ships it.
+pub fn block_bytes(model: &LlamaModel, threads: usize) -> u64 {
+    let cfg = engine_config(threads, 64, true);
+    let c = &model.config;
+    KvPool::layout_for(
+        c.layers,
+        c.kv_heads,
+        c.head_dim,
+        cfg.block_tokens,
+        cfg.kv_dtype.into(),
+    )
+    .block_bytes() as u64
+}
+
+/// (prefill fixed ms, prefill ms per token, decode ms per token), measured
+/// on prompts of `short` and `long` tokens taken from `tokens`.
+pub async fn measure_engine(
+    model: &Arc<LlamaModel>,
+    threads: usize,
+    tokens: &[u32],
+    (short, long): (usize, usize),
+    answer_tokens: usize,
+    repeats: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
+    anyhow::ensure!(
+        short < long && long <= tokens.len(),
+        "calibration prompts need {long} tokens, the workload has {}",
+        tokens.len()
+    );
+    anyhow::ensure!(answer_tokens > 1, "--answer-tokens must be > 1");
+    let cfg = engine_config(threads, 512, false);
+    let engine = start_engine(model, &cfg, None).context("calibration engine")?;
+    let (mut t_short, mut t_long, mut decode) = (f64::MAX, f64::MAX, f64::MAX);
+    for _ in 0..repeats.max(1) {
+        for (len, best) in [(short, &mut t_short), (long, &mut t_long)] {
+            let c = generate(&engine.handle, tokens[..len].to_vec(), answer_tokens, false).await?;
+            let ttft = c.ttft.as_secs_f64() * 1e3;
+            *best = best.min(ttft);
+            let step = (c.e2e.as_secs_f64() * 1e3 - ttft) / (answer_tokens - 1) as f64;
+            decode = decode.min(step);
+        }
+    }
+    stop_engine(engine).await?;
+    let per_token = ((t_long - t_short) / (long - short) as f64).max(0.0);
+    let fixed = (t_short - per_token * short as f64).max(0.0);
+    Ok((fixed, per_token, decode))
+}
+
+/// Costs from measured engine figures and the link.
+pub fn costs(
+    engine: (f64, f64, f64),
+    link_gbit: f64,
+    link_efficiency: f64,
+    block_bytes: u64,
+) -> Costs {
+    Costs {
+        prefill_fixed_ms: engine.0,
+        prefill_ms_per_token: engine.1,
+        decode_ms_per_token: engine.2,
+        link_bytes_per_s: link_gbit * 1e9 / 8.0 * link_efficiency,
+        block_bytes,
+    }
+}
