@@ -94,6 +94,8 @@ enum BenchWhich {
     Batch(kvfabric_benches::batch::BatchArgs),
     /// Chaos soak: 3 engine hosts, router and etcd under agentic load while seeded faults hit them (needs root).
     Soak(kvfabric_benches::soak::SoakArgs),
+    /// Agentic workload on 8-256 engines, simulated on costs measured here: hit ratio, per-link load, TTFT (--compare a bench agentic report).
+    Sim(kvfabric_benches::sim::SimArgs),
     /// Speculative decoding at batch 1: off vs on vs llama.cpp prompt lookup, tool calling and free chat.
     Spec(kvfabric_benches::spec::SpecArgs),
     /// RAM-tier eviction orders (LIRS, LRU, S3-FIFO) against Belady's MIN: token hit ratio on five traces (or --trace FILE) at 10-75% of their blocks.
@@ -246,6 +248,10 @@ fn run_bench(which: BenchWhich, file: Option<&std::path::Path>) -> anyhow::Resul
         BenchWhich::Soak(mut a) => {
             fetch_unless_given(&mut a.model)?;
             kvfabric_benches::soak::run(&a)
+        }
+        BenchWhich::Sim(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::sim::run(&a)
         }
         BenchWhich::Eviction(mut a) => {
             // A trace file needs no tokenizer.

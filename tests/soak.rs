@@ -3,8 +3,9 @@
 //! (kill -9 + restart, etcd stop/start, partition, 100 Mbit/s throttle, disk
 //! tier filesystem full, bit flip on disk). No request may fail, no answer
 //! may differ from the no-cache answer, and no process that was not
-//! restarted may grow its RSS by more than 10% or its fd count after
-//! warm-up. Needs root (network namespaces, tmpfs); skips with `SKIPPED:`
+//! restarted may grow its RSS by more than 10%, and no process's fd count
+//! may keep growing after warm-up (sampled every fault round; see
+//! `benches/src/soak/growth.rs`). Needs root (network namespaces, tmpfs); skips with `SKIPPED:`
 //! where namespaces cannot be made.
 
 use std::process::{Command, Stdio};
@@ -12,13 +13,16 @@ use std::time::{Duration, Instant};
 
 use kvfabric_testbed::Testbed;
 
-// Not yet in the default suite: its first full run (2026-11-26, loaded
-// 2-vCPU machine) lost no request and changed no output, but the engines that
-// were not restarted held 3-4 more sockets after a peer's kill -9 + restart
-// (an fd-growth question still open, issue #23). Run it with
-// `cargo test -p kvfabric --test soak -- --ignored`.
+// fd rule (issue #23): the engines' fds rose after warm-up because each tcp
+// pool kept every peak of concurrent connections open; pools are now bounded
+// (transfer_connections_per_peer idle) and the fd count is judged per
+// incarnation over samples taken every fault round (benches/src/soak/growth.rs):
+// it may fill while pools fill, never pass the settled maximum at the end.
+// Still ignored: under load 66 (2026-11-26) run 2 of 2 failed that rule by
+// one fd (e1 41 47 48 49 | 50 47 50 50: a plateau reached late, not a leak);
+// run 1 passed. The rule needs a longer settling window before CI runs it.
 #[test]
-#[ignore = "fd growth after a peer restart is still open (issue #23); run with --ignored"]
+#[ignore = "fd rule flaky on a loaded machine (issue #23); run with --ignored"]
 fn three_minute_soak_loses_no_request_and_changes_no_output() {
     // Probe: the soak makes its own test bed.
     if Testbed::up_or_skip(1, None).is_none() {
@@ -74,7 +78,7 @@ fn three_minute_soak_loses_no_request_and_changes_no_output() {
     assert_eq!(
         r["processes_grown"],
         serde_json::json!([]),
-        "RSS > +10% or fds grew after warm-up: {}",
+        "RSS > +10% or fds kept growing after warm-up: {}",
         r["processes"]
     );
 }

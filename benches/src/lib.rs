@@ -15,6 +15,7 @@ pub mod eviction;
 pub mod hosts;
 pub mod kv;
 pub mod reuse;
+pub mod sim;
 pub mod soak;
 pub mod spec;
 pub mod store;

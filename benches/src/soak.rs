@@ -15,12 +15,17 @@
 //! different from the no-cache answer, the token hit ratio per 30 s, RSS and
 //! open fds of every process after warm-up and at the end, and every fault
 //! with the time it took to recover. `pass` is: no failed request, no
-//! different output, no process (not restarted) whose RSS grew > 10% or
-//! whose fd count grew.
+//! different output, no process (not restarted) whose RSS grew > 10%, and
+//! no process whose fd count kept growing after warm-up ([`growth`]: fds
+//! sampled every fault round; its connection pools may fill, but the count
+//! at the end may not pass the highest one of the settling rounds). Each
+//! process's TCP connections by peer and state are reported at warm-up and
+//! at the end ([`kvfabric_testbed::tcp_summary`]).
 
 pub mod client;
 pub mod cluster;
 pub mod faults;
+pub mod growth;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +38,7 @@ use serde_json::{json, Value};
 
 use crate::agentic::trace::SplitMix64;
 use cluster::{Sizes, SoakCluster};
+use growth::FdSample;
 
 /// Arguments of `kvfabric bench soak`.
 #[derive(clap::Args, Debug, Clone)]
@@ -139,6 +145,8 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         .collect();
     sleep_until((started + Duration::from_secs(args.warmup_s)).min(end));
     let before = proc_stats(c);
+    let mut samples: Vec<Vec<FdSample>> = c.procs().map(|_| Vec::new()).collect();
+    sample_fds(c, started, &mut samples);
     let starts_before: Vec<u32> = c.procs().map(|p| p.starts()).collect();
     let mut rng = SplitMix64::new(args.seed);
     let every = Duration::from_secs(args.fault_every_s.max(args.hold_s + 1));
@@ -148,6 +156,9 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         let round_start = Instant::now();
         if round_start + room > end {
             break;
+        }
+        if !fault_lines.is_empty() {
+            sample_fds(c, started, &mut samples);
         }
         for &f in &round {
             faults::inject(c, f, &mut rng)?;
@@ -165,7 +176,10 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
     for d in drivers {
         d.join().map_err(|_| anyhow!("a driver thread panicked"))?;
     }
+    // Quiet: saves and pool returns of the last requests end.
+    std::thread::sleep(Duration::from_secs(3));
     let after = proc_stats(c);
+    sample_fds(c, started, &mut samples);
     let restarted: Vec<bool> = c
         .procs()
         .zip(&starts_before)
@@ -180,10 +194,27 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         &records,
         &fault_lines,
         c,
-        &before,
-        &after,
-        &restarted,
+        &Measured {
+            before,
+            after,
+            restarted,
+            samples,
+        },
     ))
+}
+
+/// Every process's fd count now, with its incarnation.
+fn sample_fds(c: &SoakCluster, started: Instant, samples: &mut [Vec<FdSample>]) {
+    let at_s = started.elapsed().as_secs_f64();
+    for (p, out) in c.procs().zip(samples.iter_mut()) {
+        if let Some(s) = p.stats() {
+            out.push(FdSample {
+                at_s,
+                starts: p.starts(),
+                fds: s.fds,
+            });
+        }
+    }
 }
 
 fn sleep_until(t: Instant) {
@@ -193,16 +224,29 @@ fn sleep_until(t: Instant) {
     }
 }
 
-/// RSS and fds of every process, with the fds by kind.
-type Stats = (Option<ProcStats>, Value);
+/// RSS and fds of every process, with the fds by kind and its TCP
+/// connections by peer and state.
+type Stats = (Option<ProcStats>, Value, Value);
 
 fn proc_stats(c: &SoakCluster) -> Vec<Stats> {
     c.procs()
         .map(|p| {
             let kinds = p.pid().map(kvfabric_testbed::fd_kinds).unwrap_or_default();
-            (p.stats(), json!(kinds))
+            let tcp = p
+                .pid()
+                .map(kvfabric_testbed::tcp_summary)
+                .unwrap_or_default();
+            (p.stats(), json!(kinds), json!(tcp))
         })
         .collect()
+}
+
+/// What the report judges processes by.
+struct Measured {
+    before: Vec<Stats>,
+    after: Vec<Stats>,
+    restarted: Vec<bool>,
+    samples: Vec<Vec<FdSample>>,
 }
 
 /// One session after another until `stop`: each turn through the router
@@ -305,10 +349,9 @@ fn report(
     records: &[Record],
     faults: &[Value],
     c: &SoakCluster,
-    before: &[Stats],
-    after: &[Stats],
-    restarted: &[bool],
+    m: &Measured,
 ) -> Value {
+    let (before, after, restarted) = (&m.before, &m.after, &m.restarted);
     let failed = records.iter().filter(|r| !r.ok).count();
     let differing = records.iter().filter(|r| r.differs).count();
     let retried = records.iter().filter(|r| r.ok && r.retries > 0).count();
@@ -336,7 +379,8 @@ fn report(
                 (Some(b), Some(a)) => a.fds as i64 - b.fds as i64,
                 _ => 0,
             };
-            if !restarted[i] && (rss_growth > 0.10 || fd_growth > 0) {
+            let fds_judged = growth::judge(&m.samples[i]);
+            if (!restarted[i] && rss_growth > 0.10) || fds_judged["grew"] == true {
                 grew.push(p.name().to_string());
             }
             json!({
@@ -347,6 +391,8 @@ fn report(
                 "rss_growth": rss_growth,
                 "fd_growth": fd_growth,
                 "fds_by_kind": {"start": before[i].1, "end": after[i].1},
+                "tcp": {"start": before[i].2, "end": after[i].2},
+                "fds_after_warmup": fds_judged,
             })
         })
         .collect();

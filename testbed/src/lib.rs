@@ -36,11 +36,13 @@ mod ip;
 mod net;
 pub mod ports;
 mod procs;
+mod sockets;
 
 pub use enter::enter_namespace;
 pub use etcd::EtcdProcess;
 pub use net::{Host, Testbed, ADDR_PREFIX, NAME_PREFIX};
 pub use procs::{fd_kinds, HostProc, ProcStats};
+pub use sockets::{tcp_sockets, tcp_summary, TcpSocket};
 
 /// What can go wrong making or driving a test bed.
 #[derive(Debug, thiserror::Error)]

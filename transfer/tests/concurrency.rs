@@ -129,3 +129,88 @@ async fn a_broken_shm_link_is_dropped_and_the_next_batch_reconnects() {
         .unwrap();
     assert_eq!(testdata::first_mismatch(bytes(&local, 0, size), 4, 0), None);
 }
+
+/// Open sockets of process `pid` (connections and listeners).
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_tcp_batches_leaves_at_most_connections_per_peer_open() {
+    const CAP: usize = 2;
+    const BURST: u64 = 6;
+    let size = 4 * MIB;
+    let peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "5"]).await;
+    let peer_pid = peer.child.id().expect("peer pid");
+    let mut registry = Registry::default();
+    let config = TransferConfig {
+        transport: TransportChoice::Tcp,
+        op_timeout_ms: 20_000,
+        connections_per_peer: CAP,
+        ..TransferConfig::default()
+    };
+    let engine = Arc::new(TransferEngine::start(config, &mut registry).await.unwrap());
+    let local = region(size, 0);
+    let seg = engine.register(local.clone());
+    let read = |k: u64| TransferOp::read(seg, k * 4096, peer.segment, k * 4096, 4096);
+    engine.batch(&peer.addr, vec![read(0)]).await[0]
+        .as_ref()
+        .unwrap();
+    let before = sockets_of(peer_pid);
+    // A burst: the peer stopped, BURST one-slice batches each open their
+    // own connection (none is idle), then all finish at once.
+    peer.signal(libc::SIGSTOP);
+    let batches: Vec<_> = (0..BURST)
+        .map(|k| {
+            let (engine, addr, op) = (engine.clone(), peer.addr.clone(), read(k));
+            tokio::spawn(async move { engine.batch(&addr, vec![op]).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while links_opened(&registry, "Tcp") < BURST && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    peer.signal(libc::SIGCONT);
+    for b in batches {
+        for r in b.await.unwrap() {
+            r.unwrap();
+        }
+    }
+    assert!(links_opened(&registry, "Tcp") >= BURST);
+    // Only CAP connections stay pooled: the peer sees the others close.
+    // (Before the bound, all BURST stayed open for the engine's life.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut now = sockets_of(peer_pid);
+    while now > before + CAP - 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        now = sockets_of(peer_pid);
+    }
+    assert_eq!(
+        now,
+        before + CAP - 1,
+        "peer sockets: {before} with one pooled connection, {now} after the burst"
+    );
+    // The kept ones work: CAP concurrent batches open none.
+    let opened = links_opened(&registry, "Tcp");
+    let batches: Vec<_> = (0..CAP as u64)
+        .map(|k| {
+            let (engine, addr, op) = (engine.clone(), peer.addr.clone(), read(k));
+            tokio::spawn(async move { engine.batch(&addr, vec![op]).await })
+        })
+        .collect();
+    for b in batches {
+        for r in b.await.unwrap() {
+            r.unwrap();
+        }
+    }
+    assert_eq!(links_opened(&registry, "Tcp"), opened);
+}

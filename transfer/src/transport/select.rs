@@ -204,7 +204,8 @@ impl PeerLinks {
         choice: TransportChoice,
     ) -> Result<Transport, TransferError> {
         let (conn, hello) = client::connect(inner, peer).await?;
-        self.tcp.put_back(vec![conn], false);
+        self.tcp
+            .put_back(vec![conn], false, inner.config.connections_per_peer);
         let same_host = inner.hello.same_host(&hello);
         if matches!(choice, TransportChoice::Auto | TransportChoice::Shm) && same_host {
             match self.shm.open(inner, hello.shm_socket.clone()) {

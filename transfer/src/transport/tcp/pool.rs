@@ -1,6 +1,13 @@
 //! The tcp links to one peer: a pool of idle connections that each batch
 //! checks connections out of (opening what is missing) and returns the
 //! healthy ones to, so concurrent batches to one peer run in parallel.
+//!
+//! The pool keeps at most `connections_per_peer` idle connections: a burst
+//! of concurrent batches opens what it needs, and what it returns beyond
+//! that is closed. Without the bound every peak of concurrency stayed open
+//! for the life of the process (the soak saw an engine hold 12 idle
+//! connections to each peer, and their 12 server ends on the peer, issue
+//! #23).
 
 use std::sync::{Arc, Mutex};
 
@@ -37,14 +44,24 @@ impl TcpPeer {
         Ok(conns)
     }
 
-    /// Return healthy connections; when one of the batch broke, the idle
-    /// ones are closed too (the peer may have restarted).
-    pub fn put_back(&self, healthy: Vec<Link>, one_broke: bool) {
-        let mut idle = lock(&self.idle);
-        if one_broke {
-            idle.clear();
-        }
-        idle.extend(healthy);
+    /// Return healthy connections, keeping at most `max_idle` idle (the
+    /// rest are closed); when one of the batch broke, the idle ones are
+    /// closed too (the peer may have restarted).
+    pub fn put_back(&self, healthy: Vec<Link>, one_broke: bool, max_idle: usize) {
+        let closed: Vec<Link> = {
+            let mut idle = lock(&self.idle);
+            let mut closed = if one_broke {
+                std::mem::take(&mut *idle)
+            } else {
+                Vec::new()
+            };
+            idle.extend(healthy);
+            let keep = idle.len().min(max_idle.max(1));
+            closed.extend(idle.drain(keep..));
+            closed
+        };
+        // Closed outside the lock.
+        drop(closed);
     }
 
     /// Deliver a notification over one pooled connection.
@@ -60,7 +77,7 @@ impl TcpPeer {
             reason: "no connection".into(),
         })?;
         client::notify(inner, peer, &mut c, note).await?;
-        self.put_back(vec![c], false);
+        self.put_back(vec![c], false, inner.config.connections_per_peer);
         Ok(())
     }
 
@@ -84,7 +101,7 @@ impl TcpPeer {
         };
         let (results, healthy) = client::run_batch(inner, peer, ops, conns).await;
         let one_broke = healthy.len() < want;
-        self.put_back(healthy, one_broke);
+        self.put_back(healthy, one_broke, inner.config.connections_per_peer);
         results
     }
 }
