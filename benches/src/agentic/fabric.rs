@@ -53,9 +53,12 @@ impl FabricCluster {
         hosts: Option<Hosts>,
     ) -> anyhow::Result<FabricCluster> {
         let ram = bytesize::ByteSize::mib(ram_mib);
-        Self::start_configured(count, hosts, |n| n.ram_capacity = ram, |_| {
-            SecurityConfig::default()
-        })
+        Self::start_configured(
+            count,
+            hosts,
+            |n| n.ram_capacity = ram,
+            |_| SecurityConfig::default(),
+        )
         .await
     }
 
