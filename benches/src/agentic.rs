@@ -30,7 +30,9 @@
 //! ([`compare`]): only the fabric configuration, once per mode on a fresh
 //! cluster, reporting per mode hit ratio, bytes moved between nodes and TTFT.
 
+mod args;
 mod compare;
+mod configuration;
 pub mod driver;
 pub mod dtype;
 pub mod engines;
@@ -40,9 +42,7 @@ pub mod routing;
 pub mod stats;
 pub mod trace;
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use kvfabric_engine::gguf::GgufFile;
@@ -50,107 +50,14 @@ use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-use driver::{drive, DriveParams};
-use engines::{engine_config, stats_json, EngineSet};
-use fabric::{decode_step, FabricCluster};
-use kvfabric_engine::kv::KvPool;
-use kvfabric_router::pick::{PickParams, Policy};
-use kvfabric_store::KeyChain;
-use routing::{BenchRouter, PrefixSource};
-use stats::{same_answers, RunSummary};
+use engines::stats_json;
+use fabric::FabricCluster;
+use kvfabric_router::pick::Policy;
+use stats::same_answers;
 use trace::{Workload, WorkloadShape};
 
-/// Arguments of `kvfabric bench agentic`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct AgenticArgs {
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// GGUF model (default: the fetched SmolLM2-135M-Instruct Q4_1).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    /// Engines the requests are spread over.
-    #[arg(long, default_value_t = 3)]
-    pub engines: usize,
-    /// Concurrent agent sessions.
-    #[arg(long, default_value_t = 4)]
-    pub sessions: usize,
-    /// Turns per session.
-    #[arg(long, default_value_t = 4)]
-    pub turns: usize,
-    /// Most requests sent per second (0 = each turn as soon as it is ready).
-    #[arg(long, default_value_t = 2.0)]
-    pub rate: f64,
-    /// Tokens generated per turn (greedy, no stop token).
-    #[arg(long, default_value_t = 16)]
-    pub answer_tokens: usize,
-    /// Seed of the workload text and the routing.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Routing of the turns: random, least-loaded, affinity or prefix; a
-    /// comma-separated list compares the modes (fabric configuration only).
-    /// `prefix` needs the fabric (its index comes from the nodes' KV events):
-    /// in the none/local configurations it has no index and routes as least-loaded.
-    #[arg(long, value_delimiter = ',', default_value = "random")]
-    pub routing: Vec<String>,
-    /// `prefix` routing: weight of the prompt tokens an engine would still
-    /// have to compute against the tokens it has in flight (Dynamo's
-    /// overlap weight; 1 = the router's default).
-    #[arg(long, default_value_t = 1.0)]
-    pub prefix_overlap_weight: f64,
-    /// Start every session at once (default: each session joins when the
-    /// previous one's first turn is answered, so the shared system prompt is
-    /// computed once before the others arrive).
-    #[arg(long)]
-    pub burst_start: bool,
-    /// Tokens of the shared system prompt (grown tool definition by tool definition).
-    #[arg(long, default_value_t = 1000)]
-    pub system_tokens: usize,
-    /// Tokens of context each session starts with (its earlier turns and
-    /// tool output; multi-round-qa's `--user-history-prompt`, 2000 in its
-    /// example: 1500 keeps the default run under 10 minutes here).
-    /// 0 = sessions start from the system prompt alone.
-    #[arg(long, default_value_t = 1500)]
-    pub session_history_tokens: usize,
-    /// Kernel threads per engine (0 = one per core).
-    #[arg(long, default_value_t = 1)]
-    pub threads: usize,
-    /// KV pool of each engine, MiB (512: two ~3.5k-token sessions at once).
-    #[arg(long, default_value_t = 512)]
-    pub kv_pool_mib: u64,
-    /// RAM tier of each fabric node, MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub node_ram_mib: u64,
-    /// Sequences decoding at once in the save on/off step-time measurement.
-    #[arg(long, default_value_t = 8)]
-    pub step_batch: usize,
-    /// Tokens each of them decodes.
-    #[arg(long, default_value_t = 96)]
-    pub step_tokens: usize,
-    /// Save on/off measurements (alternated; the best of each is reported).
-    #[arg(long, default_value_t = 3)]
-    pub step_repeats: usize,
-    /// Hosts (network namespaces; needs root) the fabric configuration's
-    /// nodes run on, one per engine: 0 = all in this network namespace
-    /// (loopback, shm), else equal to --engines (tcp between hosts).
-    #[arg(long, default_value_t = 0)]
-    pub hosts: usize,
-    /// Rate of each host's link, Gbit/s (tbf; with --hosts).
-    #[arg(long)]
-    pub link_gbit: Option<f64>,
-    /// Compare the RAM tier's default eviction order with this one (lru,
-    /// s3fifo): only the fabric configuration, once per order, on RAM tiers
-    /// holding --ram-fraction of the trace's distinct blocks, no disk.
-    #[arg(long)]
-    pub compare_eviction: Option<String>,
-    /// With --compare-eviction: the nodes' RAM tiers together hold this
-    /// fraction of the trace's distinct blocks.
-    #[arg(long, default_value_t = 0.5)]
-    pub ram_fraction: f64,
-    /// KV dtype, and the dtype comparison (`--compare-dtype`, [`dtype`]).
-    #[command(flatten)]
-    pub dtype: dtype::DtypeArgs,
-}
+pub use args::AgenticArgs;
+use configuration::{run_configuration, save_on_off, Reuse};
 
 /// Run the bench and print its report.
 pub fn run(args: &AgenticArgs) -> anyhow::Result<()> {
@@ -243,143 +150,6 @@ fn parse_routing(names: &[String]) -> anyhow::Result<Vec<Policy>> {
     }
     anyhow::ensure!(!out.is_empty(), "--routing needs a mode");
     Ok(out)
-}
-
-/// Which prefix reuse a configuration has.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reuse {
-    None,
-    Local,
-    Fabric,
-}
-
-struct ConfigRun {
-    summary: RunSummary,
-    records: Vec<stats::RequestRecord>,
-    connector: Option<kvfabric_connector::ConnectorStats>,
-    /// Affinity picks that kept / moved a session.
-    affinity: (u64, u64),
-}
-
-/// The router of one run: `policy` over the engines; for `prefix`, an index
-/// fed by the fabric nodes' KV events and keys chained as the engines chain them.
-fn bench_router(
-    args: &AgenticArgs,
-    model: &LlamaModel,
-    cfg: &kvfabric_engine::EngineConfig,
-    policy: Policy,
-    fabric: Option<&FabricCluster>,
-) -> BenchRouter {
-    let prefix = match (policy, fabric) {
-        (Policy::Prefix, Some(f)) => {
-            let c = &model.config;
-            let layout = KvPool::layout_for(
-                c.layers,
-                c.kv_heads,
-                c.head_dim,
-                cfg.block_tokens,
-                cfg.kv_dtype.into(),
-            );
-            let chain = KeyChain::new(b"", &model.fingerprint(), &layout);
-            let events = (0..args.engines).map(|i| f.kv_events(i)).collect();
-            Some(PrefixSource::follow(events, chain, cfg.block_tokens))
-        }
-        _ => None,
-    };
-    let params = PickParams {
-        prefix_overlap_weight: args.prefix_overlap_weight,
-        ..PickParams::default()
-    };
-    BenchRouter::new(policy, params, args.seed, args.engines, prefix)
-}
-
-async fn run_configuration(
-    args: &AgenticArgs,
-    model: &Arc<LlamaModel>,
-    workload: &Workload,
-    reuse: Reuse,
-    fabric: Option<&FabricCluster>,
-    policy: Policy,
-) -> anyhow::Result<ConfigRun> {
-    let cfg = kvfabric_engine::EngineConfig {
-        kv_dtype: args.dtype.kv_dtype.into(),
-        ..engine_config(args.threads, args.kv_pool_mib, reuse != Reuse::None)
-    };
-    let mut router = bench_router(args, model, &cfg, policy, fabric);
-    let connects = (0..args.engines)
-        .map(|i| match (reuse, fabric) {
-            (Reuse::Fabric, Some(f)) => Ok(Some(f.connect_fn(i, true))),
-            (Reuse::Fabric, None) => Err(anyhow!("the fabric configuration needs a cluster")),
-            _ => Ok(None),
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let set = EngineSet::start(model, &cfg, connects)?;
-    let params = DriveParams {
-        rate: args.rate,
-        answer_tokens: args.answer_tokens,
-        seed: args.seed,
-        burst_start: args.burst_start,
-    };
-    let handles = set.handles();
-    let driven = drive(&handles, workload, &params, &mut router).await;
-    drop(handles);
-    let connectors = set.connectors();
-    let connector = if connectors.is_empty() {
-        None
-    } else {
-        // Counters once every save ended (pending_saves > 0 in the report
-        // means they did not within 30 s).
-        let flushed = connectors.clone();
-        tokio::task::spawn_blocking(move || {
-            flushed.iter().all(|c| c.flush(Duration::from_secs(30)))
-        })
-        .await
-        .map_err(|e| anyhow!("flush task: {e}"))?;
-        Some(connectors.iter().map(|c| c.stats()).sum())
-    };
-    drop(connectors);
-    set.stop().await?;
-    let (records, wall) = driven?;
-    Ok(ConfigRun {
-        summary: RunSummary::new(&records, cfg.block_tokens, wall),
-        records,
-        connector,
-        affinity: (router.affinity_hits, router.affinity_fallbacks),
-    })
-}
-
-/// Decode step time with saving on and off, alternated, best of each.
-async fn save_on_off(
-    args: &AgenticArgs,
-    model: &Arc<LlamaModel>,
-    fabric: &FabricCluster,
-) -> anyhow::Result<(f64, f64, u64)> {
-    let cfg = engine_config(args.threads, args.kv_pool_mib, true);
-    let (mut on, mut off, mut saved) = (f64::MAX, f64::MAX, 0);
-    for r in 0..args.step_repeats.max(1) {
-        for save in [true, false] {
-            let seed = args.seed.wrapping_mul(1000) + 2 * r as u64 + u64::from(save);
-            let (step, s) = decode_step(
-                model,
-                &cfg,
-                fabric.connect_fn(r, save),
-                args.step_batch,
-                100,
-                args.step_tokens,
-                seed,
-            )
-            .await?;
-            let ms = step.as_secs_f64() * 1e3;
-            if save {
-                on = on.min(ms);
-                saved += s;
-            } else {
-                off = off.min(ms);
-                anyhow::ensure!(s == 0, "the save-off connector saved {s} blocks");
-            }
-        }
-    }
-    Ok((on, off, saved))
 }
 
 async fn measure_all(
@@ -514,6 +284,7 @@ fn print_table(report: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     fn model_path() -> Option<PathBuf> {
         let p = kvfabric_engine::model::reference_model_path();

@@ -13,10 +13,11 @@ use kvfabric_engine::model::LlamaModel;
 use kvfabric_router::pick::Policy;
 use serde_json::{json, Map, Value};
 
+use super::args::AgenticArgs;
+use super::configuration::{run_configuration, ConfigRun, Reuse};
 use super::fabric::FabricCluster;
 use super::stats::same_answers;
 use super::trace::Workload;
-use super::{run_configuration, AgenticArgs, ConfigRun, Reuse};
 
 /// Bytes the nodes read from other nodes (all transports).
 fn bytes_moved(transfer: &std::collections::BTreeMap<(String, String), u64>) -> u64 {

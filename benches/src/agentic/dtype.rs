@@ -23,11 +23,12 @@ use kvfabric_router::pick::Policy;
 use kvfabric_store::DType;
 use serde_json::{json, Map, Value};
 
+use super::args::AgenticArgs;
+use super::configuration::{run_configuration, ConfigRun, Reuse};
 use super::engines::stats_json;
 use super::fabric::FabricCluster;
 use super::stats::same_answers;
 use super::trace::Workload;
-use super::{run_configuration, AgenticArgs, ConfigRun, Reuse};
 
 /// The dtype flags of `bench agentic`.
 #[derive(clap::Args, Debug, Clone)]

@@ -21,11 +21,12 @@ use kvfabric_router::pick::Policy;
 use kvfabric_store::{EvictionPolicy, NodeConfig};
 use serde_json::{json, Map, Value};
 
+use super::args::AgenticArgs;
+use super::configuration::{run_configuration, ConfigRun, Reuse};
 use super::engines::engine_config;
 use super::fabric::FabricCluster;
 use super::stats::same_answers;
 use super::trace::Workload;
-use super::{run_configuration, AgenticArgs, ConfigRun, Reuse};
 
 /// `--compare-eviction` and `--ram-fraction` checked before the model
 /// loads: the order to compare with the default (None: not asked for).

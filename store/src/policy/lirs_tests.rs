@@ -473,7 +473,7 @@ fn ending_sessions_hits(order: &mut EvictionOrder, tier: usize, active: usize, s
                     let v = order.victim(|_| true).expect("a victim in a full tier");
                     order.remove(slots.remove(&v).expect("victim resident"), &v);
                 }
-                slots.insert(k, order.insert(k));
+                slots.insert(k, order.insert(k, 0));
             }
             s.1 -= 1;
             if s.1 == 0 && started < 24 {

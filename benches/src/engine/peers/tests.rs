@@ -1,6 +1,8 @@
 //! The child runner's time limit and the drivers' JSON parsing.
 
+use super::child::{last_json_line, parse_rates, run_child, Output};
 use super::*;
+use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
