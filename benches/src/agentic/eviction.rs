@@ -69,15 +69,17 @@ fn name(p: EvictionPolicy) -> &'static str {
 
 /// Distinct blocks the trace computes (see the module doc).
 pub fn distinct_blocks(workload: &Workload, answer_tokens: usize, block_tokens: usize) -> usize {
-    let bt = block_tokens.max(1);
-    let system = workload.system.len() / bt;
-    let mut blocks = system;
-    for (s, turns) in workload.users.iter().enumerate() {
-        let answers = vec![vec![0u32; answer_tokens]; turns.len().saturating_sub(1)];
-        let last = workload.prompt(s, &answers).len() + answer_tokens.saturating_sub(1);
-        blocks += (last / bt).saturating_sub(system);
-    }
-    blocks
+    // Each session's last turn holds all its earlier turns as prefixes; the
+    // answers (unknown before the run) are placeholders of the right length.
+    let last_turns: Vec<(Vec<u32>, Vec<u32>)> = (0..workload.users.len())
+        .map(|s| {
+            let turns = workload.users[s].len();
+            let answers = vec![vec![0u32; answer_tokens]; turns.saturating_sub(1)];
+            (workload.prompt(s, &answers), vec![0u32; answer_tokens])
+        })
+        .collect();
+    let seqs = last_turns.iter().map(|(p, a)| (p.as_slice(), a.as_slice()));
+    super::dtype::distinct_blocks(seqs, block_tokens)
 }
 
 /// One order's run on its own cluster of `per_node` blocks per node.
