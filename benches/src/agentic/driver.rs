@@ -104,6 +104,24 @@ struct Sent {
     tokens: u64,
 }
 
+impl Sent {
+    /// The record of this request, answered by `done`, with its submission
+    /// index.
+    fn record(self, done: Completion) -> (usize, RequestRecord) {
+        let record = RequestRecord {
+            session: self.session,
+            turn: self.turn,
+            engine: self.engine,
+            prompt: self.prompt,
+            answer: done.tokens,
+            cached_tokens: done.usage.cached_tokens,
+            ttft: done.ttft,
+            e2e: done.e2e,
+        };
+        (self.index, record)
+    }
+}
+
 /// Run every turn of every session of `workload` on `engines`, routed by
 /// `router`; records in submission order and the wall time of the whole run.
 pub async fn drive(
@@ -188,19 +206,7 @@ pub async fn drive(
                 if meta.turn + 1 < turns {
                     ready.push_back(meta.session);
                 }
-                records.push((
-                    meta.index,
-                    RequestRecord {
-                        session: meta.session,
-                        turn: meta.turn,
-                        engine: meta.engine,
-                        prompt: meta.prompt,
-                        answer: done.tokens,
-                        cached_tokens: done.usage.cached_tokens,
-                        ttft: done.ttft,
-                        e2e: done.e2e,
-                    },
-                ));
+                records.push(meta.record(done));
             }
             _ = async {
                 match wake {
