@@ -13,46 +13,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::changes::{BlockChange, ChangeFeed};
-use crate::disk_codec::DiskCodec;
 use crate::extent::{Extent, ExtentAllocator};
-use crate::keys::{BlockKey, KvLayout};
+use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
-use crate::policy::{EvictionOrder, Slot};
+use crate::policy::EvictionOrder;
 
+mod block;
 mod blocks;
-pub(crate) use blocks::{BlockMap, Rec};
-
-/// One stored block and where its copies are.
-#[derive(Debug)]
-pub(crate) struct Block {
-    pub layout: KvLayout,
-    pub len: u64,
-    /// xxh3-64 of the bytes (computed at commit, fused with the copy).
-    pub checksum: u64,
-    pub tokens: u32,
-    pub ram: Option<Extent>,
-    pub disk: Option<Extent>,
-    /// How the disk copy's bytes are stored (valid while `disk` is Some).
-    pub disk_codec: DiskCodec,
-    /// The block's slot in `Inner::ram_order`, valid while `ram` is Some
-    /// (kept here so the order needs no key index: see `policy`).
-    pub ram_slot: Slot,
-    /// The block's slot in `Inner::disk_order`, valid while `disk` is Some.
-    pub disk_slot: Slot,
-    pub hard_pin: bool,
-    pub soft_pin_until: Option<Instant>,
-    /// Puts and reads seen (disk admission "seen-twice").
-    pub accesses: u32,
-    /// A write of this block to disk is in flight (demotion, write-through or durable put).
-    pub flushing: bool,
-}
-
-impl Block {
-    /// Hard-pinned, or soft-pinned with an unexpired TTL.
-    pub fn pinned(&self, now: Instant) -> bool {
-        self.hard_pin || self.soft_pin_until.is_some_and(|t| t > now)
-    }
-}
+mod rec;
+pub(crate) use block::Block;
+pub(crate) use blocks::BlockMap;
+pub(crate) use rec::Rec;
 
 /// A reservation's shared state word: lets the reaper and the owner race safely.
 pub(crate) const RES_IDLE: u8 = 0;

@@ -24,58 +24,12 @@ use kvfabric_store::DType;
 use serde_json::{json, Map, Value};
 
 use super::args::AgenticArgs;
+pub use super::args::DtypeArgs;
 use super::configuration::{run_configuration, ConfigRun, Reuse};
 use super::engines::stats_json;
 use super::fabric::FabricCluster;
 use super::stats::same_answers;
 use super::trace::Workload;
-
-/// The dtype flags of `bench agentic`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct DtypeArgs {
-    /// Element type of every engine's KV: f16, bf16 or f32.
-    #[arg(long, default_value = "f16")]
-    pub kv_dtype: DType,
-    /// Also run the fabric configuration with this KV dtype, both runs at a
-    /// RAM tier sized to `--compare-ram-fraction` of the trace's distinct
-    /// f32 KV bytes, and report the two side by side.
-    #[arg(long)]
-    pub compare_dtype: Option<DType>,
-    /// With --compare-dtype: the nodes' RAM tiers together, as a fraction
-    /// of the trace's distinct f32 KV bytes.
-    #[arg(long, default_value_t = 0.25)]
-    pub compare_ram_fraction: f64,
-}
-
-impl Default for DtypeArgs {
-    fn default() -> Self {
-        DtypeArgs {
-            kv_dtype: DType::F16,
-            compare_dtype: None,
-            compare_ram_fraction: 0.25,
-        }
-    }
-}
-
-impl DtypeArgs {
-    /// Refuse a comparison that cannot run, before the model loads.
-    pub fn check(&self, hosts: usize) -> anyhow::Result<()> {
-        let Some(other) = self.compare_dtype else {
-            return Ok(());
-        };
-        anyhow::ensure!(hosts == 0, "--compare-dtype runs on one host (--hosts 0)");
-        let frac = self.compare_ram_fraction;
-        anyhow::ensure!(
-            frac.is_finite() && frac > 0.0,
-            "--compare-ram-fraction must be > 0"
-        );
-        anyhow::ensure!(
-            other != self.kv_dtype,
-            "--compare-dtype {other} is --kv-dtype: nothing to compare"
-        );
-        Ok(())
-    }
-}
 
 /// Distinct full blocks of KV the sequences `(prompt, answer)` compute (the
 /// prompt and all answer tokens but the last), counted by their whole

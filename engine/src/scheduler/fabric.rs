@@ -24,62 +24,16 @@
 //!   block of its prompt is in the fabric (or failed), then the scheduler
 //!   sends `Saved` (the transfer params) and `Finished`.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use kvfabric_connector::{KvConnector, PendingLoad, SaveBlock};
+use kvfabric_connector::{KvConnector, SaveBlock};
 use kvfabric_types::BlockKey;
 
-use super::{FabricWait, Loading, Scheduler, Seq};
-use crate::kv::{Block, BlockId, BlockTable};
+use super::fabric_state::{FabricState, LoadBlocks, SavePins, Streaming, TAG_BLOCK_BITS};
+use super::seq::{FabricWait, Loading, Seq};
+use super::Scheduler;
+use crate::kv::BlockTable;
 use crate::request::{GenerationEvent, TransferParams};
-
-/// Block indices fit in the low bits of a save's tag, the sequence id above.
-const TAG_BLOCK_BITS: u32 = 24;
-
-/// Where one registered block of a sequence stands with the fabric.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum FabricState {
-    /// Not known to be in the fabric (local prefix-cache hit, or save dropped).
-    Unknown,
-    /// Queued for saving (the block is pinned).
-    Saving,
-    /// In the fabric: loaded from it, stored, or found there.
-    In,
-    /// The save failed.
-    Failed,
-}
-
-/// Blocks queued with the connector for saving, each pinned (kept
-/// unchanged, never reused) until the connector reports its save ended.
-#[derive(Debug, Default)]
-pub(super) struct SavePins {
-    /// By (tag, block); a block can be queued twice under one tag (its
-    /// sequence was preempted and completed it again).
-    pins: HashMap<(u64, BlockId), Vec<Block>>,
-}
-
-impl SavePins {
-    fn hold(&mut self, tag: u64, pin: Block) {
-        self.pins.entry((tag, pin.id())).or_default().push(pin);
-    }
-
-    /// The save of `block` under `tag` ended: drop its pin.
-    fn done(&mut self, tag: u64, block: BlockId) {
-        if let Some(v) = self.pins.get_mut(&(tag, block)) {
-            v.pop();
-            if v.is_empty() {
-                self.pins.remove(&(tag, block));
-            }
-        }
-    }
-
-    /// Saves still pinned.
-    #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.pins.values().map(Vec::len).sum()
-    }
-}
 
 /// Pin block `r` of `s` (registered under `key`) and queue it for saving.
 pub(super) fn save_block(
@@ -108,73 +62,6 @@ pub(super) fn save_block(
     if queued {
         s.fabric[r] = FabricState::Saving;
         pins.hold(tag, pin);
-    }
-}
-
-/// A fabric load and the pool blocks it writes into. Until the load ends
-/// the blocks are the connector's; dropped before then, this parks them
-/// with the pool, which frees them once the load has ended.
-pub(super) struct LoadBlocks {
-    /// None once dropped.
-    load: Option<PendingLoad>,
-    blocks: BlockTable,
-    /// The load reported its end.
-    ended: bool,
-}
-
-impl LoadBlocks {
-    pub(super) fn new(load: PendingLoad, blocks: BlockTable) -> LoadBlocks {
-        LoadBlocks {
-            load: Some(load),
-            blocks,
-            ended: false,
-        }
-    }
-
-    fn pending(&self) -> &PendingLoad {
-        self.load.as_ref().expect("a live LoadBlocks has its load")
-    }
-
-    /// Wait up to `timeout` for the load to end: Some(blocks that arrived).
-    pub(super) fn wait(&mut self, timeout: Duration) -> Option<usize> {
-        let n = self.pending().wait(timeout);
-        self.ended |= n.is_some();
-        n
-    }
-
-    /// The blocks, once the load ended ([`Self::wait`] said so).
-    fn into_blocks(mut self) -> BlockTable {
-        debug_assert!(self.ended, "blocks taken from a load still running");
-        self.blocks.split_off(0)
-    }
-}
-
-impl Drop for LoadBlocks {
-    fn drop(&mut self) {
-        let Some(load) = self.load.take() else {
-            return;
-        };
-        if !self.ended && load.try_finish().is_none() {
-            let blocks = self.blocks.split_off(0);
-            blocks.park_until(move || load.try_finish().is_some());
-        }
-    }
-}
-
-/// A load streaming into a running sequence: its first `n` blocks sit
-/// (shared) in the sequence's table from index `from`, unregistered, still
-/// written by the connector.
-pub(super) struct Streaming {
-    load: LoadBlocks,
-    keys: Vec<BlockKey>,
-    from: usize,
-    n: usize,
-}
-
-impl Streaming {
-    /// The load, for the forward pass's per-layer gate.
-    pub(super) fn load(&self) -> &PendingLoad {
-        self.load.pending()
     }
 }
 

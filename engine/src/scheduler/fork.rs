@@ -10,8 +10,9 @@
 //! like any sequence; preempted, it recomputes from the prefix cache like
 //! any other. `prompt_tokens_computed` counts the prompt once for all `n`.
 
+use super::seq::Seq;
 use super::token::take_token;
-use super::{Role, Scheduler, Seq};
+use super::{Role, Scheduler};
 use crate::request::GenerationEvent;
 use crate::sampling::Sampler;
 

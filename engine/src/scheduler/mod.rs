@@ -25,10 +25,13 @@
 //! never waits on the network for it. Every block a sequence completes is
 //! queued for saving.
 
+mod batch_queue;
 mod constrain;
 mod fabric;
+mod fabric_state;
 mod fork;
 mod priority;
+mod seq;
 mod spec;
 #[cfg(test)]
 mod spec_tests;
@@ -39,19 +42,20 @@ mod token;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use kvfabric_connector::{KvConnector, PendingLoad, PendingLookup};
-use kvfabric_types::{BlockKey, KeyChain};
+use kvfabric_connector::{KvConnector, PendingLoad};
+use kvfabric_types::KeyChain;
 use tokio::sync::mpsc;
 
-use fabric::{FabricState, LoadBlocks, SavePins, Streaming};
-use priority::BatchQueue;
+use batch_queue::BatchQueue;
+use fabric_state::{FabricState, SavePins, Streaming};
+use seq::{Loading, Seq};
 
 use crate::config::Role;
 use crate::kernels::Compute;
-use crate::kv::{BlockPool, BlockTable, KvPool};
+use crate::kv::{BlockPool, KvPool};
 use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, RowLogits, SeqChunk};
-use crate::request::{FinishReason, Fork, GenerationEvent, GenerationRequest, Usage};
+use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
 use crate::sampling::Sampler;
 use crate::spec::shared::SharedContinuations;
 use crate::spec::{SpecConfig, SpecState};
@@ -73,78 +77,6 @@ pub struct SchedulerConfig {
     pub prefix_cache: bool,
     /// Speculative decoding (see `spec.rs`).
     pub spec: SpecConfig,
-}
-
-struct Seq {
-    /// Unique per scheduler; tags this sequence's saves.
-    id: u64,
-    events: mpsc::Sender<GenerationEvent>,
-    /// Prompt then generated tokens.
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    /// Tokens whose KV is in `table`.
-    computed: usize,
-    table: BlockTable,
-    /// Leading blocks registered in the prefix cache; `parent` is the last one's key.
-    registered: usize,
-    parent: Option<BlockKey>,
-    chain: KeyChain,
-    sampler: Sampler,
-    max_tokens: usize,
-    generated: usize,
-    stop: Vec<u32>,
-    return_logits: bool,
-    cached_tokens: Option<usize>,
-    /// Fabric state of each registered block (empty without a connector).
-    fabric: Vec<FabricState>,
-    /// Prefill role: how the request ended, sent once its saves are done.
-    finished: Option<(FinishReason, Usage)>,
-    /// A load still streaming into this sequence's table.
-    stream: Option<Streaming>,
-    /// More samples to start from this prompt's logits (`n`; see `fork.rs`).
-    forks: Vec<Fork>,
-    /// Drafting state (speculative decoding).
-    spec: SpecState,
-    /// Draft tokens at the end of `tokens`, planned for verification this step.
-    drafted: usize,
-    /// A batch-job request (runs below interactive ones; see `priority.rs`).
-    batch: bool,
-}
-
-impl Seq {
-    /// Give back every block (the cache keeps what was registered) and
-    /// start over from no KV; a load still streaming in keeps its blocks
-    /// until it ends.
-    fn drop_kv(&mut self) {
-        self.stream = None;
-        self.table.clear();
-        self.computed = 0;
-        self.registered = 0;
-        self.parent = None;
-        self.fabric.clear();
-    }
-}
-
-/// A sequence waiting on the fabric, first for its lookup, then for the
-/// blocks being loaded into its pool blocks.
-struct Loading {
-    seq: Seq,
-    stage: FabricWait,
-}
-
-/// What a [`Loading`] sequence waits for; `keys` are the blocks after its
-/// local prefix.
-enum FabricWait {
-    Lookup {
-        pending: PendingLookup,
-        keys: Vec<BlockKey>,
-    },
-    Load {
-        load: LoadBlocks,
-        keys: Vec<BlockKey>,
-        /// May still run layer by layer (false once a stream let it down).
-        streamable: bool,
-    },
 }
 
 /// The scheduler's state; [`Scheduler::spawn`] runs it on a dedicated thread.
@@ -494,7 +426,7 @@ impl Scheduler {
         let bt = self.kv.layout().block_tokens as usize;
         let mut budget = self.cfg.max_batch_tokens.max(1);
         // Batch-job sequences sit out the steps of interactive prefills.
-        let (hold, mut batch_prefill) = (self.hold_batch(), priority::BATCH_STEP_PREFILL);
+        let (hold, mut batch_prefill) = (self.hold_batch(), batch_queue::BATCH_STEP_PREFILL);
         let mut order: Vec<usize> = (0..self.running.len())
             .filter(|&i| !(hold && self.running[i].batch))
             .collect();

@@ -23,38 +23,12 @@
 //! The scheduler thread's loop lives here too: it waits on both intakes
 //! when idle.
 
-use std::collections::VecDeque;
-
 use tokio::sync::mpsc;
 
-use super::{Scheduler, Seq};
+use super::seq::Seq;
+use super::Scheduler;
 use crate::request::{EngineHandle, GenerationRequest};
 use crate::EngineError;
-
-/// Most prompt tokens of batch sequences in one step: a step that holds
-/// batch prefill stays short, so an interactive request arriving during it
-/// waits little before its own prefill runs.
-pub(super) const BATCH_STEP_PREFILL: usize = 16;
-
-/// The batch class's queue and limit.
-pub(super) struct BatchQueue {
-    /// Requests from [`EngineHandle::batch_class`] handles (None once closed).
-    intake: Option<mpsc::Receiver<GenerationRequest>>,
-    /// Accepted batch sequences not running (new or paused), oldest first.
-    pub(super) waiting: VecDeque<Seq>,
-    /// Most batch sequences running or loading at once.
-    cap: usize,
-}
-
-impl BatchQueue {
-    pub(super) fn new(cap: usize) -> BatchQueue {
-        BatchQueue {
-            intake: None,
-            waiting: VecDeque::new(),
-            cap,
-        }
-    }
-}
 
 /// What woke an idle scheduler.
 enum Woken {

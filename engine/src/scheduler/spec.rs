@@ -15,7 +15,8 @@
 //!   back to the pool, and the rows written past `computed` in the kept last
 //!   block are overwritten before that block fills up.
 
-use super::{Scheduler, Seq};
+use super::seq::Seq;
+use super::Scheduler;
 use crate::config::Role;
 
 impl Seq {

@@ -13,9 +13,9 @@ use kvfabric_connector::{
 use kvfabric_types::{BlockKey, DType};
 use tokio::sync::mpsc;
 
-use super::fabric::LoadBlocks;
+use super::fabric_state::LoadBlocks;
 use super::*;
-use crate::request::SamplingParams;
+use crate::request::{Fork, SamplingParams};
 
 const BT: usize = 16;
 const BLOCKS: usize = 8;

@@ -4,7 +4,8 @@
 //! [`take_token`] is shared by a sequence's own steps and by forks taking
 //! their first token (`fork.rs`).
 
-use super::{fabric, Role, Scheduler, Seq};
+use super::seq::Seq;
+use super::{fabric, Role, Scheduler};
 use crate::request::{FinishReason, GenerationEvent, Usage};
 
 /// Sample the next token of `s` from `logits` and send it; returns the

@@ -36,12 +36,11 @@ use std::hash::{BuildHasher, RandomState};
 
 use allocator_api2::vec::Vec as HugeVec;
 
+use super::block::Block;
 use crate::huge_alloc::{prefetch, HugeAlloc};
 use crate::keys::BlockKey;
-use crate::state::Block;
 
-/// The index of a record in the slab (stable while its key is stored).
-pub(crate) type Rec = u32;
+pub(crate) use super::rec::Rec;
 
 /// One slab entry: a key and its record, or a free entry (`block` None).
 #[derive(Debug)]
