@@ -46,31 +46,30 @@ pub(crate) unsafe fn fused_cols(
     x: *const f32,
     out: *mut f32,
 ) {
-    let cb = format.chunk_bytes();
     match (isa, format, cols) {
         (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Whole) => {
-            q4_1::avx512::cols::<4>(tile, cb, kbs, col0, x, out)
+            q4_1::avx512::cols::<4>(tile, kbs, col0, x, out)
         }
         (Isa::Avx512, PackedFormat::Q4_1, FusedCols::Half) => {
-            q4_1::avx512::cols::<2>(tile, cb, kbs, col0, x, out)
+            q4_1::avx512::cols::<2>(tile, kbs, col0, x, out)
         }
         (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Whole) => {
-            q8_0::avx512::cols::<4>(tile, cb, kbs, col0, x, out)
+            q8_0::avx512::cols::<4>(tile, kbs, col0, x, out)
         }
         (Isa::Avx512, PackedFormat::Q8_0, FusedCols::Half) => {
-            q8_0::avx512::cols::<2>(tile, cb, kbs, col0, x, out)
+            q8_0::avx512::cols::<2>(tile, kbs, col0, x, out)
         }
         // Passes of 16 (Q4_1) or 32 (Q8_0) columns: with more at once the compiler
         // runs out of the 16 AVX2 registers and spills inside the k loop (3x slower).
         // Every pass reads the same cache lines: only the first prefetches them.
         (_, PackedFormat::Q4_1, _) => {
             for c in (0..cols.count()).step_by(16) {
-                q4_1::avx2::cols::<2>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
+                q4_1::avx2::cols::<2>(tile, kbs, col0 + c, x, out.add(c), c == 0);
             }
         }
         (_, PackedFormat::Q8_0, _) => {
             for c in (0..cols.count()).step_by(32) {
-                q8_0::avx2::cols::<4>(tile, cb, kbs, col0 + c, x, out.add(c), c == 0);
+                q8_0::avx2::cols::<4>(tile, kbs, col0 + c, x, out.add(c), c == 0);
             }
         }
         (_, PackedFormat::F32, _) => unreachable!("fused kernels take Q4_1 and Q8_0"),
@@ -100,11 +99,10 @@ pub(crate) unsafe fn fused_rows_avx512(
     ldo: usize,
     side: &mut SideCursor,
 ) {
-    let cb = format.chunk_bytes();
     macro_rules! by_rows {
         ($format:ident: $($r:literal)*) => {
             match rows {
-                $($r => $format::avx512::rows::<$r>(tile, cb, kbs, col0, x, ldx, out, ldo, side),)*
+                $($r => $format::avx512::rows::<$r>(tile, kbs, col0, x, ldx, out, ldo, side),)*
                 _ => unreachable!("fused_rows_avx512 takes 2..=8 rows"),
             }
         };

@@ -16,13 +16,24 @@ pub enum PackedFormat {
     F32,
 }
 
+/// Bytes of one Q4_1 chunk: d[64] f16, m[64] f16, 16 k-pairs x 64 bytes
+/// (low nibble = even k).
+///
+/// The fused kernels use these constants, not a `chunk_bytes` argument: with
+/// the size known at compile time their prefetch loop becomes two fixed
+/// prefetches per step and the k loop unrolls. As an argument it only did
+/// while the dispatcher sat in the kernels' codegen unit (LLVM propagated
+/// it); after the regroup into per-format modules it did not, and decode
+/// lost ~8% (issue #20's before/after bench, docs/BENCHMARKS.md).
+pub(crate) const Q4_1_CHUNK_BYTES: usize = 2 * TILE_N * 2 + 16 * TILE_N;
+/// Bytes of one Q8_0 chunk: d[64] f16, 32 k x 64 i8.
+pub(crate) const Q8_0_CHUNK_BYTES: usize = TILE_N * 2 + CHUNK_K * TILE_N;
+
 impl PackedFormat {
     pub(crate) fn chunk_bytes(self) -> usize {
         match self {
-            // d[64] f16, m[64] f16, 16 k-pairs x 64 bytes (low nibble = even k).
-            PackedFormat::Q4_1 => 2 * TILE_N * 2 + 16 * TILE_N,
-            // d[64] f16, 32 k x 64 i8.
-            PackedFormat::Q8_0 => TILE_N * 2 + CHUNK_K * TILE_N,
+            PackedFormat::Q4_1 => Q4_1_CHUNK_BYTES,
+            PackedFormat::Q8_0 => Q8_0_CHUNK_BYTES,
             // 32 k x 64 f32.
             PackedFormat::F32 => CHUNK_K * TILE_N * 4,
         }

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::matmul::layout::{CHUNK_K, TILE_N};
+use crate::kernels::matmul::layout::{CHUNK_K, Q4_1_CHUNK_BYTES, TILE_N};
 use crate::kernels::prefetch::{prefetch_ahead, prefetch_ahead_step, SideCursor};
 
 /// The low and high nibbles of 16 bytes (zero-extended to 32-bit lanes) as
@@ -55,12 +55,12 @@ pub(crate) unsafe fn dequant(chunk: &[u8], out: &mut [f32; 2048]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 pub(crate) unsafe fn cols<const G: usize>(
     tile: *const u8,
-    cb: usize,
     kbs: usize,
     col0: usize,
     x: *const f32,
     out: *mut f32,
 ) {
+    let cb = Q4_1_CHUNK_BYTES;
     let mut acc = [_mm512_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
@@ -97,7 +97,6 @@ pub(crate) unsafe fn cols<const G: usize>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn rows<const R: usize>(
     tile: *const u8,
-    cb: usize,
     kbs: usize,
     col0: usize,
     x: *const f32,
@@ -106,6 +105,7 @@ pub(crate) unsafe fn rows<const R: usize>(
     ldo: usize,
     side: &mut SideCursor,
 ) {
+    let cb = Q4_1_CHUNK_BYTES;
     let side_per_step = side.left().div_ceil(kbs * (CHUNK_K / 2));
     let mut acc = [[_mm512_setzero_ps(); 2]; R];
     for kb in 0..kbs {

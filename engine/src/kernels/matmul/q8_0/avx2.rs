@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::kernels::matmul::layout::{CHUNK_K, TILE_N};
+use crate::kernels::matmul::layout::{CHUNK_K, Q8_0_CHUNK_BYTES, TILE_N};
 use crate::kernels::prefetch::prefetch_ahead;
 
 /// One chunk dequantized into `[32 k][64 columns]` f32 (the scratch path):
@@ -32,13 +32,13 @@ pub(crate) unsafe fn dequant(chunk: &[u8], out: &mut [f32; 2048]) {
 #[target_feature(enable = "avx2,f16c,fma")]
 pub(crate) unsafe fn cols<const G: usize>(
     tile: *const u8,
-    cb: usize,
     kbs: usize,
     col0: usize,
     x: *const f32,
     out: *mut f32,
     prefetch: bool,
 ) {
+    let cb = Q8_0_CHUNK_BYTES;
     let mut acc = [_mm256_setzero_ps(); G];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
