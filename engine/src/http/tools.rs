@@ -17,9 +17,15 @@
 //! end the prompt with the opening of a call (`<tool_call>\n{"name": "`,
 //! or with the name and `"arguments": ` filled in), so the model continues
 //! inside a call, and constrain the rest of the answer with a grammar
-//! ([`ToolRequest::forced_grammar`]): one of the allowed names, arguments
+//! ([`ToolRequest::call_grammar`]): one of the allowed names, arguments
 //! valid against that function's `parameters` schema, the call's closing,
 //! then the end of the answer. A forced answer is exactly one call.
+//! `auto` leaves the text free until the model writes `<tool_call>`; from
+//! there the same grammar holds (a name of `tools`, valid arguments, the
+//! closing), then more calls (`parallel_tool_calls`) or the end: the
+//! grammar switches at the trigger, as vLLM's and SGLang's structural tags
+//! do. (The trigger is matched as text: a model whose vocabulary has
+//! `<tool_call>` as one special token is not covered.)
 //!
 //! Streaming with tools holds the text back until the sample ends, then
 //! sends the content (if any) and every call as `delta.tool_calls`.
@@ -202,18 +208,24 @@ impl ToolRequest {
         }
     }
 
-    /// For `required` and a named function: the Lark grammar of the rest
-    /// of the answer after [`forced_prefix`](Self::forced_prefix), with
-    /// the `parameters` schema (compact JSON) of each function it may call,
-    /// and each schema's index in `tools` (to name a bad one). None for `auto`.
-    pub(super) fn forced_grammar(&self) -> Option<(String, Vec<(usize, Value)>)> {
+    /// True for `tool_choice: auto` (the model may answer in text).
+    pub(super) fn is_auto(&self) -> bool {
+        self.choice == Choice::Auto
+    }
+
+    /// The Lark grammar of the answer: for `required` and a named function
+    /// the rest of it after [`forced_prefix`](Self::forced_prefix); for
+    /// `auto` free text until `<tool_call>`, then calls. With it the
+    /// `parameters` schema (compact JSON) of each function it may call, and
+    /// each schema's index in `tools` (to name a bad one).
+    pub(super) fn call_grammar(&self) -> (String, Vec<(usize, Value)>) {
         let named = |n: &str| {
             self.tools
                 .iter()
                 .position(|t| t["function"]["name"].as_str() == Some(n))
         };
         let allowed: Vec<usize> = match &self.choice {
-            Choice::Auto => return None,
+            Choice::Auto => return self.auto_grammar(),
             Choice::Required => (0..self.tools.len()).collect(),
             Choice::Named(name) => named(name).into_iter().collect(),
         };
@@ -242,7 +254,41 @@ impl ToolRequest {
                 lark.push_str(&format!("{head} args{k} {close}"));
             }
         }
-        Some((format!("{lark}\n{rules}"), schemas))
+        (format!("{lark}\n{rules}"), schemas)
+    }
+
+    /// `auto`: any text without `<tool_call>` to the end, or text up to
+    /// the first `<tool_call>` (a lazy lexeme: it ends at the trigger),
+    /// then a call of any tool, then (parallel) more calls.
+    fn auto_grammar(&self) -> (String, Vec<(usize, Value)>) {
+        let mut rules = String::new();
+        let mut names = Vec::new();
+        let mut schemas = Vec::new();
+        for (i, t) in self.tools.iter().enumerate() {
+            let f = &t["function"];
+            let schema = match &f["parameters"] {
+                Value::Null => json!({"type": "object"}),
+                p => p.clone(),
+            };
+            let schema = crate::grammar::compact(schema);
+            let head = json!(format!("{}, \"arguments\": ", json!(f["name"])));
+            rules.push_str(&format!("fn{i}: {head} args{i}\nargs{i}: %json {schema}\n"));
+            names.push(format!("fn{i}"));
+            schemas.push((i, schema));
+        }
+        let more = if self.parallel { " more*" } else { "" };
+        let open = json!(CALL_OPEN);
+        let lark = format!(
+            "start: TEXT | pre call{more}\n\
+             TEXT: /(?s:.*)/ & ~/(?s:.*){CALL_OPEN}(?s:.*)/\n\
+             pre[lazy]: /(?s:.*){CALL_OPEN}/\n\
+             call: \"\\n\"? {name} ({fns}) \"}}\" \"\\n\"? {close}\n\
+             more: \"\\n\"? {open} call\n{rules}",
+            name = json!("{\"name\": "),
+            fns = names.join(" | "),
+            close = json!(CALL_CLOSE),
+        );
+        (lark, schemas)
     }
 
     /// How the answer is read back.
@@ -509,7 +555,7 @@ mod tests {
         let req = parse_request(Some(tools.clone()), Some(named), None)
             .expect("ok")
             .expect("tools");
-        let (lark, schemas) = req.forced_grammar().expect("forced");
+        let (lark, schemas) = req.call_grammar();
         assert_eq!(schemas.len(), 1);
         let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
         let mut m = c.matcher();
@@ -525,7 +571,7 @@ mod tests {
         let req = parse_request(Some(tools), Some(json!("required")), None)
             .expect("ok")
             .expect("tools");
-        let (lark, schemas) = req.forced_grammar().expect("forced");
+        let (lark, schemas) = req.call_grammar();
         assert_eq!(schemas.len(), 2);
         let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
         let mut m = c.matcher();
@@ -537,10 +583,48 @@ mod tests {
             row[t.encode("x", false)[0] as usize].is_infinite(),
             "no tool starts with x"
         );
+    }
+
+    #[test]
+    fn auto_is_free_text_until_the_trigger_then_a_valid_call() {
+        use crate::grammar::{GrammarSpec, Grammars};
+        let t = std::sync::Arc::new(crate::tokenizer::tests::tiny());
+        let g = Grammars::new(t.clone(), vec![1]);
         let auto = parse_request(Some(weather()), None, None)
             .expect("ok")
             .expect("tools");
-        assert!(auto.forced_grammar().is_none());
+        let (lark, schemas) = auto.call_grammar();
+        assert_eq!(schemas.len(), 1);
+        let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
+        let allowed = |m: &mut crate::grammar::GrammarMatcher, s: &str| {
+            let mut row = vec![0.0f32; t.vocab_size()];
+            m.mask(&mut row).expect("mask");
+            row[t.encode(s, false)[0] as usize].is_finite()
+        };
+        // Plain text is free, and may end anywhere.
+        let mut m = c.matcher();
+        feed(&mut m, &t, "It is 7 degrees {or so} \"x\": ");
+        assert!(allowed(&mut m, "7") && allowed(&mut m, "}"));
+        assert!(m.is_accepting(), "a text answer may end");
+        // After the trigger: the call's JSON only, with valid arguments.
+        let mut m = c.matcher();
+        feed(&mut m, &t, "Let me check.<tool_call>\n");
+        assert!(!allowed(&mut m, "7"), "a call starts with {{");
+        assert!(!m.is_accepting(), "an open call cannot end the answer");
+        feed(
+            &mut m,
+            &t,
+            "{\"name\": \"get_weather\", \"arguments\": {\"city\": ",
+        );
+        assert!(!allowed(&mut m, "7"), "city is a string");
+        feed(&mut m, &t, "\"Oslo\"}}\n</tool_call>");
+        assert!(m.is_stopped() || m.is_accepting(), "the call is complete");
+        // A second call (parallel_tool_calls defaults to true).
+        feed(&mut m, &t, "\n<tool_call>{\"name\": \"get_weather\"");
+        // An unknown tool name is never allowed.
+        let mut m = c.matcher();
+        feed(&mut m, &t, "<tool_call>\n{\"name\": \"");
+        assert!(!allowed(&mut m, "x"), "no tool starts with x");
     }
 
     #[test]
