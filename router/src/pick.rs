@@ -15,8 +15,9 @@
 //!   `affinity_load_slack_tokens`; else least-loaded (a fallback);
 //! - `prefix`: Dynamo's KV-router cost with a session's own blocks weighed
 //!   apart, lowest wins ([`prefix_cost`], `pick_prefix.rs`):
-//!   `(prefix_overlap_weight * shared blocks missing + prefix_session_weight
-//!   * own blocks missing) * block_tokens + load`, i.e. the prompt tokens
+//!   `(prefix_overlap_weight * shared blocks missing +
+//!   prefix_session_weight * own blocks missing) * block_tokens + load`,
+//!   i.e. the prompt tokens
 //!   the engine would still have to prefill or fetch, weighed against the
 //!   tokens it already has in flight (ties: least-loaded). Shared blocks are
 //!   those other prompts also start with ([`PrefixBranches`]); a caller that
@@ -28,7 +29,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-pub use crate::pick_prefix::{prefix_cost, PrefixBranches, PrefixIndex, PREFIX_INDEX_MAX_ENGINES};
+pub use crate::pick_prefix::{
+    prefix_cost, Held, PrefixBranches, PrefixIndex, PREFIX_INDEX_MAX_ENGINES,
+};
 
 /// How an endpoint is chosen among several.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +124,9 @@ pub struct PickInput<'a> {
     /// Leading prompt blocks other prompts share (prefix; None = unknown:
     /// every block weighs `prefix_overlap_weight`).
     pub shared_blocks: Option<usize>,
+    /// Blocks past `shared_blocks` each engine holds, counted one by one
+    /// (prefix; empty = counted from `cached_blocks`).
+    pub own_held: &'a [usize],
     /// Tokens per block (prefix).
     pub block_tokens: usize,
 }
@@ -198,12 +204,15 @@ pub fn choose(policy: Policy, p: &PickParams, input: &PickInput<'_>) -> Choice {
         },
         Policy::Prefix => {
             let cost = |i: usize| {
-                let cached = input.cached_blocks.get(i).copied().unwrap_or(0);
+                let held = Held {
+                    leading: input.cached_blocks.get(i).copied().unwrap_or(0),
+                    own: input.own_held.get(i).copied(),
+                };
                 prefix_cost(
                     input.loads[i],
                     input.prompt_blocks,
                     input.shared_blocks.unwrap_or(input.prompt_blocks),
-                    cached,
+                    held,
                     input.block_tokens,
                     p,
                 )
@@ -446,6 +455,26 @@ mod tests {
         // ...unless the shared prompt is the only thing to go by: with
         // every block weighed as own (nothing known shared) it piles up.
         assert_eq!(pick(&[1200, 0, 0], Some(0), &[40, 0, 0]), 0);
+        // Engine 1 served the session but read the shared prompt from
+        // engine 0's node: its node holds none of the leading blocks, all
+        // 35 of the session's own. Counted one by one it keeps the session
+        // (640 + 1200 < 2240); by the leading count alone it would not.
+        let own = |own_held: &[usize]| {
+            choose(
+                Policy::Prefix,
+                &p,
+                &PickInput {
+                    cached_blocks: &[40, 0, 0],
+                    own_held,
+                    prompt_blocks: 75,
+                    shared_blocks: Some(40),
+                    ..input(&[0, 1200, 0])
+                },
+            )
+            .index
+        };
+        assert_eq!(own(&[0, 35, 0]), 1);
+        assert_eq!(own(&[]), 0);
     }
 
     #[test]

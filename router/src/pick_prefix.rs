@@ -20,23 +20,36 @@ use std::collections::HashMap;
 
 use crate::pick::PickParams;
 
+/// What one engine holds of a prompt, in blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Leading blocks of the prompt it holds.
+    pub leading: usize,
+    /// Blocks past the shared prefix it holds, counted one by one (None:
+    /// those of `leading`). An engine that read the shared prefix from
+    /// another node holds the session's own blocks on its node all the
+    /// same, so a leading count alone would say it holds nothing.
+    pub own: Option<usize>,
+}
+
 /// The cost of sending a `prompt_blocks`-block prompt, of which the first
-/// `shared_blocks` are shared with other prompts, to an engine holding its
-/// first `cached_blocks` blocks with `load` tokens in flight (lowest wins):
+/// `shared_blocks` are shared with other prompts, to an engine holding
+/// `held` of it with `load` tokens in flight (lowest wins):
 /// `(overlap_weight * shared blocks missing + session_weight * own blocks
 /// missing) * block_tokens + load`.
 pub fn prefix_cost(
     load: u64,
     prompt_blocks: usize,
     shared_blocks: usize,
-    cached_blocks: usize,
+    held: Held,
     block_tokens: usize,
     p: &PickParams,
 ) -> f64 {
     let shared = shared_blocks.min(prompt_blocks);
-    let cached = cached_blocks.min(prompt_blocks);
+    let cached = held.leading.min(prompt_blocks);
     let shared_missing = shared - cached.min(shared);
-    let own_missing = (prompt_blocks - shared) - cached.saturating_sub(shared);
+    let own_held = held.own.unwrap_or(cached.saturating_sub(shared));
+    let own_missing = (prompt_blocks - shared).saturating_sub(own_held);
     let weighted = p.prefix_overlap_weight * shared_missing as f64
         + p.prefix_session_weight * own_missing as f64;
     weighted * block_tokens as f64 + load as f64
@@ -104,6 +117,18 @@ impl PrefixIndex {
                 if alive & (1 << e) != 0 {
                     *o = depth + 1;
                 }
+            }
+        }
+        out
+    }
+
+    /// For each of `engines` engines: how many of `keys` it holds, in any order.
+    pub fn held_blocks(&self, keys: &[[u8; 32]], engines: usize) -> Vec<usize> {
+        let mut out = vec![0; engines];
+        for k in keys {
+            let m = self.holders.get(k).copied().unwrap_or(0);
+            for (e, o) in out.iter_mut().enumerate().take(PREFIX_INDEX_MAX_ENGINES) {
+                *o += usize::from(m & (1 << e) != 0);
             }
         }
         out
@@ -201,6 +226,7 @@ mod tests {
             ix.cached_blocks(&[k(0), k(1), k(2), k(3)], 3),
             vec![4, 1, 0]
         );
+        assert_eq!(ix.held_blocks(&[k(0), k(1), k(2), k(3)], 3), vec![4, 2, 0]);
         ix.apply(0, k(1), false);
         assert_eq!(ix.cached_blocks(&[k(0), k(1), k(2)], 3), vec![1, 1, 0]);
         ix.clear_engine(0);

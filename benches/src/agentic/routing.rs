@@ -100,14 +100,29 @@ impl PrefixSource {
         ix.cached_blocks(&keys, engines)
     }
 
-    /// Route `prompt`: what each of `engines` engines holds of it, its full
-    /// blocks, and how many of them other prompts share (recording it).
-    fn observe(&mut self, prompt: &[u32], engines: usize) -> (Vec<usize>, usize, usize) {
+    /// Route `prompt` (recording its branches): what each of `engines`
+    /// engines' nodes hold of it (leading blocks; blocks past the shared
+    /// prefix, one by one), its full blocks, and how many of them other
+    /// prompts share.
+    fn observe(&mut self, prompt: &[u32], engines: usize) -> Observed {
         let keys = self.keys(prompt);
         let shared = self.branches.observe(&keys);
         let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-        (ix.cached_blocks(&keys, engines), keys.len(), shared)
+        Observed {
+            cached: ix.cached_blocks(&keys, engines),
+            own_held: ix.held_blocks(&keys[shared.min(keys.len())..], engines),
+            blocks: keys.len(),
+            shared,
+        }
     }
+}
+
+/// What a `prefix` pick knows of one prompt.
+struct Observed {
+    cached: Vec<usize>,
+    own_held: Vec<usize>,
+    blocks: usize,
+    shared: usize,
 }
 
 impl Drop for PrefixSource {
@@ -176,12 +191,12 @@ impl BenchRouter {
             Policy::Affinity => self.sessions.get(&id, now),
             _ => None,
         };
-        let (cached, prompt_blocks, shared) = match (&mut self.prefix, self.policy) {
+        let (cached, own_held, prompt_blocks, shared) = match (&mut self.prefix, self.policy) {
             (Some(p), Policy::Prefix) => {
-                let (cached, blocks, shared) = p.observe(prompt, n);
-                (cached, blocks, Some(shared))
+                let o = p.observe(prompt, n);
+                (o.cached, o.own_held, o.blocks, Some(o.shared))
             }
-            _ => (Vec::new(), 0, None),
+            _ => (Vec::new(), Vec::new(), 0, None),
         };
         let choice = choose(
             self.policy,
@@ -192,6 +207,7 @@ impl BenchRouter {
                 draw: route(self.seed, session, turn, n) as u64,
                 sticky,
                 cached_blocks: &cached,
+                own_held: &own_held,
                 prompt_blocks,
                 shared_blocks: shared,
                 block_tokens: self.prefix.as_ref().map_or(1, |p| p.block_tokens),
@@ -202,6 +218,7 @@ impl BenchRouter {
             turn,
             loads = ?self.loads,
             cached = ?cached,
+            own_held = ?own_held,
             prompt_blocks,
             shared = ?shared,
             engine = choice.index,
