@@ -85,6 +85,10 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
         args.prefix_overlap_weight.is_finite() && args.prefix_overlap_weight >= 0.0,
         "--prefix-overlap-weight must be a number >= 0"
     );
+    anyhow::ensure!(
+        args.prefix_session_weight.is_finite() && args.prefix_session_weight >= 0.0,
+        "--prefix-session-weight must be a number >= 0"
+    );
     let path = crate::model_file(&args.model)?;
     anyhow::ensure!(args.engines > 0, "--engines must be > 0");
     anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
@@ -303,6 +307,7 @@ mod tests {
             seed: 1,
             routing: vec!["random".into()],
             prefix_overlap_weight: 1.0,
+            prefix_session_weight: kvfabric_router::pick::DEFAULT_PREFIX_SESSION_WEIGHT,
             burst_start: false,
             system_tokens: 1000,
             session_history_tokens: 1500,

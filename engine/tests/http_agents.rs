@@ -250,3 +250,81 @@ async fn best_of_keeps_one_of_the_samples(addr: SocketAddr) {
     assert_eq!(status, 400, "{v}");
     assert_eq!(v["error"]["param"], "best_of");
 }
+
+/// `tool_choice: auto` on the reference model, sampled (temperature 1, 24
+/// samples): whenever the model opens a `<tool_call>`, the grammar takes
+/// over at the trigger, so the call parses and its arguments validate
+/// against the tool's schema; no broken call is left in the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_tool_calls_the_model_starts_are_valid_calls() {
+    let server = real_server().await;
+    let tools = json!([{"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+            "additionalProperties": false
+        }
+    }}]);
+    // Two earlier turns that called the tool show the model the format.
+    let mut messages = vec![json!({"role": "system", "content": "You answer by calling tools."})];
+    for (i, (city, weather)) in [("Rome", "sunny"), ("Berlin", "rainy")].iter().enumerate() {
+        let id = format!("call_{i}");
+        let args = json!({"city": city}).to_string();
+        messages.extend([
+            json!({"role": "user", "content": format!("What is the weather in {city}?")}),
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "get_weather", "arguments": args}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": weather}),
+            json!({"role": "assistant", "content": format!("It is {weather} in {city}.")}),
+        ]);
+    }
+    messages.push(json!({"role": "user", "content": "What is the weather in Paris?"}));
+    let (mut calls, mut texts) = (0, 0);
+    for seed in 0..6 {
+        let body = json!({
+            "model": MODEL_NAME,
+            "messages": messages,
+            "tools": tools,
+            "temperature": 1.0,
+            "seed": seed,
+            "n": 4,
+            "max_tokens": 96,
+        });
+        let (status, v) = call_json(server.addr, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{v}");
+        for c in v["choices"].as_array().expect("choices") {
+            let m = &c["message"];
+            let content = m["content"].as_str().unwrap_or_default();
+            assert!(!content.contains("<tool_call>"), "a broken call: {c}");
+            match m["tool_calls"].as_array() {
+                Some(list) if !list.is_empty() => {
+                    calls += 1;
+                    assert_eq!(c["finish_reason"], "tool_calls", "{c}");
+                    for call in list {
+                        assert_eq!(call["function"]["name"], "get_weather", "{c}");
+                        let args: Value = serde_json::from_str(
+                            call["function"]["arguments"].as_str().expect("arguments"),
+                        )
+                        .expect("arguments are JSON");
+                        let obj = args.as_object().expect("an object");
+                        assert_eq!(obj.len(), 1, "{args}");
+                        let city = obj["city"].as_str().expect("city is a string");
+                        assert!(city.chars().count() <= 24, "{args}");
+                    }
+                }
+                _ => {
+                    texts += 1;
+                    eprintln!("text: {content:?}");
+                }
+            }
+        }
+    }
+    eprintln!("auto: {calls} samples called the tool, {texts} answered in text");
+    assert!(
+        calls > 0,
+        "no sample opened a call: the switch was not exercised"
+    );
+    server.shut_down().await;
+}

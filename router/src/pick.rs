@@ -13,16 +13,25 @@
 //! - `affinity`: the engine that last served the session, while its load is
 //!   within `affinity_load_factor` x the least-loaded engine's load +
 //!   `affinity_load_slack_tokens`; else least-loaded (a fallback);
-//! - `prefix`: Dynamo's KV-router cost, lowest wins:
-//!   `cost = prefix_overlap_weight * (prompt_blocks - cached_blocks) * block_tokens + load`
-//!   i.e. the prompt tokens the engine would still have to prefill, weighed
-//!   against the tokens it already has in flight (ties: least-loaded).
+//! - `prefix`: Dynamo's KV-router cost with a session's own blocks weighed
+//!   apart, lowest wins ([`prefix_cost`], `pick_prefix.rs`):
+//!   `(prefix_overlap_weight * shared blocks missing +
+//!   prefix_session_weight * own blocks missing) * block_tokens + load`,
+//!   i.e. the prompt tokens
+//!   the engine would still have to prefill or fetch, weighed against the
+//!   tokens it already has in flight (ties: least-loaded). Shared blocks are
+//!   those other prompts also start with ([`PrefixBranches`]); a caller that
+//!   does not know weighs every block as shared (Dynamo's cost).
 //!
 //! [`SessionMap`] is the bounded session -> engine map (LRU + TTL);
 //! [`PrefixIndex`] the block -> engines index built from the nodes' KV events.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
+
+pub use crate::pick_prefix::{
+    prefix_cost, Held, PrefixBranches, PrefixIndex, PREFIX_INDEX_MAX_ENGINES,
+};
 
 /// How an endpoint is chosen among several.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,8 +84,12 @@ pub struct PickParams {
     pub affinity_load_factor: f64,
     /// Tokens added to the affinity bound (so an idle cluster stays sticky).
     pub affinity_load_slack_tokens: u64,
-    /// Weight of the tokens still to prefill against in-flight tokens (prefix).
+    /// Weight of the shared prompt tokens an engine lacks against its
+    /// in-flight tokens (prefix; Dynamo's overlap weight).
     pub prefix_overlap_weight: f64,
+    /// Weight of the prompt's own tokens (past the prefix it shares with
+    /// other prompts: a session's history) an engine lacks (prefix).
+    pub prefix_session_weight: f64,
 }
 
 impl Default for PickParams {
@@ -85,9 +98,13 @@ impl Default for PickParams {
             affinity_load_factor: 1.5,
             affinity_load_slack_tokens: 4096,
             prefix_overlap_weight: 1.0,
+            prefix_session_weight: DEFAULT_PREFIX_SESSION_WEIGHT,
         }
     }
 }
+
+/// The default [`PickParams::prefix_session_weight`] (see docs/BENCHMARKS.md, #25).
+pub const DEFAULT_PREFIX_SESSION_WEIGHT: f64 = 4.0;
 
 /// What the caller knows about one request.
 #[derive(Clone, Copy, Debug, Default)]
@@ -104,6 +121,12 @@ pub struct PickInput<'a> {
     pub cached_blocks: &'a [usize],
     /// Full blocks of the prompt (prefix).
     pub prompt_blocks: usize,
+    /// Leading prompt blocks other prompts share (prefix; None = unknown:
+    /// every block weighs `prefix_overlap_weight`).
+    pub shared_blocks: Option<usize>,
+    /// Blocks past `shared_blocks` each engine holds, counted one by one
+    /// (prefix; empty = counted from `cached_blocks`).
+    pub own_held: &'a [usize],
     /// Tokens per block (prefix).
     pub block_tokens: usize,
 }
@@ -147,19 +170,6 @@ pub fn within_affinity_bound(load: u64, min_load: u64, p: &PickParams) -> bool {
     load as f64 <= p.affinity_load_factor * min_load as f64 + p.affinity_load_slack_tokens as f64
 }
 
-/// Dynamo's KV-router cost of sending a `prompt_blocks` prompt to an engine
-/// holding its first `cached_blocks` blocks and `load` tokens in flight.
-pub fn prefix_cost(
-    load: u64,
-    prompt_blocks: usize,
-    cached_blocks: usize,
-    block_tokens: usize,
-    w: f64,
-) -> f64 {
-    let to_prefill = prompt_blocks.saturating_sub(cached_blocks) * block_tokens;
-    w * to_prefill as f64 + load as f64
-}
-
 /// Pick an engine for one request by `policy`.
 pub fn choose(policy: Policy, p: &PickParams, input: &PickInput<'_>) -> Choice {
     let n = input.loads.len();
@@ -194,13 +204,17 @@ pub fn choose(policy: Policy, p: &PickParams, input: &PickInput<'_>) -> Choice {
         },
         Policy::Prefix => {
             let cost = |i: usize| {
-                let cached = input.cached_blocks.get(i).copied().unwrap_or(0);
+                let held = Held {
+                    leading: input.cached_blocks.get(i).copied().unwrap_or(0),
+                    own: input.own_held.get(i).copied(),
+                };
                 prefix_cost(
                     input.loads[i],
                     input.prompt_blocks,
-                    cached,
+                    input.shared_blocks.unwrap_or(input.prompt_blocks),
+                    held,
                     input.block_tokens,
-                    p.prefix_overlap_weight,
+                    p,
                 )
             };
             let start = input.start % n;
@@ -279,84 +293,6 @@ impl SessionMap {
     }
 }
 
-/// Which engines hold which block (by 32-byte block key), from the nodes'
-/// KV events; at most 64 engines.
-#[derive(Debug, Default)]
-pub struct PrefixIndex {
-    holders: HashMap<[u8; 32], u64>,
-}
-
-/// Engines a [`PrefixIndex`] can track.
-pub const PREFIX_INDEX_MAX_ENGINES: usize = 64;
-
-impl PrefixIndex {
-    /// An empty index.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Engine `engine` (< 64) now holds `key` (`stored`) or no longer does.
-    pub fn apply(&mut self, engine: usize, key: [u8; 32], stored: bool) {
-        if engine >= PREFIX_INDEX_MAX_ENGINES {
-            return;
-        }
-        let bit = 1u64 << engine;
-        if stored {
-            *self.holders.entry(key).or_insert(0) |= bit;
-        } else if let Some(m) = self.holders.get_mut(&key) {
-            *m &= !bit;
-            if *m == 0 {
-                self.holders.remove(&key);
-            }
-        }
-    }
-
-    /// Forget everything `engine` held (its event stream lagged or restarted:
-    /// a resync follows).
-    pub fn clear_engine(&mut self, engine: usize) {
-        if engine >= PREFIX_INDEX_MAX_ENGINES {
-            return;
-        }
-        let bit = 1u64 << engine;
-        self.holders.retain(|_, m| {
-            *m &= !bit;
-            *m != 0
-        });
-    }
-
-    /// For each of `engines` engines: how many leading blocks of `keys` it holds.
-    pub fn cached_blocks(&self, keys: &[[u8; 32]], engines: usize) -> Vec<usize> {
-        let mut out = vec![0; engines];
-        let mut alive = if engines >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << engines) - 1
-        };
-        for (depth, k) in keys.iter().enumerate() {
-            alive &= self.holders.get(k).copied().unwrap_or(0);
-            if alive == 0 {
-                break;
-            }
-            for (e, o) in out.iter_mut().enumerate().take(PREFIX_INDEX_MAX_ENGINES) {
-                if alive & (1 << e) != 0 {
-                    *o = depth + 1;
-                }
-            }
-        }
-        out
-    }
-
-    /// Blocks indexed (any engine).
-    pub fn len(&self) -> usize {
-        self.holders.len()
-    }
-
-    /// True when nothing is indexed.
-    pub fn is_empty(&self) -> bool {
-        self.holders.is_empty()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -394,7 +330,7 @@ mod tests {
         let p = PickParams {
             affinity_load_factor: 1.5,
             affinity_load_slack_tokens: 100,
-            prefix_overlap_weight: 1.0,
+            ..PickParams::default()
         };
         // Sticky engine 2 at 250 <= 1.5 * 100 + 100: it keeps the session.
         let loads = [100, 120, 250];
@@ -484,6 +420,64 @@ mod tests {
     }
 
     #[test]
+    fn prefix_keeps_a_session_on_its_history_unless_clearly_overloaded() {
+        // 75-block prompt (16 tokens a block): 40 blocks of system prompt
+        // shared by every session, then 35 of this session's own history.
+        // Engine 0 served the session (72 blocks cached) and has another
+        // session's turn (1200 tokens) in flight; engine 1 holds the system
+        // prompt only and is idle; engine 2 holds nothing.
+        let p = PickParams::default();
+        let cached = [72, 40, 0];
+        let pick = |loads: &[u64], shared: Option<usize>, cached: &[usize]| {
+            choose(
+                Policy::Prefix,
+                &p,
+                &PickInput {
+                    cached_blocks: cached,
+                    prompt_blocks: 75,
+                    shared_blocks: shared,
+                    ..input(loads)
+                },
+            )
+            .index
+        };
+        // Dynamo's cost (every block weighs 1): 48 + 1200 > 560: the
+        // session's history moves to engine 1.
+        assert_eq!(pick(&[1200, 0, 0], None, &cached), 1);
+        // Its own 35 blocks weigh 4: 48 * 4 + 1200 < 560 * 4: it stays.
+        assert_eq!(pick(&[1200, 0, 0], Some(40), &cached), 0);
+        // Clearly overloaded (two more turns in flight): 192 + 2400 > 2240.
+        assert_eq!(pick(&[2400, 0, 0], Some(40), &cached), 1);
+        // A new session (its 35 history blocks cached nowhere) still
+        // spreads: engine 1 copies the shared prompt (640 at weight 1)
+        // rather than queue behind engine 0's 1200 tokens.
+        assert_eq!(pick(&[1200, 0, 0], Some(40), &[40, 0, 0]), 1);
+        // ...unless the shared prompt is the only thing to go by: with
+        // every block weighed as own (nothing known shared) it piles up.
+        assert_eq!(pick(&[1200, 0, 0], Some(0), &[40, 0, 0]), 0);
+        // Engine 1 served the session but read the shared prompt from
+        // engine 0's node: its node holds none of the leading blocks, all
+        // 35 of the session's own. Counted one by one it keeps the session
+        // (640 + 1200 < 2240); by the leading count alone it would not.
+        let own = |own_held: &[usize]| {
+            choose(
+                Policy::Prefix,
+                &p,
+                &PickInput {
+                    cached_blocks: &[40, 0, 0],
+                    own_held,
+                    prompt_blocks: 75,
+                    shared_blocks: Some(40),
+                    ..input(&[0, 1200, 0])
+                },
+            )
+            .index
+        };
+        assert_eq!(own(&[0, 35, 0]), 1);
+        assert_eq!(own(&[]), 0);
+    }
+
+    #[test]
     fn session_map_is_bounded_lru_with_ttl() {
         let t0 = Instant::now();
         let mut m = SessionMap::new(2, Duration::from_secs(10));
@@ -498,26 +492,5 @@ mod tests {
         assert_eq!(m.get("c", t0), Some(1));
         assert_eq!(m.get("a", t0 + Duration::from_secs(11)), None, "expired");
         assert_eq!(m.len(), 1);
-    }
-
-    #[test]
-    fn prefix_index_counts_leading_blocks_per_engine() {
-        let k = |i: u8| [i; 32];
-        let mut ix = PrefixIndex::new();
-        for i in 0..4 {
-            ix.apply(0, k(i), true);
-        }
-        ix.apply(1, k(0), true);
-        ix.apply(1, k(2), true); // not a prefix: block 1 missing
-        assert_eq!(
-            ix.cached_blocks(&[k(0), k(1), k(2), k(3)], 3),
-            vec![4, 1, 0]
-        );
-        ix.apply(0, k(1), false);
-        assert_eq!(ix.cached_blocks(&[k(0), k(1), k(2)], 3), vec![1, 1, 0]);
-        ix.clear_engine(0);
-        assert_eq!(ix.cached_blocks(&[k(0)], 2), vec![0, 1]);
-        ix.clear_engine(1);
-        assert!(ix.is_empty());
     }
 }

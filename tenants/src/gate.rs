@@ -249,6 +249,21 @@ impl TenantGate {
             })
     }
 
+    /// The identity of the tenant named `name` in the file in force (work
+    /// stored under a tenant's name, such as a batch job, resumes as that
+    /// tenant after a restart); in single-tenant mode the anonymous identity
+    /// for its label. None: no such tenant (any more).
+    pub fn identity_of(&self, name: &str) -> Option<Identity> {
+        if !self.enabled() {
+            return (name == DEFAULT_TENANT).then_some(Identity { tenant: None });
+        }
+        let tenants = self.tenants();
+        let found = tenants.tenants().iter().find(|t| &*t.name == name)?;
+        Some(Identity {
+            tenant: Some(found.clone()),
+        })
+    }
+
     /// Start a request of `who` if its limits allow.
     pub fn admit(&self, who: &Identity) -> Result<Admission, Denied> {
         let label = TenantMetrics::label(who.label());

@@ -43,6 +43,10 @@ pub struct AgenticArgs {
     /// overlap weight; 1 = the router's default).
     #[arg(long, default_value_t = 1.0)]
     pub prefix_overlap_weight: f64,
+    /// `prefix` routing: weight of a prompt's own tokens (past the prefix
+    /// other prompts share: a session's history) an engine lacks.
+    #[arg(long, default_value_t = kvfabric_router::pick::DEFAULT_PREFIX_SESSION_WEIGHT)]
+    pub prefix_session_weight: f64,
     /// Start every session at once (default: each session joins when the
     /// previous one's first turn is answered, so the shared system prompt is
     /// computed once before the others arrive).

@@ -95,6 +95,7 @@ pub(super) async fn measure_routing(
         "answer_tokens": args.answer_tokens,
         "seed": args.seed,
         "prefix_overlap_weight": args.prefix_overlap_weight,
+        "prefix_session_weight": args.prefix_session_weight,
         "burst_start": args.burst_start,
         "threads_per_engine": args.threads,
         "system_prompt_tokens": workload.system.len(),

@@ -62,6 +62,7 @@ fn bench_router(
     };
     let params = PickParams {
         prefix_overlap_weight: args.prefix_overlap_weight,
+        prefix_session_weight: args.prefix_session_weight,
         ..PickParams::default()
     };
     BenchRouter::new(policy, params, args.seed, args.engines, prefix)

@@ -11,7 +11,10 @@
 //!   [`PrefixIndex`] fed by its fabric node's KV events (the store's change
 //!   feed, [`kvfabric_store::ChangeFeed::subscribe`]: the stream
 //!   `KvEventService.KvEvents` serves), and the prompt's block keys computed
-//!   as the engine computes them ([`KeyChain`] over the prompt's tokens).
+//!   as the engine computes them ([`KeyChain`] over the prompt's tokens);
+//!   which of those blocks other prompts share comes from a
+//!   [`PrefixBranches`] of the prompts routed so far (a router sees every
+//!   prompt it routes).
 //!
 //! `random` keeps the bench's seeded draw ([`route`]), so a seed routes
 //! every configuration and every run alike.
@@ -20,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvfabric_router::pick::{
-    choose, AffinityOutcome, PickInput, PickParams, Policy, PrefixIndex, SessionMap,
+    choose, AffinityOutcome, PickInput, PickParams, Policy, PrefixBranches, PrefixIndex, SessionMap,
 };
 use kvfabric_store::{BlockChange, KeyChain, KvEventRecord};
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -32,6 +35,7 @@ use super::trace::route;
 /// KV events by one task per node.
 pub struct PrefixSource {
     index: Arc<Mutex<PrefixIndex>>,
+    branches: PrefixBranches,
     chain: KeyChain,
     block_tokens: usize,
     tasks: Vec<JoinHandle<()>>,
@@ -71,25 +75,54 @@ impl PrefixSource {
             .collect();
         PrefixSource {
             index,
+            branches: PrefixBranches::new(1 << 20),
             chain,
             block_tokens,
             tasks,
         }
     }
 
-    /// Leading blocks of `prompt` each of `engines` engines holds, and the
-    /// prompt's full blocks.
-    fn cached(&self, prompt: &[u32], engines: usize) -> (Vec<usize>, usize) {
+    /// The full-block keys of `prompt`.
+    fn keys(&self, prompt: &[u32]) -> Vec<[u8; 32]> {
         let full = prompt.len() / self.block_tokens;
-        let keys: Vec<[u8; 32]> = self
-            .chain
+        self.chain
             .keys(&prompt[..full * self.block_tokens])
             .into_iter()
             .map(|k| k.0)
-            .collect();
-        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
-        (ix.cached_blocks(&keys, engines), full)
+            .collect()
     }
+
+    /// Leading blocks of `prompt` each of `engines` engines holds.
+    #[cfg(test)]
+    fn cached(&self, prompt: &[u32], engines: usize) -> Vec<usize> {
+        let keys = self.keys(prompt);
+        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        ix.cached_blocks(&keys, engines)
+    }
+
+    /// Route `prompt` (recording its branches): what each of `engines`
+    /// engines' nodes hold of it (leading blocks; blocks past the shared
+    /// prefix, one by one), its full blocks, and how many of them other
+    /// prompts share.
+    fn observe(&mut self, prompt: &[u32], engines: usize) -> Observed {
+        let keys = self.keys(prompt);
+        let shared = self.branches.observe(&keys);
+        let ix = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        Observed {
+            cached: ix.cached_blocks(&keys, engines),
+            own_held: ix.held_blocks(&keys[shared.min(keys.len())..], engines),
+            blocks: keys.len(),
+            shared,
+        }
+    }
+}
+
+/// What a `prefix` pick knows of one prompt.
+struct Observed {
+    cached: Vec<usize>,
+    own_held: Vec<usize>,
+    blocks: usize,
+    shared: usize,
 }
 
 impl Drop for PrefixSource {
@@ -158,9 +191,12 @@ impl BenchRouter {
             Policy::Affinity => self.sessions.get(&id, now),
             _ => None,
         };
-        let (cached, prompt_blocks) = match (&self.prefix, self.policy) {
-            (Some(p), Policy::Prefix) => p.cached(prompt, n),
-            _ => (Vec::new(), 0),
+        let (cached, own_held, prompt_blocks, shared) = match (&mut self.prefix, self.policy) {
+            (Some(p), Policy::Prefix) => {
+                let o = p.observe(prompt, n);
+                (o.cached, o.own_held, o.blocks, Some(o.shared))
+            }
+            _ => (Vec::new(), Vec::new(), 0, None),
         };
         let choice = choose(
             self.policy,
@@ -171,9 +207,22 @@ impl BenchRouter {
                 draw: route(self.seed, session, turn, n) as u64,
                 sticky,
                 cached_blocks: &cached,
+                own_held: &own_held,
                 prompt_blocks,
+                shared_blocks: shared,
                 block_tokens: self.prefix.as_ref().map_or(1, |p| p.block_tokens),
             },
+        );
+        tracing::debug!(
+            session,
+            turn,
+            loads = ?self.loads,
+            cached = ?cached,
+            own_held = ?own_held,
+            prompt_blocks,
+            shared = ?shared,
+            engine = choice.index,
+            "bench route"
         );
         match choice.affinity {
             AffinityOutcome::Hit => self.affinity_hits += 1,
@@ -245,7 +294,7 @@ mod tests {
         }
         tx0.send(event(keys[0], BlockChange::Stored)).expect("send");
         let deadline = Instant::now() + Duration::from_secs(5);
-        while r.prefix.as_ref().map(|p| p.cached(&prompt, 2).0) != Some(vec![1, 3]) {
+        while r.prefix.as_ref().map(|p| p.cached(&prompt, 2)) != Some(vec![1, 3]) {
             assert!(Instant::now() < deadline, "events not applied");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -255,7 +304,7 @@ mod tests {
         for k in &keys {
             tx1.send(event(*k, BlockChange::Removed)).expect("send");
         }
-        while r.prefix.as_ref().map(|p| p.cached(&prompt, 2).0) != Some(vec![1, 0]) {
+        while r.prefix.as_ref().map(|p| p.cached(&prompt, 2)) != Some(vec![1, 0]) {
             assert!(Instant::now() < deadline, "events not applied");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

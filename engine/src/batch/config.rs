@@ -18,6 +18,10 @@ pub struct BatchConfig {
     /// Most batch-job sequences running at once (they only take slots no
     /// interactive request waits for). Default: 4.
     pub max_seqs: usize,
+    /// How long a batch may run (its `completion_window`, which the API
+    /// spells `24h`) before it ends `expired`, its unfinished requests
+    /// stopped and listed in its error file. Default: 86400 (24 h).
+    pub completion_window_secs: u64,
 }
 
 impl Default for BatchConfig {
@@ -26,6 +30,7 @@ impl Default for BatchConfig {
             dir: None,
             max_file_bytes: ByteSize::mib(100),
             max_seqs: 4,
+            completion_window_secs: 24 * 3600,
         }
     }
 }

@@ -20,6 +20,7 @@ mod lines;
 pub mod multipart;
 mod objects;
 pub(crate) mod runner;
+mod stop;
 mod store;
 
 pub use catalog::Catalog;

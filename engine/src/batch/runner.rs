@@ -4,7 +4,11 @@
 //! batch-class engine handle, so they run below interactive requests.
 //!
 //! A batch goes validating -> in_progress -> finalizing -> completed
-//! (or cancelling -> cancelled, or failed when its input file is gone).
+//! (or cancelling -> cancelled, or expired past its completion window, or
+//! failed when its input file is gone). A cancel or the window's end also
+//! stops the requests already running (`stop.rs`); an expired batch keeps
+//! its finished results and lists every line without one in its error file
+//! (`batch_expired`), as OpenAI's does.
 //! Each request's result is stored the moment it ends; a process that
 //! stops mid-batch finds the batch in_progress at its next start and runs
 //! only the lines without a stored result. Finalizing writes the output
@@ -23,6 +27,7 @@ use super::catalog::{Catalog, StoredResult};
 use super::config::BatchConfig;
 use super::lines::{self, InputLine};
 use super::objects::{BatchObject, BatchStatus, FileObject, RequestCounts};
+use super::stop::{Stop, Stops};
 use crate::http::{unix_now, HttpState};
 use crate::EngineError;
 
@@ -34,7 +39,7 @@ pub struct BatchService {
     wake: Notify,
     /// Serializes read-modify-write of batch objects (runner vs cancel).
     update: Mutex<()>,
-    cancelled: Mutex<HashSet<String>>,
+    stops: Stops,
     /// Who created each batch this process knows of (runs under their tenant).
     owners: Mutex<HashMap<String, Identity>>,
 }
@@ -58,7 +63,7 @@ impl BatchService {
             cfg,
             wake: Notify::new(),
             update: Mutex::new(()),
-            cancelled: Mutex::new(HashSet::new()),
+            stops: Stops::default(),
             owners: Mutex::new(HashMap::new()),
         });
         let task = tokio::spawn(service.clone().run(state));
@@ -87,7 +92,7 @@ impl BatchService {
             error_file_id: None,
             created_at: now,
             in_progress_at: None,
-            expires_at: Some(now + 24 * 3600),
+            expires_at: Some(now + self.cfg.completion_window_secs),
             finalizing_at: None,
             completed_at: None,
             failed_at: None,
@@ -104,8 +109,9 @@ impl BatchService {
         Ok(batch)
     }
 
-    /// Ask `id` to stop: no more of its requests start; it ends cancelled
-    /// with the results it has. Returns the batch as it is now.
+    /// Ask `id` to stop: no more of its requests start, the running ones
+    /// are dropped; it ends cancelled with the results it has. Returns the
+    /// batch as it is now.
     pub fn cancel(&self, id: &str) -> Result<Option<BatchObject>, EngineError> {
         let b = self.update_batch(id, |b| {
             if b.status.active() && b.status != BatchStatus::Finalizing {
@@ -116,7 +122,7 @@ impl BatchService {
         if b.as_ref()
             .is_some_and(|b| b.status == BatchStatus::Cancelling)
         {
-            lock(&self.cancelled).insert(id.to_owned());
+            self.stops.cancel(id);
             self.wake.notify_one();
         }
         Ok(b)
@@ -135,10 +141,6 @@ impl BatchService {
         f(&mut b);
         self.catalog.put_batch(&b)?;
         Ok(Some(b))
-    }
-
-    fn is_cancelled(&self, id: &str) -> bool {
-        lock(&self.cancelled).contains(id)
     }
 
     /// The runner: the oldest active batch, else sleep until woken.
@@ -194,9 +196,10 @@ impl BatchService {
                         "the batch's tenant is not known after a restart (multi-tenant mode)",
                     );
                 };
-                self.run_lines(state, &who, &b, lines).await?;
-                if self.is_cancelled(&b.id) {
-                    return self.finalize(&b.id, BatchStatus::Cancelled);
+                match self.run_lines(state, &who, &b, lines).await? {
+                    Some(Stop::Cancelled) => return self.finalize(&b.id, BatchStatus::Cancelled),
+                    Some(Stop::Expired) => return self.finalize(&b.id, BatchStatus::Expired),
+                    None => {}
                 }
                 self.update_batch(&b.id, |b| {
                     b.status = BatchStatus::Finalizing;
@@ -209,16 +212,13 @@ impl BatchService {
         }
     }
 
-    /// The creator's identity: known in this process, or the single tenant.
+    /// The creator's identity: known in this process, or (after a restart)
+    /// the tenant of the stored owner's name.
     fn owner(&self, state: &HttpState, b: &BatchObject) -> Option<Identity> {
         if let Some(who) = lock(&self.owners).get(&b.id) {
             return Some(who.clone());
         }
-        state
-            .tenants
-            .authenticate(None)
-            .ok()
-            .filter(|who| who.label() == b.owner)
+        state.tenants.identity_of(&b.owner)
     }
 
     fn fail(&self, id: &str, code: &str, message: &str) -> Result<(), EngineError> {
@@ -235,14 +235,15 @@ impl BatchService {
     }
 
     /// Run every line of `b` without a stored result, storing each result
-    /// as it ends; stops starting lines once the batch is cancelled.
+    /// as it ends, until done (None) or the batch must stop (cancelled or
+    /// expired: the lines still running are dropped).
     async fn run_lines(
         &self,
         state: &HttpState,
         who: &Identity,
         b: &BatchObject,
         lines: Vec<InputLine>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Option<Stop>, EngineError> {
         let done: HashSet<usize> = self
             .catalog
             .results(&b.id)?
@@ -255,15 +256,19 @@ impl BatchService {
             .filter(|(i, _)| !done.contains(i));
         let in_flight = self.cfg.max_seqs.max(1) * 2;
         let mut results = futures::stream::iter(todo)
-            .map(|(i, line)| async move {
-                if self.is_cancelled(&b.id) {
-                    return None;
-                }
-                Some((i, self.run_line(state, who, b, i, line).await))
-            })
+            .map(|(i, line)| async move { (i, self.run_line(state, who, b, i, line).await) })
             .buffer_unordered(in_flight);
-        while let Some(r) = results.next().await {
-            let Some((i, result)) = r else { continue };
+        let stop = self.stops.wait(b);
+        tokio::pin!(stop);
+        loop {
+            let (i, result) = tokio::select! {
+                biased;
+                why = &mut stop => return Ok(Some(why)),
+                r = results.next() => match r {
+                    Some(r) => r,
+                    None => return Ok(None),
+                },
+            };
             self.catalog.put_result(&b.id, i, &result)?;
             self.update_batch(&b.id, |b| {
                 if result.ok {
@@ -273,7 +278,6 @@ impl BatchService {
                 }
             })?;
         }
-        Ok(())
     }
 
     async fn run_line(
@@ -307,12 +311,16 @@ impl BatchService {
         }
     }
 
-    /// Write the output and error files and end the batch as `status`.
+    /// Write the output and error files and end the batch as `status`
+    /// (expired: every line without a result is a `batch_expired` error).
     fn finalize(&self, id: &str, status: BatchStatus) -> Result<(), EngineError> {
         let Some(b) = self.catalog.batch(id)? else {
             return Ok(());
         };
-        let results = self.catalog.results(id)?;
+        let mut results = self.catalog.results(id)?;
+        if status == BatchStatus::Expired {
+            results = self.with_expired_lines(&b, results)?;
+        }
         let mut counts = RequestCounts {
             total: b.request_counts.total,
             ..RequestCounts::default()
@@ -338,10 +346,11 @@ impl BatchService {
             b.error_file_id = error_file_id;
             match status {
                 BatchStatus::Cancelled => b.cancelled_at = now,
+                BatchStatus::Expired => b.expired_at = now,
                 _ => b.completed_at = now,
             }
         })?;
-        lock(&self.cancelled).remove(id);
+        self.stops.forget(id);
         lock(&self.owners).remove(id);
         tracing::info!(
             batch = id,
@@ -351,6 +360,25 @@ impl BatchService {
             "batch ended"
         );
         Ok(())
+    }
+
+    /// `results` plus a `batch_expired` error for every line of `b` without one.
+    fn with_expired_lines(
+        &self,
+        b: &BatchObject,
+        mut results: Vec<(usize, StoredResult)>,
+    ) -> Result<Vec<(usize, StoredResult)>, EngineError> {
+        let input = self.catalog.file_content(&b.input_file_id)?;
+        let lines = input.map_or_else(Vec::new, |c| lines::parse(&c, &b.endpoint));
+        let done: HashSet<usize> = results.iter().map(|(i, _)| *i).collect();
+        for (i, line) in lines.iter().enumerate().filter(|(i, _)| !done.contains(i)) {
+            let id = format!("batch_req_{}_{i}", b.id);
+            let message = "the batch expired before this request finished";
+            let line = lines::error_line(&id, line.custom_id.as_deref(), "batch_expired", message);
+            results.push((i, StoredResult { ok: false, line }));
+        }
+        results.sort_by_key(|(i, _)| *i);
+        Ok(results)
     }
 
     /// Store a result file of `b` (None when `content` is empty).

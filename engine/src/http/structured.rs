@@ -7,10 +7,11 @@
 //! accepted and enforced all the same (the output always follows the
 //! schema). A forced tool call (`tool_choice` `required` or a named
 //! function) is constrained to a call with valid arguments
-//! (`ToolRequest::forced_grammar`), whatever `response_format` says (the
-//! answer is a call, not content). A JSON `response_format` together with
-//! `tool_choice: auto` is refused: the grammar would leave the model no way
-//! to call a tool. A schema that does not compile is a 400 naming it, with
+//! (`ToolRequest::call_grammar`), whatever `response_format` says (the
+//! answer is a call, not content); so is a call the model starts under
+//! `tool_choice: auto` (free text until `<tool_call>`). A JSON
+//! `response_format` together with `tool_choice: auto` is refused: the
+//! grammar would leave the model no way to call a tool. A schema that does not compile is a 400 naming it, with
 //! the compiler's reason. Compiling runs on tokio's blocking pool (the
 //! first one also builds the vocabulary trie).
 
@@ -98,26 +99,28 @@ pub(super) fn response_format(v: Option<Value>) -> Result<Option<Wanted>, ApiErr
     }))
 }
 
-/// The grammar of a request: a forced tool call's, else `format`'s.
+/// The grammar of a request: its tool calls' (forced, or `auto`'s
+/// switch at `<tool_call>`), else `format`'s.
 pub(super) fn wanted(
     format: Option<Wanted>,
     tools: Option<&ToolRequest>,
 ) -> Result<Option<Wanted>, ApiError> {
-    if let Some((lark, tool_schemas)) = tools.and_then(ToolRequest::forced_grammar) {
-        return Ok(Some(Wanted {
-            spec: GrammarSpec::Lark(lark),
-            param: "tools".into(),
-            tool_schemas,
-        }));
-    }
-    if format.is_some() && tools.is_some() {
+    let Some(tools) = tools else {
+        return Ok(format);
+    };
+    if format.is_some() && tools.is_auto() {
         return Err(ApiError::invalid(
             "a JSON response_format with tools is only supported with tool_choice none, required or a named function",
             Some("response_format"),
         )
         .with_code("unsupported_parameter"));
     }
-    Ok(format)
+    let (lark, tool_schemas) = tools.call_grammar();
+    Ok(Some(Wanted {
+        spec: GrammarSpec::Lark(lark),
+        param: "tools".into(),
+        tool_schemas,
+    }))
 }
 
 /// Compile `wanted` (off the async threads); a bad schema is a 400.
@@ -217,7 +220,8 @@ mod tests {
         let w = wanted(None, Some(&req)).expect("ok").expect("grammar");
         let e = compile_now(&g, &w).expect_err("bad parameters");
         assert_eq!(e.param.as_deref(), Some("tools[1].function.parameters"));
-        // JSON output with auto tools is refused, text with tools is fine.
+        // JSON output with auto tools is refused; text with auto tools gets
+        // the grammar that switches at `<tool_call>`.
         let auto = super::super::tools::parse_request(
             Some(json!([{"type": "function", "function": {"name": "a"}}])),
             None,
@@ -233,6 +237,10 @@ mod tests {
                 .as_deref(),
             Some("response_format")
         );
-        assert_eq!(wanted(None, Some(&auto)).expect("ok"), None);
+        let w = wanted(None, Some(&auto))
+            .expect("ok")
+            .expect("auto grammar");
+        assert_eq!(w.param, "tools");
+        assert!(matches!(&w.spec, GrammarSpec::Lark(l) if l.contains("pre[lazy]")));
     }
 }

@@ -17,9 +17,15 @@
 //! end the prompt with the opening of a call (`<tool_call>\n{"name": "`,
 //! or with the name and `"arguments": ` filled in), so the model continues
 //! inside a call, and constrain the rest of the answer with a grammar
-//! ([`ToolRequest::forced_grammar`]): one of the allowed names, arguments
+//! ([`ToolRequest::call_grammar`]): one of the allowed names, arguments
 //! valid against that function's `parameters` schema, the call's closing,
 //! then the end of the answer. A forced answer is exactly one call.
+//! `auto` leaves the text free until the model writes `<tool_call>`; from
+//! there the same grammar holds (a name of `tools`, valid arguments, the
+//! closing), then more calls (`parallel_tool_calls`) or the end: the
+//! grammar switches at the trigger, as vLLM's and SGLang's structural tags
+//! do. (The trigger is matched as text: a model whose vocabulary has
+//! `<tool_call>` as one special token is not covered.)
 //!
 //! Streaming with tools holds the text back until the sample ends, then
 //! sends the content (if any) and every call as `delta.tool_calls`.
@@ -202,18 +208,24 @@ impl ToolRequest {
         }
     }
 
-    /// For `required` and a named function: the Lark grammar of the rest
-    /// of the answer after [`forced_prefix`](Self::forced_prefix), with
-    /// the `parameters` schema (compact JSON) of each function it may call,
-    /// and each schema's index in `tools` (to name a bad one). None for `auto`.
-    pub(super) fn forced_grammar(&self) -> Option<(String, Vec<(usize, Value)>)> {
+    /// True for `tool_choice: auto` (the model may answer in text).
+    pub(super) fn is_auto(&self) -> bool {
+        self.choice == Choice::Auto
+    }
+
+    /// The Lark grammar of the answer: for `required` and a named function
+    /// the rest of it after [`forced_prefix`](Self::forced_prefix); for
+    /// `auto` free text until `<tool_call>`, then calls. With it the
+    /// `parameters` schema (compact JSON) of each function it may call, and
+    /// each schema's index in `tools` (to name a bad one).
+    pub(super) fn call_grammar(&self) -> (String, Vec<(usize, Value)>) {
         let named = |n: &str| {
             self.tools
                 .iter()
                 .position(|t| t["function"]["name"].as_str() == Some(n))
         };
         let allowed: Vec<usize> = match &self.choice {
-            Choice::Auto => return None,
+            Choice::Auto => return self.auto_grammar(),
             Choice::Required => (0..self.tools.len()).collect(),
             Choice::Named(name) => named(name).into_iter().collect(),
         };
@@ -242,7 +254,41 @@ impl ToolRequest {
                 lark.push_str(&format!("{head} args{k} {close}"));
             }
         }
-        Some((format!("{lark}\n{rules}"), schemas))
+        (format!("{lark}\n{rules}"), schemas)
+    }
+
+    /// `auto`: any text without `<tool_call>` to the end, or text up to
+    /// the first `<tool_call>` (a lazy lexeme: it ends at the trigger),
+    /// then a call of any tool, then (parallel) more calls.
+    fn auto_grammar(&self) -> (String, Vec<(usize, Value)>) {
+        let mut rules = String::new();
+        let mut names = Vec::new();
+        let mut schemas = Vec::new();
+        for (i, t) in self.tools.iter().enumerate() {
+            let f = &t["function"];
+            let schema = match &f["parameters"] {
+                Value::Null => json!({"type": "object"}),
+                p => p.clone(),
+            };
+            let schema = crate::grammar::compact(schema);
+            let head = json!(format!("{}, \"arguments\": ", json!(f["name"])));
+            rules.push_str(&format!("fn{i}: {head} args{i}\nargs{i}: %json {schema}\n"));
+            names.push(format!("fn{i}"));
+            schemas.push((i, schema));
+        }
+        let more = if self.parallel { " more*" } else { "" };
+        let open = json!(CALL_OPEN);
+        let lark = format!(
+            "start: TEXT | pre call{more}\n\
+             TEXT: /(?s:.*)/ & ~/(?s:.*){CALL_OPEN}(?s:.*)/\n\
+             pre[lazy]: /(?s:.*){CALL_OPEN}/\n\
+             call: \"\\n\"? {name} ({fns}) \"}}\" \"\\n\"? {close}\n\
+             more: \"\\n\"? {open} call\n{rules}",
+            name = json!("{\"name\": "),
+            fns = names.join(" | "),
+            close = json!(CALL_CLOSE),
+        );
+        (lark, schemas)
     }
 
     /// How the answer is read back.
@@ -374,199 +420,5 @@ impl ToolMode {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn weather() -> Value {
-        json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
-    }
-
-    #[test]
-    fn tool_choice_forms_are_validated() {
-        let p = |tools: Option<Value>, choice: Option<Value>| {
-            parse_request(tools, choice, None).map(|r| r.map(|r| r.choice))
-        };
-        assert_eq!(p(Some(weather()), None).expect("ok"), Some(Choice::Auto));
-        assert_eq!(p(Some(weather()), Some(json!("none"))).expect("ok"), None);
-        assert_eq!(
-            p(Some(weather()), Some(json!("required"))).expect("ok"),
-            Some(Choice::Required)
-        );
-        let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        assert_eq!(
-            p(Some(weather()), Some(named)).expect("ok"),
-            Some(Choice::Named("get_weather".into()))
-        );
-        let other = json!({"type": "function", "function": {"name": "nope"}});
-        assert_eq!(
-            p(Some(weather()), Some(other))
-                .expect_err("unknown")
-                .param
-                .as_deref(),
-            Some("tool_choice")
-        );
-        assert_eq!(
-            p(None, Some(json!("required")))
-                .expect_err("no tools")
-                .param
-                .as_deref(),
-            Some("tool_choice")
-        );
-        assert_eq!(
-            p(Some(json!([{"type": "x"}])), None)
-                .expect_err("bad")
-                .param
-                .as_deref(),
-            Some("tools[0]")
-        );
-        assert_eq!(
-            p(Some(weather()), Some(json!("sometimes")))
-                .expect_err("bad")
-                .param
-                .as_deref(),
-            Some("tool_choice")
-        );
-    }
-
-    #[test]
-    fn calls_are_parsed_and_bad_blocks_stay_content() {
-        let mode = ToolMode::Parse {
-            id_prefix: "call_x".into(),
-            parallel: true,
-            forced_prefix: String::new(),
-        };
-        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}";
-        let (m, reason) = mode.message(text, "stop");
-        assert_eq!(reason, "tool_calls");
-        assert_eq!(m["content"], "Let me check.");
-        assert_eq!(m["tool_calls"][0]["id"], "call_x_0");
-        assert_eq!(
-            m["tool_calls"][0]["function"]["arguments"],
-            "{\"city\":\"Paris\"}"
-        );
-        assert_eq!(
-            m["tool_calls"][1]["function"]["arguments"], "{\"city\":\"Rome\"}",
-            "unclosed at the end"
-        );
-        let single = ToolMode::Parse {
-            id_prefix: "c".into(),
-            parallel: false,
-            forced_prefix: String::new(),
-        };
-        assert_eq!(
-            single.message(text, "stop").0["tool_calls"]
-                .as_array()
-                .map(Vec::len),
-            Some(1)
-        );
-        let (m, reason) = mode.message("<tool_call>not json</tool_call>", "stop");
-        assert_eq!(
-            (m["content"].as_str(), reason),
-            (Some("<tool_call>not json</tool_call>"), "stop")
-        );
-        assert!(m.get("tool_calls").is_none());
-        // A forced prefix completes the call the model continued.
-        let forced = ToolMode::Parse {
-            id_prefix: "c".into(),
-            parallel: true,
-            forced_prefix: "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ".into(),
-        };
-        let (deltas, reason) = forced.deltas("{\"city\": \"Oslo\"}}\n</tool_call>", "stop");
-        assert_eq!(reason, "tool_calls");
-        assert_eq!(deltas.len(), 1);
-        assert_eq!(deltas[0]["tool_calls"][0]["index"], 0);
-        assert_eq!(
-            deltas[0]["tool_calls"][0]["function"]["name"],
-            "get_weather"
-        );
-    }
-
-    /// `text`'s tokens through the matcher, each allowed by its mask.
-    fn feed(m: &mut crate::grammar::GrammarMatcher, t: &crate::tokenizer::Tokenizer, text: &str) {
-        for id in t.encode(text, false) {
-            let mut row = vec![0.0f32; t.vocab_size()];
-            m.mask(&mut row).expect("mask");
-            assert!(
-                row[id as usize].is_finite(),
-                "{:?} allowed in {text:?}",
-                t.decode(&[id])
-            );
-            m.advance(id).expect("advance");
-        }
-    }
-
-    #[test]
-    fn forced_calls_are_constrained_to_a_name_and_valid_arguments() {
-        use crate::grammar::{GrammarSpec, Grammars};
-        let t = std::sync::Arc::new(crate::tokenizer::tests::tiny());
-        let g = Grammars::new(t.clone(), vec![1]);
-        let mut tools = weather();
-        tools
-            .as_array_mut()
-            .expect("array")
-            .push(json!({"type": "function", "function": {"name": "noop"}}));
-        let named = json!({"type": "function", "function": {"name": "get_weather"}});
-        let req = parse_request(Some(tools.clone()), Some(named), None)
-            .expect("ok")
-            .expect("tools");
-        let (lark, schemas) = req.forced_grammar().expect("forced");
-        assert_eq!(schemas.len(), 1);
-        let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
-        let mut m = c.matcher();
-        feed(&mut m, &t, "{\"city\": \"Oslo\"}}\n</tool_call>");
-        assert!(m.is_stopped() || m.is_accepting(), "the call is complete");
-        // A wrong type for `city` is never allowed.
-        let mut m = c.matcher();
-        feed(&mut m, &t, "{\"city\": ");
-        let mut row = vec![0.0f32; t.vocab_size()];
-        m.mask(&mut row).expect("mask");
-        assert!(row[t.encode("7", false)[0] as usize].is_infinite());
-        // `required`: the name is one of the tools', then its own arguments.
-        let req = parse_request(Some(tools), Some(json!("required")), None)
-            .expect("ok")
-            .expect("tools");
-        let (lark, schemas) = req.forced_grammar().expect("forced");
-        assert_eq!(schemas.len(), 2);
-        let c = g.compile(&GrammarSpec::Lark(lark)).expect("compiles");
-        let mut m = c.matcher();
-        feed(&mut m, &t, "noop\", \"arguments\": {}}\n</tool_call>");
-        let mut m = c.matcher();
-        let mut row = vec![0.0f32; t.vocab_size()];
-        m.mask(&mut row).expect("mask");
-        assert!(
-            row[t.encode("x", false)[0] as usize].is_infinite(),
-            "no tool starts with x"
-        );
-        let auto = parse_request(Some(weather()), None, None)
-            .expect("ok")
-            .expect("tools");
-        assert!(auto.forced_grammar().is_none());
-    }
-
-    #[test]
-    fn fallback_renders_tools_calls_and_results_hermes_style() {
-        let mut call = ChatMessage::new("assistant", "");
-        call.tool_calls = Some(vec![
-            json!({"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}),
-        ]);
-        let mut result = ChatMessage::new("tool", "18C");
-        result.tool_call_id = Some("c1".into());
-        let tools = weather();
-        let out = fallback_messages(
-            vec![ChatMessage::new("user", "Weather?"), call, result],
-            tools.as_array().map(Vec::as_slice),
-        );
-        assert_eq!(out[0].role, "system");
-        assert!(
-            out[0].content.contains("<tools>\n{\"type\":\"function\""),
-            "{}",
-            out[0].content
-        );
-        assert_eq!(
-            out[2].content,
-            "<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call>"
-        );
-        assert_eq!(out[3].role, "user");
-        assert_eq!(out[3].content, "<tool_response>\n18C\n</tool_response>");
-    }
-}
+#[path = "tools_tests.rs"]
+mod tests;
