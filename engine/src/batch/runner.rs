@@ -1,7 +1,8 @@
 //! [`BatchService`]: creates and cancels batches and runs them in the
 //! background, one batch at a time, its requests through the same
-//! handlers as interactive requests (`http/batch.rs`'s `execute`) on a
-//! batch-class engine handle, so they run below interactive requests.
+//! handlers as interactive requests (a [`BatchExecutor`]: the HTTP layer's
+//! state, `http/batch.rs`'s `execute`) on a batch-class engine handle, so
+//! they run below interactive requests.
 //!
 //! A batch goes validating -> in_progress -> finalizing -> completed
 //! (or cancelling -> cancelled, or failed when its input file is gone).
@@ -21,9 +22,10 @@ use tokio::sync::Notify;
 
 use super::catalog::{Catalog, StoredResult};
 use super::config::BatchConfig;
+use super::executor::BatchExecutor;
 use super::lines::{self, InputLine};
 use super::objects::{BatchObject, BatchStatus, FileObject, RequestCounts};
-use crate::http::{unix_now, HttpState};
+use crate::clock::unix_now;
 use crate::EngineError;
 
 /// The batch API's state; shared by the HTTP handlers and the runner task.
@@ -45,13 +47,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl BatchService {
     /// Start the runner on the current tokio runtime: it runs batches
-    /// through `state` (whose engine handle should be
+    /// through `exec` (the HTTP layer's state, whose engine handle should be
     /// [`batch_class`](crate::EngineHandle::batch_class)). Batches left
     /// active by an earlier process resume at once.
     pub fn start(
         catalog: Catalog,
         cfg: BatchConfig,
-        state: HttpState,
+        exec: impl BatchExecutor,
     ) -> (Arc<BatchService>, tokio::task::JoinHandle<()>) {
         let service = Arc::new(BatchService {
             catalog,
@@ -61,7 +63,7 @@ impl BatchService {
             cancelled: Mutex::new(HashSet::new()),
             owners: Mutex::new(HashMap::new()),
         });
-        let task = tokio::spawn(service.clone().run(state));
+        let task = tokio::spawn(service.clone().run(exec));
         (service, task)
     }
 
@@ -142,7 +144,7 @@ impl BatchService {
     }
 
     /// The runner: the oldest active batch, else sleep until woken.
-    async fn run(self: Arc<Self>, state: HttpState) {
+    async fn run(self: Arc<Self>, exec: impl BatchExecutor) {
         loop {
             let woken = self.wake.notified();
             tokio::pin!(woken);
@@ -153,7 +155,7 @@ impl BatchService {
                 .map(|all| all.into_iter().find(|b| b.status.active()));
             match next {
                 Ok(Some(b)) => {
-                    if let Err(e) = self.step(&state, b).await {
+                    if let Err(e) = self.step(&exec, b).await {
                         tracing::error!(error = %e, "batch runner");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
@@ -168,7 +170,7 @@ impl BatchService {
     }
 
     /// Move batch `b` one stage on.
-    async fn step(&self, state: &HttpState, b: BatchObject) -> Result<(), EngineError> {
+    async fn step(&self, exec: &impl BatchExecutor, b: BatchObject) -> Result<(), EngineError> {
         let input = self.catalog.file_content(&b.input_file_id)?;
         let Some(input) = input.filter(|_| b.status != BatchStatus::Failed) else {
             return self.fail(&b.id, "input_file_missing", "the input file was deleted");
@@ -187,14 +189,14 @@ impl BatchService {
                 Ok(())
             }
             BatchStatus::InProgress => {
-                let Some(who) = self.owner(state, &b) else {
+                let Some(who) = self.owner(exec, &b) else {
                     return self.fail(
                         &b.id,
                         "owner_unknown",
                         "the batch's tenant is not known after a restart (multi-tenant mode)",
                     );
                 };
-                self.run_lines(state, &who, &b, lines).await?;
+                self.run_lines(exec, &who, &b, lines).await?;
                 if self.is_cancelled(&b.id) {
                     return self.finalize(&b.id, BatchStatus::Cancelled);
                 }
@@ -210,15 +212,11 @@ impl BatchService {
     }
 
     /// The creator's identity: known in this process, or the single tenant.
-    fn owner(&self, state: &HttpState, b: &BatchObject) -> Option<Identity> {
+    fn owner(&self, exec: &impl BatchExecutor, b: &BatchObject) -> Option<Identity> {
         if let Some(who) = lock(&self.owners).get(&b.id) {
             return Some(who.clone());
         }
-        state
-            .tenants
-            .authenticate(None)
-            .ok()
-            .filter(|who| who.label() == b.owner)
+        exec.anonymous().filter(|who| who.label() == b.owner)
     }
 
     fn fail(&self, id: &str, code: &str, message: &str) -> Result<(), EngineError> {
@@ -238,7 +236,7 @@ impl BatchService {
     /// as it ends; stops starting lines once the batch is cancelled.
     async fn run_lines(
         &self,
-        state: &HttpState,
+        exec: &impl BatchExecutor,
         who: &Identity,
         b: &BatchObject,
         lines: Vec<InputLine>,
@@ -259,7 +257,7 @@ impl BatchService {
                 if self.is_cancelled(&b.id) {
                     return None;
                 }
-                Some((i, self.run_line(state, who, b, i, line).await))
+                Some((i, self.run_line(exec, who, b, i, line).await))
             })
             .buffer_unordered(in_flight);
         while let Some(r) = results.next().await {
@@ -278,7 +276,7 @@ impl BatchService {
 
     async fn run_line(
         &self,
-        state: &HttpState,
+        exec: &impl BatchExecutor,
         who: &Identity,
         b: &BatchObject,
         index: usize,
@@ -295,8 +293,7 @@ impl BatchService {
                 }
             }
         };
-        let (status, body) =
-            crate::http::batch::execute(state, who.clone(), &b.endpoint, body).await;
+        let (status, body) = exec.execute(who.clone(), &b.endpoint, body).await;
         let request_id = body
             .get("id")
             .and_then(serde_json::Value::as_str)
