@@ -46,7 +46,7 @@ impl BatchResults {
     pub fn finish(self) -> Vec<OpResult> {
         self.0
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(TransferError::InvalidArgument(BadInput::OpNotRun))))
+            .map(|r| r.unwrap_or(Err(TransferError::InvalidArgument(BadInput::OpNotRun))))
             .collect()
     }
 }
