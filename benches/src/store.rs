@@ -24,19 +24,20 @@ mod metadata;
 mod reconcile;
 mod redis;
 mod sampling;
+mod shared;
 
 pub use reconcile::{SyncBenchArgs, SyncReport};
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
-};
+use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store};
 use serde_json::{json, Value};
+
+use shared::{block_data, gbps, key, layout, pct_ms, BLOCK, ROUNDS};
 
 /// Flags of `kvfabric bench store`.
 #[derive(Args, Debug, Clone)]
@@ -145,52 +146,6 @@ impl Default for StoreArgs {
     }
 }
 
-/// 1.5 MiB: 24 layers x K,V x 64 tokens x 2 heads x 64 x f32.
-fn layout() -> KvLayout {
-    KvLayout {
-        layers: 24,
-        kv_heads: 2,
-        head_dim: 64,
-        dtype: DType::F32,
-        block_tokens: 64,
-        order: BlockOrder::LayerKvTokenHead,
-    }
-}
-
-const BLOCK: usize = 3 << 19;
-
-fn key(i: usize) -> BlockKey {
-    let mut k = [0u8; 32];
-    k[..8].copy_from_slice(&(i as u64).to_le_bytes());
-    k[8] = 0xb1;
-    BlockKey(k)
-}
-
-fn block_data(i: usize) -> Vec<u8> {
-    let mut x = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..BLOCK / 8)
-        .flat_map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x.to_le_bytes()
-        })
-        .collect()
-}
-
-fn gbps(bytes: usize, d: Duration) -> f64 {
-    bytes as f64 / d.as_secs_f64() / 1e9
-}
-
-fn pct_ms(lat: &mut [Duration], p: f64) -> f64 {
-    if lat.is_empty() {
-        return 0.0;
-    }
-    lat.sort();
-    let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
-    lat[i].as_secs_f64() * 1e3
-}
-
 /// Measure everything and return the report object.
 pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     let n = args.blocks.max(args.clients).max(8);
@@ -226,9 +181,6 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     report.insert("clients".into(), json!(args.clients));
     Ok(Value::Object(report))
 }
-
-/// Rounds of every interleaved comparison (the best round of each is kept).
-const ROUNDS: usize = 3;
 
 /// The peer/path prefixes of the interleaved comparison: each one's figures
 /// (throughputs and latencies) come from its own best round by get GB/s.
@@ -348,42 +300,6 @@ fn ram(sources: &[Vec<u8>], out: &mut serde_json::Map<String, Value>) -> anyhow:
     out.insert("ram_get_ratio".into(), json!(get_ratio));
     out.insert("ram_ratio".into(), json!(put_ratio.min(get_ratio)));
     Ok(())
-}
-
-/// Run `op(i)` for i in 0..n over `clients` threads (block i goes to thread i % clients).
-fn parallel(
-    clients: usize,
-    n: usize,
-    op: impl Fn(usize) -> anyhow::Result<()> + Sync,
-) -> anyhow::Result<Vec<Duration>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..clients)
-            .map(|c| {
-                let op = &op;
-                s.spawn(move || -> anyhow::Result<Vec<Duration>> {
-                    let mut lat = Vec::new();
-                    for i in (c..n).step_by(clients) {
-                        let t = Instant::now();
-                        op(i)?;
-                        lat.push(t.elapsed());
-                    }
-                    Ok(lat)
-                })
-            })
-            .collect();
-        let mut all = Vec::new();
-        for h in hs {
-            all.extend(
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("bench thread panicked"))??,
-            );
-        }
-        Ok(all)
-    })
-}
-
-fn parking<T>(v: T) -> std::sync::Mutex<T> {
-    std::sync::Mutex::new(v)
 }
 
 fn data_path(

@@ -6,6 +6,7 @@
 
 pub mod batch;
 pub mod chat;
+mod clock;
 pub mod config;
 pub mod engine;
 mod error;

@@ -16,7 +16,7 @@ use kvfabric_proto::v1::{LookupRequest, PinRequest, RemoveRequest, UnpinRequest}
 use kvfabric_store::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 use serde_json::{json, Value};
 
-use super::{authed, tier_name, Client};
+use super::rpc::{authed, tier_name, Client};
 
 /// Which blocks: explicit keys, or a prompt's keys.
 #[derive(Args, Debug, Clone)]

@@ -9,7 +9,7 @@
 
 use anyhow::anyhow;
 
-use super::{authed, Client};
+use super::rpc::{authed, Client};
 
 /// Print the planner's curves of the node at `--addr`, as a table or JSON.
 pub(super) async fn run(c: &mut Client, key: Option<&str>, json: bool) -> anyhow::Result<()> {

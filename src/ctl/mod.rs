@@ -6,7 +6,8 @@
 //! `pin`, `unpin`, `evict` and how they pick blocks: `--model GGUF` with
 //! `--prompt TEXT` or `--tokens FILE`, or `--tokens FILE` with
 //! `--model-fingerprint HEX --layers --kv-heads --head-dim [--dtype]`, or
-//! `--keys HEX,...`). Every subcommand takes `--json`: one JSON object (per
+//! `--keys HEX,...`); what they share (the client, the API key on each
+//! request, tier names) is in `rpc.rs`. Every subcommand takes `--json`: one JSON object (per
 //! refresh, for `watch` and `top`) carrying every field its table shows.
 //! A node with a tenants file needs `--api-key` (a `trusted` tenant's key
 //! sees keys as computed; docs/SECURITY.md); a tenant's engine blocks live
@@ -24,15 +25,15 @@
 
 mod blocks;
 mod capacity;
+mod rpc;
 mod status;
 mod top;
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use clap::{Args, Subcommand};
-use kvfabric_proto::v1::Tier;
-use kvfabric_store::cluster::client::{self, CacheClient};
+use kvfabric_store::cluster::client;
 
 /// `kvfabric ctl` flags.
 #[derive(Args, Debug)]
@@ -167,28 +168,3 @@ async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-/// `msg` with `authorization: Bearer <key>` when a key is given.
-fn authed<T>(msg: T, key: Option<&str>) -> anyhow::Result<tonic::Request<T>> {
-    let mut r = tonic::Request::new(msg);
-    if let Some(k) = key {
-        let v = format!("Bearer {k}")
-            .parse()
-            .map_err(|_| anyhow!("--api-key must be printable ASCII"))?;
-        r.metadata_mut().insert("authorization", v);
-    }
-    Ok(r)
-}
-
-/// A tier's name as ctl prints it.
-fn tier_name(t: i32) -> &'static str {
-    match Tier::try_from(t) {
-        Ok(Tier::Vram) => "vram",
-        Ok(Tier::Ram) => "ram",
-        Ok(Tier::Disk) => "disk",
-        _ => "?",
-    }
-}
-
-/// The client every subcommand talks through.
-type Client = CacheClient;

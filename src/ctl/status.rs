@@ -13,7 +13,7 @@ use anyhow::anyhow;
 use kvfabric_proto::v1::{ClusterStatusRequest, ClusterStatusResponse, NodeStatus};
 use serde_json::{json, Value};
 
-use super::{authed, tier_name, Client};
+use super::rpc::{authed, tier_name, Client};
 
 /// The cluster's status as the node at the other end sees it.
 pub(super) async fn fetch(

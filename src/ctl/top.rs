@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use kvfabric_proto::v1::ClusterStatusResponse;
 use serde_json::{json, Value};
 
-use super::{status, tier_name, Client};
+use super::rpc::{tier_name, Client};
+use super::status;
 
 /// Transfer bytes (in, out) per node at the last refresh, and when.
 #[derive(Default)]

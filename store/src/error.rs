@@ -156,9 +156,10 @@ pub enum BadArgument {
     /// etcd membership with no endpoint.
     #[error("etcd membership needs at least one endpoint")]
     NoEtcdEndpoint,
-    /// A key or layout the shared vocabulary refused (its message).
-    #[error("{0}")]
-    Vocabulary(String),
+    /// A key or layout the shared vocabulary refused (its error, which
+    /// reads as its message).
+    #[error("{}", kvfabric_transfer::vocabulary_message(.0))]
+    Vocabulary(TypesError),
 }
 
 /// Which tier or region had no room ([`StoreError::ResourceExhausted`]).
@@ -222,9 +223,10 @@ pub enum BadConfig {
     /// The certificate's node id (`cert`) is not the configured `node_id`.
     #[error("the certificate names node {cert:?} but node_id is {node_id:?}")]
     CertificateNode { cert: String, node_id: String },
-    /// The `[cluster.security]` settings or files (the transfer crate's message).
+    /// The `[cluster.security]` settings or files (the transfer crate's
+    /// error, typed there: which setting or file, and why).
     #[error("{0}")]
-    Security(String),
+    Security(TransferError),
     /// TLS for a channel (`what`: `tls`, `peer channel tls`) could not be set up.
     #[error("{what}: {reason}")]
     Tls { what: &'static str, reason: String },
@@ -238,8 +240,8 @@ impl From<TypesError> for StoreError {
     /// could not be made is the arena's, as when the transfer crate made it.
     fn from(e: TypesError) -> Self {
         match e {
-            TypesError::InvalidArgument(msg) => {
-                StoreError::InvalidArgument(BadArgument::Vocabulary(msg))
+            e @ TypesError::InvalidArgument(_) => {
+                StoreError::InvalidArgument(BadArgument::Vocabulary(e))
             }
             other => StoreError::Region(other.into()),
         }
@@ -379,5 +381,45 @@ mod tests {
                 key: "rpc_timeout_ms"
             }))
         ));
+    }
+
+    /// A refused `[cluster.security]` holds the transfer crate's typed error
+    /// (which setting), and reads as the string it replaced.
+    #[test]
+    fn security_config_error_is_typed() {
+        let cluster = crate::cluster::ClusterConfig {
+            security: kvfabric_transfer::security::SecurityConfig {
+                cert: Some("node.pem".into()),
+                ..Default::default()
+            },
+            ..crate::cluster::ClusterConfig::default()
+        };
+        let e = cluster.validate().unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                StoreError::Config(BadConfig::Security(TransferError::InvalidArgument(
+                    kvfabric_transfer::BadInput::SecurityFilesPartial
+                )))
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "bad configuration: invalid argument: security: give cert, key and ca together"
+        );
+    }
+
+    /// A layout the vocabulary refuses holds its typed error, reads as its
+    /// message (once "invalid argument") and stays INVALID_ARGUMENT.
+    #[test]
+    fn vocabulary_error_is_typed() {
+        let e = StoreError::from(TypesError::InvalidArgument("unknown layout dtype 9".into()));
+        assert!(matches!(
+            &e,
+            StoreError::InvalidArgument(BadArgument::Vocabulary(TypesError::InvalidArgument(_)))
+        ));
+        assert_eq!(e.to_string(), "invalid argument: unknown layout dtype 9");
+        assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
+use crate::error::Missing;
 use crate::{SharedRegion, TransferError};
 
 fn driver_present() -> bool {
@@ -18,15 +19,13 @@ fn driver_present() -> bool {
 }
 
 fn cuda_err(e: impl std::fmt::Display) -> TransferError {
-    TransferError::Io(format!("cuda: {e}"))
+    TransferError::io_other("cuda", e)
 }
 
 /// Number of CUDA devices, or `Unsupported` when there is no driver.
 pub fn device_count() -> Result<usize, TransferError> {
     if !driver_present() {
-        return Err(TransferError::Unsupported(
-            "no CUDA device: driver library not found".into(),
-        ));
+        return Err(TransferError::Unsupported(Missing::CudaDriver));
     }
     CudaContext::device_count()
         .map(|n| n as usize)
@@ -44,9 +43,10 @@ impl VramSegment {
     pub fn allocate(ordinal: usize, len: usize) -> Result<Self, TransferError> {
         let count = device_count()?;
         if ordinal >= count {
-            return Err(TransferError::Unsupported(format!(
-                "no CUDA device {ordinal} ({count} present)"
-            )));
+            return Err(TransferError::Unsupported(Missing::CudaDevice {
+                ordinal,
+                count,
+            }));
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.default_stream();
@@ -127,7 +127,7 @@ mod tests {
                 assert!(v.stage_out(4090, 10, &host, 0).is_err());
             }
             Err(e) => assert!(
-                matches!(e, TransferError::Unsupported(_) | TransferError::Io(_)),
+                matches!(e, TransferError::Unsupported(_) | TransferError::Io { .. }),
                 "{e}"
             ),
         }

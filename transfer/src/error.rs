@@ -7,9 +7,9 @@
 /// Everything that can go wrong moving bytes.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TransferError {
-    /// A caller passed something unusable.
+    /// A caller passed something unusable (what, and its values).
     #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    InvalidArgument(BadInput),
     /// A range that does not lie inside its segment.
     #[error("range {offset}+{len} is outside the segment ({segment_len} bytes)")]
     OutOfBounds {
@@ -40,18 +40,148 @@ pub enum TransferError {
     /// The connection to the peer broke (peer died, reset, protocol error).
     #[error("connection to {peer} failed: {reason}")]
     Connection { peer: String, reason: String },
-    /// A transport or device this build or host does not have.
+    /// A transport or device this build or host does not have (which).
     #[error("unsupported: {0}")]
-    Unsupported(String),
-    /// An OS call failed.
-    #[error("i/o error: {0}")]
-    Io(String),
+    Unsupported(Missing),
+    /// An OS call (or a task doing one) failed: `op` says which, `kind` is
+    /// the OS error's kind (`Other` when there was no OS error), `reason`
+    /// its message.
+    #[error("i/o error: {op}: {reason}")]
+    Io {
+        op: &'static str,
+        kind: std::io::ErrorKind,
+        reason: String,
+    },
 }
 
-impl From<std::io::Error> for TransferError {
-    fn from(e: std::io::Error) -> Self {
-        TransferError::Io(e.to_string())
+impl TransferError {
+    /// [`TransferError::Io`] of `op` from the OS error `e`.
+    pub fn io(op: &'static str, e: std::io::Error) -> Self {
+        TransferError::Io {
+            op,
+            kind: e.kind(),
+            reason: e.to_string(),
+        }
     }
+
+    /// [`TransferError::Io`] of `op` without an OS error (a task that
+    /// died, a call that reports no errno).
+    pub fn io_other(op: &'static str, reason: impl std::fmt::Display) -> Self {
+        TransferError::Io {
+            op,
+            kind: std::io::ErrorKind::Other,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// What was unusable ([`TransferError::InvalidArgument`]), with the values
+/// a caller can act on; each reads as the `String` it replaced.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum BadInput {
+    /// An op of zero bytes.
+    #[error("zero-length op")]
+    ZeroLengthOp,
+    /// An op a batch never ran (its result slot stayed empty).
+    #[error("op not run")]
+    OpNotRun,
+    /// Engine settings (`keys`) that must be positive.
+    #[error("{keys} must be positive")]
+    NotPositive { keys: &'static str },
+    /// A peer whose hello has the wrong magic or version.
+    #[error("not a kvfabric transfer peer (magic {magic:#x}, version {version})")]
+    NotAPeer { magic: u32, version: u16 },
+    /// A notification not sent because an op of its batch failed.
+    #[error("notification withheld: an op failed")]
+    NotificationWithheld,
+    /// A notification of `len` bytes, over `max`.
+    #[error("notification of {len} bytes is too large (max {max})")]
+    NotificationTooLarge { len: u64, max: u64 },
+    /// A request kind byte this protocol does not have.
+    #[error("unknown request kind {kind}")]
+    UnknownRequestKind { kind: u8 },
+    /// A response status byte this protocol does not have.
+    #[error("unknown response status {status}")]
+    UnknownStatus { status: u8 },
+    /// A request a transport's server cannot serve (`transport`: `shm`,
+    /// `rdma`; `kind` its kind byte, `len` its size field).
+    #[error("bad {transport} request kind {kind} / size {len}")]
+    BadRequest {
+        transport: &'static str,
+        kind: u8,
+        len: u64,
+    },
+    /// An RDMA endpoint of `len` bytes (not the encoded size).
+    #[error("bad rdma endpoint: {len} bytes")]
+    RdmaEndpointLen { len: u64 },
+    /// An RDMA endpoint with reserved bytes set.
+    #[error("bad rdma endpoint: reserved bytes set")]
+    RdmaEndpointReserved,
+    /// An RDMA endpoint whose queue pair number is not 24-bit nonzero.
+    #[error("bad rdma endpoint: queue pair number {qp_num:#x}")]
+    RdmaQueuePair { qp_num: u32 },
+    /// An RDMA key of `len` bytes, or with reserved bytes set.
+    #[error("bad rdma key ({len} bytes)")]
+    RdmaKey { len: usize },
+    /// A security mode that is none of the three.
+    #[error("security mode {got:?} (want none, authenticate or encrypt)")]
+    SecurityMode { got: String },
+    /// Some but not all of cert, key and ca.
+    #[error("security: give cert, key and ca together")]
+    SecurityFilesPartial,
+    /// A secured `mode` without cert, key and ca.
+    #[error("security mode {mode} needs cert, key and ca")]
+    SecurityFilesMissing { mode: &'static str },
+    /// A region or layout the vocabulary crate refused (its error, which
+    /// reads as its message).
+    #[error("{}", vocabulary_message(.0))]
+    Vocabulary(kvfabric_types::TypesError),
+    /// Credentials that could not be read, made or used: `what` (a file
+    /// read, `certs`, a certificate or key, the TLS exporter), `reason`
+    /// what the library or the OS said.
+    #[error("{what}: {reason}")]
+    Credentials { what: String, reason: String },
+}
+
+/// What this build or host lacks ([`TransferError::Unsupported`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum Missing {
+    /// The peer answered "unsupported" with its own `reason`.
+    #[error("{peer}: {reason}")]
+    PeerRefused { peer: String, reason: String },
+    /// shm to a peer on another host.
+    #[error("shm to {peer}: peer is on another host")]
+    ShmRemote { peer: String },
+    /// rdma asked for in a secured mode (one-sided verbs show no capability).
+    #[error("rdma is off in secured modes")]
+    RdmaSecured,
+    /// No (local) RDMA device: `what` says which was looked for.
+    #[error("{what}")]
+    RdmaDevice { what: &'static str },
+    /// No RDMA device of the configured name.
+    #[error("no RDMA device named {want:?}")]
+    RdmaDeviceNamed { want: Option<String> },
+    /// The peer has no RDMA device.
+    #[error("{peer} has no RDMA device")]
+    PeerRdma { peer: String },
+    /// RDMA to `peer` was turned off after it failed before any op succeeded.
+    #[error("rdma to {peer} is off: it failed before any op succeeded")]
+    RdmaDisabled { peer: String },
+    /// More queue pairs on one connection than `max`.
+    #[error("too many queue pairs on one connection (max {max})")]
+    QueuePairs { max: usize },
+    /// The verbs provider lacks `op` (`post_send`, `poll_cq`, ...).
+    #[error("provider has no {op}")]
+    ProviderOp { op: &'static str },
+    /// This binary was built without the rdma feature.
+    #[error("built without the rdma feature")]
+    RdmaFeature,
+    /// No CUDA driver library.
+    #[error("no CUDA device: driver library not found")]
+    CudaDriver,
+    /// No CUDA device `ordinal` (`count` present).
+    #[error("no CUDA device {ordinal} ({count} present)")]
+    CudaDevice { ordinal: usize, count: usize },
 }
 
 /// Regions (`kvfabric-types`) report the variants this crate reported when
@@ -60,7 +190,7 @@ impl From<kvfabric_types::TypesError> for TransferError {
     fn from(e: kvfabric_types::TypesError) -> Self {
         use kvfabric_types::TypesError as T;
         match e {
-            T::InvalidArgument(msg) => TransferError::InvalidArgument(msg),
+            e @ T::InvalidArgument(_) => TransferError::InvalidArgument(BadInput::Vocabulary(e)),
             T::OutOfBounds {
                 offset,
                 len,
@@ -70,7 +200,76 @@ impl From<kvfabric_types::TypesError> for TransferError {
                 len,
                 segment_len,
             },
-            T::Io(msg) => TransferError::Io(msg),
+            T::Io(msg) => TransferError::io_other("region", msg),
         }
+    }
+}
+
+/// A vocabulary error's message without its own "invalid argument: "
+/// (the variant holding it says that already).
+pub fn vocabulary_message(e: &kvfabric_types::TypesError) -> String {
+    match e {
+        kvfabric_types::TypesError::InvalidArgument(msg) => msg.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hello with the wrong magic names the magic and version it saw as
+    /// fields, and reads as the string it replaced.
+    #[test]
+    fn bad_hello_is_typed_and_reads_as_before() {
+        let mut b = [0u8; crate::hello::HELLO_BYTES];
+        b[..4].copy_from_slice(&0x1234u32.to_le_bytes());
+        b[4..6].copy_from_slice(&9u16.to_le_bytes());
+        let e = crate::hello::Hello::decode(&b).unwrap_err();
+        assert_eq!(
+            e,
+            TransferError::InvalidArgument(BadInput::NotAPeer {
+                magic: 0x1234,
+                version: 9
+            })
+        );
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: not a kvfabric transfer peer (magic 0x1234, version 9)"
+        );
+    }
+
+    /// Binding the engine to a taken address says which OS call failed and
+    /// keeps the OS error's kind.
+    #[tokio::test]
+    async fn taken_listen_address_is_a_typed_io_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let cfg = crate::TransferConfig {
+            listen: taken.local_addr().unwrap().to_string(),
+            ..Default::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        match crate::TransferEngine::start(cfg, &mut registry).await {
+            Err(TransferError::Io { op, kind, .. }) => {
+                assert_eq!((op, kind), ("tcp bind", std::io::ErrorKind::AddrInUse));
+            }
+            other => panic!("expected Io, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    /// A region the vocabulary refuses stays InvalidArgument, holding the
+    /// vocabulary's own error, and reads as before (one "invalid argument").
+    #[test]
+    fn vocabulary_errors_keep_their_type_and_message() {
+        let e = TransferError::from(kvfabric_types::TypesError::InvalidArgument(
+            "region length is zero".into(),
+        ));
+        assert!(matches!(
+            &e,
+            TransferError::InvalidArgument(BadInput::Vocabulary(
+                kvfabric_types::TypesError::InvalidArgument(_)
+            ))
+        ));
+        assert_eq!(e.to_string(), "invalid argument: region length is zero");
     }
 }

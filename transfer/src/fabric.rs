@@ -14,6 +14,7 @@ use tokio::sync::broadcast;
 
 use crate::config::TransferConfig;
 use crate::core::{Inner, OpResult};
+use crate::error::BadInput;
 use crate::hello::{boot_id, Hello};
 use crate::metrics::TransferMetrics;
 use crate::op::{BatchReport, Notification, TransferOp, MAX_NOTIFY_BYTES};
@@ -36,9 +37,9 @@ impl TransferEngine {
         registry: &mut Registry,
     ) -> Result<Self, TransferError> {
         if config.connections_per_peer == 0 || config.slice_bytes == 0 {
-            return Err(TransferError::InvalidArgument(
-                "connections_per_peer and slice_bytes must be positive".into(),
-            ));
+            return Err(TransferError::InvalidArgument(BadInput::NotPositive {
+                keys: "connections_per_peer and slice_bytes",
+            }));
         }
         let listeners = Listeners::bind(&config.listen).await?;
         let local_addr = listeners.local_addr;
@@ -213,7 +214,7 @@ impl TransferEngine {
             self.notify(peer, &note).await
         } else {
             Err(TransferError::InvalidArgument(
-                "notification withheld: an op failed".into(),
+                BadInput::NotificationWithheld,
             ))
         };
         BatchReport { ops, notified }
@@ -223,7 +224,10 @@ impl TransferEngine {
     pub async fn notify(&self, peer: &str, note: &[u8]) -> Result<(), TransferError> {
         if note.len() as u64 > MAX_NOTIFY_BYTES {
             return Err(TransferError::InvalidArgument(
-                "notification too large".into(),
+                BadInput::NotificationTooLarge {
+                    len: note.len() as u64,
+                    max: MAX_NOTIFY_BYTES,
+                },
             ));
         }
         self.transports.notify(peer, note).await

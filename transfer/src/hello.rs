@@ -5,6 +5,7 @@
 //! Every transport decision starts from a hello (same boot id: shm; both
 //! have a NIC: rdma), so it lives outside the transports, which all read it.
 
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// "KVFT".
@@ -45,9 +46,10 @@ impl Hello {
         let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         let version = u16::from_le_bytes([b[4], b[5]]);
         if magic != MAGIC || version != VERSION {
-            return Err(TransferError::InvalidArgument(format!(
-                "not a kvfabric transfer peer (magic {magic:#x}, version {version})"
-            )));
+            return Err(TransferError::InvalidArgument(BadInput::NotAPeer {
+                magic,
+                version,
+            }));
         }
         Ok(Hello {
             pid: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),

@@ -31,7 +31,7 @@ mod transport;
 pub mod cuda;
 
 pub use config::{TransferConfig, TransportChoice};
-pub use error::TransferError;
+pub use error::{vocabulary_message, BadInput, Missing, TransferError};
 pub use fabric::TransferEngine;
 pub use memory::SharedRegion;
 pub use metrics::TransferMetrics;

@@ -139,7 +139,7 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        super::super::small_layout(4)
+        super::super::replay::small_layout(4)
     }
 
     fn err(text: &str) -> String {

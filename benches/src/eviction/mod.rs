@@ -21,19 +21,18 @@
 mod file;
 pub mod min;
 pub mod planner;
+mod replay;
 pub mod traces;
 
 use anyhow::Context;
 use clap::Args;
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::tokenizer::Tokenizer;
-use kvfabric_store::{
-    BlockOrder, DType, EvictionPolicy, KeyChain, KvLayout, ModelFingerprint, NodeConfig,
-    PutOptions, Registry, Store,
-};
+use kvfabric_store::{EvictionPolicy, KeyChain, KvLayout, ModelFingerprint, NodeConfig};
 use serde_json::{json, Value};
 
-use min::Hits;
+use replay::small_layout;
+pub use replay::{replay, replay_store, POLICIES};
 use traces::{Shape, Trace};
 
 /// Flags of `kvfabric bench eviction`.
@@ -107,80 +106,9 @@ impl EvictionArgs {
 /// Tier sizes tried, as fractions of the trace's distinct blocks.
 const CAPACITY_FRACTIONS: [f64; 4] = [0.1, 0.25, 0.5, 0.75];
 
-/// The policies compared, by their config names.
-pub const POLICIES: [(&str, EvictionPolicy); 3] = [
-    ("lirs", EvictionPolicy::Lirs),
-    ("lru", EvictionPolicy::Lru),
-    ("s3fifo", EvictionPolicy::S3fifo),
-];
-
 /// Run the bench and print its report.
 pub fn run(args: &EvictionArgs) -> anyhow::Result<()> {
     crate::print_report(args.json, &measure(args)?, print_table)
-}
-
-/// Replay `trace` on a RAM tier of `capacity_blocks` blocks (None: never evicts).
-pub fn replay(
-    trace: &Trace,
-    layout: KvLayout,
-    base: &NodeConfig,
-    policy: EvictionPolicy,
-    capacity_blocks: Option<usize>,
-) -> anyhow::Result<Hits> {
-    Ok(replay_store(trace, layout, base, policy, capacity_blocks)?.0)
-}
-
-/// [`replay`], and the store it ran on (its stats, its capacity planner).
-pub fn replay_store(
-    trace: &Trace,
-    layout: KvLayout,
-    base: &NodeConfig,
-    policy: EvictionPolicy,
-    capacity_blocks: Option<usize>,
-) -> anyhow::Result<(Hits, Store)> {
-    let bt = trace.block_tokens;
-    let block = vec![0u8; layout.block_bytes()];
-    // Room for every block the replay could put, when it must never evict.
-    let every_block: usize = trace.requests.iter().map(|r| r.keys.len()).sum();
-    let blocks = capacity_blocks.unwrap_or(every_block.max(1));
-    // The arena gives each block a 4 KiB-aligned slot.
-    let slot = layout.block_bytes().div_ceil(4096) * 4096;
-    let cfg = NodeConfig {
-        ram_capacity: bytesize::ByteSize::b((blocks * slot) as u64),
-        eviction: policy,
-        // Exactly `blocks` blocks: evict one when full (MIN's tier).
-        high_watermark: 1.0,
-        low_watermark: 1.0,
-        ..base.clone()
-    };
-    cfg.validate()?;
-    let store = Store::open(cfg, &mut Registry::default())?;
-    let mut hits = Hits::default();
-    for r in &trace.requests {
-        let found = store.lookup(&r.keys[..r.usable]).len();
-        for k in &r.keys[..found] {
-            // The connector reads every hit block.
-            drop(store.lease(k)?.context("looked-up block vanished")?);
-        }
-        hits.add(r, found, bt);
-        for k in &r.keys[found..] {
-            store.put(*k, layout, &block, PutOptions::default())?;
-        }
-    }
-    Ok((hits, store))
-}
-
-/// A layout of small blocks (a few KiB): the tier's bookkeeping is what is
-/// measured, not copies.
-fn small_layout(block_tokens: usize) -> KvLayout {
-    KvLayout {
-        layers: 1,
-        kv_heads: 1,
-        head_dim: 16,
-        dtype: DType::F32,
-        block_tokens: block_tokens as u32,
-        order: BlockOrder::LayerKvTokenHead,
-    }
 }
 
 /// The tokenizer of --model.

@@ -14,8 +14,8 @@
 use kvfabric_store::{EvictionPolicy, KvLayout, NodeConfig, Store};
 use serde_json::{json, Value};
 
+use super::replay::{replay_store, POLICIES};
 use super::traces::Trace;
-use super::{replay_store, POLICIES};
 
 /// The scales (fractions of the trace's distinct blocks) compared.
 pub const FRACTIONS: [f64; 3] = [0.25, 0.5, 1.0];
@@ -141,7 +141,7 @@ mod tests {
     /// hash's rate, every held key a hit) failed it: S3-FIFO 0.050 off at 50%.
     #[test]
     fn shards_curve_at_one_percent_is_within_003_of_the_exact_replay() {
-        let layout = super::super::small_layout(64);
+        let layout = super::super::replay::small_layout(64);
         let chain = KeyChain::new(b"planner", &ModelFingerprint([5; 32]), &layout);
         let shape = Shape {
             sessions: 2000,

@@ -13,7 +13,7 @@ use kvfabric_store::{
 };
 use serde_json::{json, Value};
 
-use super::{gbps, key, layout, parallel, parking, BLOCK};
+use super::shared::{gbps, key, layout, parallel, parking, BLOCK};
 use crate::agentic::stats::percentile;
 
 fn fio(file: &Path, rw: &str, bytes: usize, depth: usize) -> anyhow::Result<f64> {

@@ -10,7 +10,7 @@ use kvfabric_store::cluster::client::CacheClient;
 use kvfabric_store::{NodeConfig, Registry, Store};
 use serde_json::{json, Value};
 
-use super::{gbps, key, layout, pct_ms, BLOCK};
+use super::shared::{gbps, key, layout, pct_ms, BLOCK};
 
 /// Put then get every block over gRPC from `clients` connections to a
 /// standalone node in this process: throughput and get latency into `out`.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use super::{gbps, key, parallel, parking, pct_ms, BLOCK};
+use super::shared::{gbps, key, parallel, parking, pct_ms, BLOCK};
 
 struct RedisServer(Child);
 

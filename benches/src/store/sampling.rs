@@ -10,7 +10,7 @@ use anyhow::Context;
 use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store};
 use serde_json::{json, Map, Value};
 
-use super::{gbps, key, layout, BLOCK, ROUNDS};
+use super::shared::{gbps, key, layout, BLOCK, ROUNDS};
 
 /// Lookups of the whole chain of stored keys per timed lookup phase.
 const LOOKUPS: usize = 2000;

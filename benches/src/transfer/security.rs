@@ -21,7 +21,8 @@ use kvfabric_transfer::security::SecurityMode;
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransportChoice};
 use serde_json::{json, Value};
 
-use super::{config, identity, ratio, read_throughput, spawn_peer, TransferArgs};
+use super::args::{config, identity, TransferArgs};
+use super::peer::{ratio, read_throughput, spawn_peer};
 
 /// CPU seconds (user + system) of process `pid` so far, from /proc.
 fn cpu_seconds(pid: u32) -> Option<f64> {

@@ -16,6 +16,7 @@
 
 mod catalog;
 mod config;
+mod executor;
 mod lines;
 pub mod multipart;
 mod objects;
@@ -25,6 +26,7 @@ mod store;
 
 pub use catalog::Catalog;
 pub use config::BatchConfig;
+pub use executor::BatchExecutor;
 pub use objects::{BatchObject, BatchStatus, FileObject, RequestCounts};
 pub use runner::BatchService;
 pub use store::{BatchStore, Entries, MemoryBatchStore};

@@ -1,7 +1,8 @@
 //! [`BatchService`]: creates and cancels batches and runs them in the
 //! background, one batch at a time, its requests through the same
-//! handlers as interactive requests (`http/batch.rs`'s `execute`) on a
-//! batch-class engine handle, so they run below interactive requests.
+//! handlers as interactive requests (a [`BatchExecutor`]: the HTTP layer's
+//! state, `http/batch.rs`'s `execute`) on a batch-class engine handle, so
+//! they run below interactive requests.
 //!
 //! A batch goes validating -> in_progress -> finalizing -> completed
 //! (or cancelling -> cancelled, or expired past its completion window, or
@@ -25,10 +26,11 @@ use tokio::sync::Notify;
 
 use super::catalog::{Catalog, StoredResult};
 use super::config::BatchConfig;
+use super::executor::BatchExecutor;
 use super::lines::{self, InputLine};
 use super::objects::{BatchObject, BatchStatus, FileObject, RequestCounts};
 use super::stop::{Stop, Stops};
-use crate::http::{unix_now, HttpState};
+use crate::clock::unix_now;
 use crate::EngineError;
 
 /// The batch API's state; shared by the HTTP handlers and the runner task.
@@ -50,13 +52,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl BatchService {
     /// Start the runner on the current tokio runtime: it runs batches
-    /// through `state` (whose engine handle should be
+    /// through `exec` (the HTTP layer's state, whose engine handle should be
     /// [`batch_class`](crate::EngineHandle::batch_class)). Batches left
     /// active by an earlier process resume at once.
     pub fn start(
         catalog: Catalog,
         cfg: BatchConfig,
-        state: HttpState,
+        exec: impl BatchExecutor,
     ) -> (Arc<BatchService>, tokio::task::JoinHandle<()>) {
         let service = Arc::new(BatchService {
             catalog,
@@ -66,7 +68,7 @@ impl BatchService {
             stops: Stops::default(),
             owners: Mutex::new(HashMap::new()),
         });
-        let task = tokio::spawn(service.clone().run(state));
+        let task = tokio::spawn(service.clone().run(exec));
         (service, task)
     }
 
@@ -144,7 +146,7 @@ impl BatchService {
     }
 
     /// The runner: the oldest active batch, else sleep until woken.
-    async fn run(self: Arc<Self>, state: HttpState) {
+    async fn run(self: Arc<Self>, exec: impl BatchExecutor) {
         loop {
             let woken = self.wake.notified();
             tokio::pin!(woken);
@@ -155,7 +157,7 @@ impl BatchService {
                 .map(|all| all.into_iter().find(|b| b.status.active()));
             match next {
                 Ok(Some(b)) => {
-                    if let Err(e) = self.step(&state, b).await {
+                    if let Err(e) = self.step(&exec, b).await {
                         tracing::error!(error = %e, "batch runner");
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
@@ -170,7 +172,7 @@ impl BatchService {
     }
 
     /// Move batch `b` one stage on.
-    async fn step(&self, state: &HttpState, b: BatchObject) -> Result<(), EngineError> {
+    async fn step(&self, exec: &impl BatchExecutor, b: BatchObject) -> Result<(), EngineError> {
         let input = self.catalog.file_content(&b.input_file_id)?;
         let Some(input) = input.filter(|_| b.status != BatchStatus::Failed) else {
             return self.fail(&b.id, "input_file_missing", "the input file was deleted");
@@ -189,14 +191,14 @@ impl BatchService {
                 Ok(())
             }
             BatchStatus::InProgress => {
-                let Some(who) = self.owner(state, &b) else {
+                let Some(who) = self.owner(exec, &b) else {
                     return self.fail(
                         &b.id,
                         "owner_unknown",
                         "the batch's tenant is not known after a restart (multi-tenant mode)",
                     );
                 };
-                match self.run_lines(state, &who, &b, lines).await? {
+                match self.run_lines(exec, &who, &b, lines).await? {
                     Some(Stop::Cancelled) => return self.finalize(&b.id, BatchStatus::Cancelled),
                     Some(Stop::Expired) => return self.finalize(&b.id, BatchStatus::Expired),
                     None => {}
@@ -214,11 +216,11 @@ impl BatchService {
 
     /// The creator's identity: known in this process, or (after a restart)
     /// the tenant of the stored owner's name.
-    fn owner(&self, state: &HttpState, b: &BatchObject) -> Option<Identity> {
+    fn owner(&self, exec: &impl BatchExecutor, b: &BatchObject) -> Option<Identity> {
         if let Some(who) = lock(&self.owners).get(&b.id) {
             return Some(who.clone());
         }
-        state.tenants.identity_of(&b.owner)
+        exec.identity_of(&b.owner)
     }
 
     fn fail(&self, id: &str, code: &str, message: &str) -> Result<(), EngineError> {
@@ -239,7 +241,7 @@ impl BatchService {
     /// expired: the lines still running are dropped).
     async fn run_lines(
         &self,
-        state: &HttpState,
+        exec: &impl BatchExecutor,
         who: &Identity,
         b: &BatchObject,
         lines: Vec<InputLine>,
@@ -256,7 +258,7 @@ impl BatchService {
             .filter(|(i, _)| !done.contains(i));
         let in_flight = self.cfg.max_seqs.max(1) * 2;
         let mut results = futures::stream::iter(todo)
-            .map(|(i, line)| async move { (i, self.run_line(state, who, b, i, line).await) })
+            .map(|(i, line)| async move { (i, self.run_line(exec, who, b, i, line).await) })
             .buffer_unordered(in_flight);
         let stop = self.stops.wait(b);
         tokio::pin!(stop);
@@ -282,7 +284,7 @@ impl BatchService {
 
     async fn run_line(
         &self,
-        state: &HttpState,
+        exec: &impl BatchExecutor,
         who: &Identity,
         b: &BatchObject,
         index: usize,
@@ -299,8 +301,7 @@ impl BatchService {
                 }
             }
         };
-        let (status, body) =
-            crate::http::batch::execute(state, who.clone(), &b.endpoint, body).await;
+        let (status, body) = exec.execute(who.clone(), &b.endpoint, body).await;
         let request_id = body
             .get("id")
             .and_then(serde_json::Value::as_str)

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::objects::BatchObject;
-use crate::http::unix_now;
+use crate::clock::unix_now;
 
 /// Why a batch stopped early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

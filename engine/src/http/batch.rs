@@ -17,9 +17,11 @@ use serde_json::{json, Value};
 
 use kvfabric_tenants::Identity;
 
+use super::completions;
 use super::openai::{parse_body, ApiError};
-use super::{completions, unix_now, HttpState};
-use crate::batch::{multipart, BatchObject, BatchService, FileObject};
+use super::state::HttpState;
+use crate::batch::{multipart, BatchExecutor, BatchObject, BatchService, FileObject};
+use crate::clock::unix_now;
 
 /// The endpoints a batch may target.
 const ENDPOINTS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
@@ -53,6 +55,22 @@ pub(crate) async fn execute(
         }
     };
     (status, body)
+}
+
+/// The batch runner runs its lines through [`execute`].
+impl BatchExecutor for HttpState {
+    fn execute(
+        &self,
+        who: Identity,
+        endpoint: &str,
+        body: Vec<u8>,
+    ) -> impl std::future::Future<Output = (u16, Value)> + Send {
+        execute(self, who, endpoint, body)
+    }
+
+    fn identity_of(&self, owner: &str) -> Option<Identity> {
+        self.tenants.identity_of(owner)
+    }
 }
 
 fn service(state: &HttpState) -> Result<&Arc<BatchService>, ApiError> {

@@ -28,9 +28,10 @@ use super::logprobs::{MAX_TOP_LOGPROBS_CHAT, MAX_TOP_LOGPROBS_COMPLETION};
 use super::openai::{convert_messages, from_value, parse_json, ApiError, CompletionBody, PromptIn};
 use super::params;
 use super::response::{Api, ResponseMeta};
+use super::state::HttpState;
 use super::structured;
 use super::tools::{self, fallback_messages, ToolMode, ToolRequest};
-use super::{unix_now, HttpState};
+use crate::clock::unix_now;
 use crate::request::SamplingParams;
 use crate::EngineError;
 

@@ -6,7 +6,7 @@ use kvfabric_tenants::http::{GateState, Refusal};
 use kvfabric_tenants::TenantGate;
 
 use super::openai::ApiError;
-use super::HttpState;
+use super::state::HttpState;
 
 impl GateState for HttpState {
     type Error = ApiError;

@@ -132,7 +132,7 @@ impl ClusterConfig {
         self.transport()?;
         self.security
             .validate()
-            .map_err(|e| StoreError::Config(BadConfig::Security(e.to_string())))?;
+            .map_err(|e| StoreError::Config(BadConfig::Security(e)))?;
         if self.staging_capacity.as_u64() < 4096 {
             return bad(BadConfig::BelowOnePage {
                 key: "staging_capacity",

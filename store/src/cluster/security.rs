@@ -17,7 +17,7 @@ use crate::{BadConfig, StoreError};
 /// Load `cfg`'s identity for node `node_id`; None (and a loud warning) in mode `none`.
 pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentity>>, StoreError> {
     let id = NodeIdentity::load(&cfg.security)
-        .map_err(|e| StoreError::Config(BadConfig::Security(e.to_string())))?;
+        .map_err(|e| StoreError::Config(BadConfig::Security(e)))?;
     match &id {
         None => tracing::warn!(
             node = %node_id,

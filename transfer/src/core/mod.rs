@@ -17,6 +17,7 @@ use tokio::sync::broadcast;
 pub(crate) use results::{BatchResults, OpResult};
 
 use crate::config::TransferConfig;
+use crate::error::BadInput;
 use crate::hello::Hello;
 use crate::metrics::TransferMetrics;
 use crate::op::{Notification, TransferOp};
@@ -88,7 +89,7 @@ impl Inner {
     /// Check the local side of an op before anything moves.
     pub fn prepare(&self, op: TransferOp) -> Result<PreparedOp, TransferError> {
         if op.len == 0 {
-            return Err(TransferError::InvalidArgument("zero-length op".into()));
+            return Err(TransferError::InvalidArgument(BadInput::ZeroLengthOp));
         }
         let local = self
             .segments

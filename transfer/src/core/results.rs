@@ -2,6 +2,7 @@
 //! ops refused before anything moved, each transport's share, and the ops a
 //! transport handed back to run elsewhere.
 
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// The outcome of one op.
@@ -45,7 +46,7 @@ impl BatchResults {
     pub fn finish(self) -> Vec<OpResult> {
         self.0
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(TransferError::InvalidArgument("op not run".into()))))
+            .map(|r| r.unwrap_or(Err(TransferError::InvalidArgument(BadInput::OpNotRun))))
             .collect()
     }
 }
@@ -59,18 +60,21 @@ mod tests {
         let mut r = BatchResults::new(4);
         r.set(
             1,
-            Err(TransferError::InvalidArgument("zero-length op".into())),
+            Err(TransferError::InvalidArgument(BadInput::ZeroLengthOp)),
         );
         assert_eq!(r.unsettled(), vec![0, 2, 3]);
-        r.merge([0, 3], vec![Ok(()), Err(TransferError::Io("x".into()))]);
+        r.merge(
+            [0, 3],
+            vec![Ok(()), Err(TransferError::io_other("test", "x"))],
+        );
         assert_eq!(r.unsettled(), vec![2]);
         let out = r.finish();
         assert_eq!(out[0], Ok(()));
         assert!(matches!(out[1], Err(TransferError::InvalidArgument(_))));
         assert_eq!(
             out[2],
-            Err(TransferError::InvalidArgument("op not run".into()))
+            Err(TransferError::InvalidArgument(BadInput::OpNotRun))
         );
-        assert_eq!(out[3], Err(TransferError::Io("x".into())));
+        assert_eq!(out[3], Err(TransferError::io_other("test", "x")));
     }
 }

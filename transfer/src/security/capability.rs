@@ -8,6 +8,7 @@
 use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// Bytes of an encoded [`Capability`].
@@ -121,7 +122,12 @@ impl CapabilityKey {
         let mut k = [0u8; 32];
         std::fs::File::open("/dev/urandom")
             .and_then(|mut f| f.read_exact(&mut k))
-            .map_err(|e| TransferError::InvalidArgument(format!("/dev/urandom: {e}")))?;
+            .map_err(|e| {
+                TransferError::InvalidArgument(BadInput::Credentials {
+                    what: "/dev/urandom".into(),
+                    reason: e.to_string(),
+                })
+            })?;
         Ok(CapabilityKey(k))
     }
 

@@ -19,10 +19,14 @@ use rcgen::{
 };
 
 use super::{node_uri, SERVER_NAME};
+use crate::error::BadInput;
 use crate::TransferError;
 
 fn bad(e: impl std::fmt::Display) -> TransferError {
-    TransferError::InvalidArgument(format!("certs: {e}"))
+    TransferError::InvalidArgument(BadInput::Credentials {
+        what: "certs".into(),
+        reason: e.to_string(),
+    })
 }
 
 /// The current year (UTC), from the clock.

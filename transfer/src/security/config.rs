@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// What the cluster's connections defend against (docs/SECURITY.md).
@@ -30,9 +31,9 @@ impl SecurityMode {
             "none" => Ok(SecurityMode::None),
             "authenticate" => Ok(SecurityMode::Authenticate),
             "encrypt" => Ok(SecurityMode::Encrypt),
-            other => Err(TransferError::InvalidArgument(format!(
-                "security mode {other:?} (want none, authenticate or encrypt)"
-            ))),
+            other => Err(TransferError::InvalidArgument(BadInput::SecurityMode {
+                got: other.to_string(),
+            })),
         }
     }
 
@@ -92,14 +93,15 @@ impl SecurityConfig {
             .count();
         if some != 0 && some != 3 {
             return Err(TransferError::InvalidArgument(
-                "security: give cert, key and ca together".into(),
+                BadInput::SecurityFilesPartial,
             ));
         }
         if self.effective_mode() != SecurityMode::None && !self.files_set() {
-            return Err(TransferError::InvalidArgument(format!(
-                "security mode {} needs cert, key and ca",
-                self.effective_mode().as_str()
-            )));
+            return Err(TransferError::InvalidArgument(
+                BadInput::SecurityFilesMissing {
+                    mode: self.effective_mode().as_str(),
+                },
+            ));
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use super::config::{SecurityConfig, SecurityMode};
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// The DNS name every node certificate carries and every client verifies.
@@ -63,12 +64,14 @@ impl std::fmt::Debug for NodeIdentity {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TransferError> {
-    std::fs::read(path)
-        .map_err(|e| TransferError::InvalidArgument(format!("read {}: {e}", path.display())))
+    std::fs::read(path).map_err(|e| bad(&format!("read {}", path.display()), e))
 }
 
 fn bad(what: &str, e: impl std::fmt::Display) -> TransferError {
-    TransferError::InvalidArgument(format!("{what}: {e}"))
+    TransferError::InvalidArgument(BadInput::Credentials {
+        what: what.to_string(),
+        reason: e.to_string(),
+    })
 }
 
 /// ring's provider with AES-128-GCM first: `encrypt` mode runs every

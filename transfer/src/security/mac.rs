@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::error::BadInput;
 use crate::TransferError;
 
 /// Bytes of the tag after every frame.
@@ -30,7 +31,12 @@ impl ConnMac {
     ) -> Result<Self, TransferError> {
         let key = tls
             .export_keying_material([0u8; 32], EXPORT_LABEL, None)
-            .map_err(|e| TransferError::InvalidArgument(format!("tls exporter: {e}")))?;
+            .map_err(|e| {
+                TransferError::InvalidArgument(BadInput::Credentials {
+                    what: "tls exporter".into(),
+                    reason: e.to_string(),
+                })
+            })?;
         Ok(ConnMac {
             key,
             client,

@@ -22,6 +22,7 @@ use super::shm::{self, ShmPeer};
 use super::tcp::{self, client, TcpPeer};
 use crate::config::TransportChoice;
 use crate::core::{lock, BatchResults, Inner, OpResult, PreparedOp};
+use crate::error::Missing;
 use crate::TransferError;
 
 /// The listening ends of every transport, bound before the engine's hello
@@ -37,8 +38,12 @@ pub(crate) struct Listeners {
 impl Listeners {
     /// Bind the tcp listener and the shm socket, and look for an RDMA NIC.
     pub async fn bind(listen: &str) -> Result<Self, TransferError> {
-        let tcp = TcpListener::bind(listen).await?;
-        let local_addr = tcp.local_addr()?;
+        let tcp = TcpListener::bind(listen)
+            .await
+            .map_err(|e| TransferError::io("tcp bind", e))?;
+        let local_addr = tcp
+            .local_addr()
+            .map_err(|e| TransferError::io("tcp local_addr", e))?;
         let shm_socket = shm::socket_name(std::process::id(), local_addr.port());
         let shm = shm::bind(&shm_socket)?;
         Ok(Listeners {
@@ -215,16 +220,14 @@ impl PeerLinks {
             }
         }
         if choice == TransportChoice::Shm {
-            return Err(TransferError::Unsupported(format!(
-                "shm to {peer}: peer is on another host"
-            )));
+            return Err(TransferError::Unsupported(Missing::ShmRemote {
+                peer: peer.to_string(),
+            }));
         }
         if tcp::conn::secured(inner).is_some() {
             // One-sided verbs cannot show a capability: secured modes use tcp.
             return match choice {
-                TransportChoice::Rdma => Err(TransferError::Unsupported(
-                    "rdma is off in secured modes".into(),
-                )),
+                TransportChoice::Rdma => Err(TransferError::Unsupported(Missing::RdmaSecured)),
                 _ => Ok(Transport::Tcp),
             };
         }

@@ -10,7 +10,7 @@ use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, watch};
 
-use super::{publish, MembershipView, NodeInfo};
+use super::view::{publish, MembershipView, NodeInfo};
 
 /// Keep `me` registered in etcd and publish every membership change on
 /// `tx`; each lost session is retried with backoff, until `stop`.

@@ -16,50 +16,20 @@
 //! session (lease and watch) is live and 0 while etcd is unreachable; the node
 //! exports it as `kvfabric_cluster_etcd_connected`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 mod etcd;
+mod view;
 
-use crate::cluster::rendezvous;
-use crate::keys::BlockKey;
+use view::publish;
+pub use view::{MembershipView, NodeInfo};
+
 use crate::{BadArgument, StoreError};
-
-/// How a node is reached.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Unique node id.
-    pub node_id: String,
-    /// gRPC address (host:port) of its CacheService and internal services.
-    pub grpc_addr: String,
-    /// Transfer-engine address (host:port).
-    pub transfer_addr: String,
-}
-
-/// The live nodes, this one included, keyed by id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MembershipView {
-    pub nodes: BTreeMap<String, NodeInfo>,
-}
-
-impl MembershipView {
-    /// The live node that owns `key` (rendezvous hashing).
-    pub fn owner(&self, key: &BlockKey) -> Option<&NodeInfo> {
-        let id = rendezvous::owner(self.nodes.keys().map(String::as_str), key)?;
-        self.nodes.get(id)
-    }
-
-    /// True when `node_id` is in the view.
-    pub fn contains(&self, node_id: &str) -> bool {
-        self.nodes.contains_key(node_id)
-    }
-}
 
 /// Where membership comes from.
 #[derive(Clone, Debug)]
@@ -173,18 +143,6 @@ impl Drop for Membership {
     }
 }
 
-fn publish(tx: &watch::Sender<Arc<MembershipView>>, view: MembershipView) {
-    tx.send_if_modified(|cur| {
-        if **cur == view {
-            false
-        } else {
-            tracing::info!(nodes = ?view.nodes.keys().collect::<Vec<_>>(), "membership changed");
-            *cur = Arc::new(view);
-            true
-        }
-    });
-}
-
 async fn run_static(
     me: NodeInfo,
     peers: Vec<NodeInfo>,
@@ -234,6 +192,7 @@ async fn probe(addr: &str, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::BlockKey;
     use kvfabric_testkit::EtcdProcess;
 
     fn node(id: &str, port: u16) -> NodeInfo {

@@ -279,7 +279,7 @@ async fn drive_all(
         match r {
             Ok(Ok(link)) => healthy.push(link),
             Ok(Err(e)) => link_error = Some(e),
-            Err(e) => link_error = Some(TransferError::Io(format!("rdma task failed: {e}"))),
+            Err(e) => link_error = Some(TransferError::io_other("rdma task", e)),
         }
     }
     link_error

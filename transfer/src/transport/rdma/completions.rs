@@ -7,6 +7,7 @@ use std::time::Duration;
 use ibverbs_sys as ffi;
 
 use super::verbs::{errno_err, Completion, RcQueuePair};
+use crate::error::Missing;
 use crate::TransferError;
 
 impl RcQueuePair {
@@ -21,20 +22,25 @@ impl RcQueuePair {
             let ops = &mut (*self.device.ctx).ops;
             match ops.poll_cq.as_mut() {
                 Some(poll) => poll(self.cq, wcs.len() as i32, wcs.as_mut_ptr()),
-                None => return Err(TransferError::Unsupported("provider has no poll_cq".into())),
+                None => {
+                    return Err(TransferError::Unsupported(Missing::ProviderOp {
+                        op: "poll_cq",
+                    }))
+                }
             }
         };
         if n < 0 {
-            return Err(TransferError::Io("ibv_poll_cq failed".into()));
+            return Err(TransferError::io_other("ibv_poll_cq", "failed"));
         }
         Ok(wcs[..n as usize]
             .iter()
             .map(|wc| {
                 let r = match wc.error() {
                     None => Ok(()),
-                    Some((status, vendor)) => Err(TransferError::Io(format!(
-                        "work completion status {status} (vendor {vendor})"
-                    ))),
+                    Some((status, vendor)) => Err(TransferError::io_other(
+                        "work completion",
+                        format!("status {status} (vendor {vendor})"),
+                    )),
                 };
                 (wc.wr_id(), r)
             })
@@ -49,9 +55,9 @@ impl RcQueuePair {
             match ops.req_notify_cq.as_mut() {
                 Some(req) => req(self.cq, 0),
                 None => {
-                    return Err(TransferError::Unsupported(
-                        "provider has no req_notify_cq".into(),
-                    ))
+                    return Err(TransferError::Unsupported(Missing::ProviderOp {
+                        op: "req_notify_cq",
+                    }))
                 }
             }
         };
@@ -74,7 +80,7 @@ impl RcQueuePair {
                 if e.kind() == std::io::ErrorKind::WouldBlock {
                     return Ok(());
                 }
-                return Err(TransferError::Io(format!("ibv_get_cq_event: {e}")));
+                return Err(TransferError::io("ibv_get_cq_event", e));
             }
             // SAFETY: acknowledging the event just read, on its own CQ.
             unsafe { ffi::ibv_ack_cq_events(cq, 1) };
@@ -101,10 +107,10 @@ impl RcQueuePair {
                 return Ok(got);
             }
             let Some(events) = self.events.as_ref() else {
-                return Err(TransferError::Io("completion channel closed".into()));
+                return Err(TransferError::io_other("completion channel", "closed"));
             };
             let mut guard = match tokio::time::timeout_at(deadline, events.readable()).await {
-                Ok(g) => g?,
+                Ok(g) => g.map_err(|e| TransferError::io("completion channel", e))?,
                 Err(_) => {
                     return Err(TransferError::Timeout {
                         peer: "rdma".into(),

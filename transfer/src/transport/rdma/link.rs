@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::error::Missing;
 use crate::transport::tcp::conn::Conn;
 use tokio::io::AsyncReadExt;
 
@@ -76,14 +77,14 @@ impl RdmaPeer {
     ) -> Result<(), TransferError> {
         self.nic.device("no local RDMA device")?;
         if !hello.rdma {
-            return Err(TransferError::Unsupported(format!(
-                "{peer} has no RDMA device"
-            )));
+            return Err(TransferError::Unsupported(Missing::PeerRdma {
+                peer: peer.to_string(),
+            }));
         }
         if self.disabled.load(Ordering::Relaxed) {
-            return Err(TransferError::Unsupported(format!(
-                "rdma to {peer} is off: it failed before any op succeeded"
-            )));
+            return Err(TransferError::Unsupported(Missing::RdmaDisabled {
+                peer: peer.to_string(),
+            }));
         }
         let token = Arc::new(());
         let link = match open_link(inner, &self.nic, peer, token.clone()).await {
@@ -186,7 +187,10 @@ async fn open_link(
     let resp = Response::decode(&head)?;
     if resp.status != Status::Ok {
         let reason = bounded(peer, timeout, read_message(&mut conn, resp.message_len)).await?;
-        return Err(TransferError::Unsupported(format!("{peer}: {reason}")));
+        return Err(TransferError::Unsupported(Missing::PeerRefused {
+            peer: peer.to_string(),
+            reason,
+        }));
     }
     if resp.payload_len != RDMA_ENDPOINT_BYTES as u64 {
         return Err(TransferError::Connection {

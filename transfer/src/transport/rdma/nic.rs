@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::verbs::{self, RcQueuePair, RdmaDevice, RdmaEndpoint, RdmaMemory};
 use crate::core::lock;
+use crate::error::Missing;
 use crate::segment::RdmaKey;
 use crate::{SegmentId, SharedRegion, TransferError};
 
@@ -48,10 +49,12 @@ impl Nic {
     }
 
     /// The opened device; `Unsupported(why)` without one.
-    pub(super) fn device(&self, why: &str) -> Result<&Arc<RdmaDevice>, TransferError> {
+    pub(super) fn device(&self, why: &'static str) -> Result<&Arc<RdmaDevice>, TransferError> {
         self.device
             .as_ref()
-            .ok_or_else(|| TransferError::Unsupported(why.into()))
+            .ok_or(TransferError::Unsupported(Missing::RdmaDevice {
+                what: why,
+            }))
     }
 
     /// Register a segment with the NIC; failure is logged and leaves the
@@ -101,9 +104,9 @@ impl ServedQps {
         remote: RdmaEndpoint,
     ) -> Result<RdmaEndpoint, TransferError> {
         if self.0.len() >= MAX_SERVED_QPS {
-            return Err(TransferError::Unsupported(
-                "too many queue pairs on one connection".into(),
-            ));
+            return Err(TransferError::Unsupported(Missing::QueuePairs {
+                max: MAX_SERVED_QPS,
+            }));
         }
         let mut qp = RcQueuePair::create(nic.device("no RDMA device")?)?;
         qp.connect(remote)?;

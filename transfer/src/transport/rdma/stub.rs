@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::core::{Inner, OpResult, PreparedOp};
+use crate::error::Missing;
 use crate::hello::Hello;
 use crate::segment::RdmaKey;
 use crate::transport::contract::BatchTransport;
@@ -12,7 +13,7 @@ use crate::transport::tcp::protocol::RdmaEndpoint;
 use crate::{SegmentId, SharedRegion, TransferError};
 
 fn unsupported() -> TransferError {
-    TransferError::Unsupported("built without the rdma feature".into())
+    TransferError::Unsupported(Missing::RdmaFeature)
 }
 
 /// No NIC: nothing registers, no segment has a key.

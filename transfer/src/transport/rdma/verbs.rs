@@ -23,6 +23,7 @@ use ibverbs_sys as ffi;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use crate::error::Missing;
 use crate::segment::RdmaKey;
 pub use crate::transport::tcp::protocol::RdmaEndpoint;
 use crate::{OpKind, SharedRegion, TransferError};
@@ -56,15 +57,12 @@ pub fn log_devices_once() {
     });
 }
 
-fn os_err(what: &str) -> TransferError {
-    TransferError::Io(format!("{what}: {}", std::io::Error::last_os_error()))
+fn os_err(what: &'static str) -> TransferError {
+    TransferError::io(what, std::io::Error::last_os_error())
 }
 
-pub(super) fn errno_err(what: &str, errno: i32) -> TransferError {
-    TransferError::Io(format!(
-        "{what}: {}",
-        std::io::Error::from_raw_os_error(errno)
-    ))
+pub(super) fn errno_err(what: &'static str, errno: i32) -> TransferError {
+    TransferError::io(what, std::io::Error::from_raw_os_error(errno))
 }
 
 /// A reaped work completion: its `wr_id` and outcome.
@@ -106,7 +104,9 @@ impl RdmaDevice {
                 if !list.is_null() {
                     ffi::ibv_free_device_list(list);
                 }
-                return Err(TransferError::Unsupported("no RDMA device".into()));
+                return Err(TransferError::Unsupported(Missing::RdmaDevice {
+                    what: "no RDMA device",
+                }));
             }
             let mut chosen = None;
             for i in 0..n as usize {
@@ -121,9 +121,9 @@ impl RdmaDevice {
             }
             let Some((dev, name)) = chosen else {
                 ffi::ibv_free_device_list(list);
-                return Err(TransferError::Unsupported(format!(
-                    "no RDMA device named {want:?}"
-                )));
+                return Err(TransferError::Unsupported(Missing::RdmaDeviceNamed {
+                    want: want.map(str::to_owned),
+                }));
             };
             let ctx = ffi::ibv_open_device(dev);
             ffi::ibv_free_device_list(list);
@@ -306,7 +306,7 @@ impl RcQueuePair {
         // SAFETY: the fd stays open while the AsyncFd lives: Drop takes the
         // AsyncFd out before destroying the channel that owns the fd.
         let events = unsafe { AsyncFd::register_with_interest(ChannelFd(fd), Interest::READABLE) }
-            .map_err(std::io::Error::from)?;
+            .map_err(|e| TransferError::io("completion channel register", e.into()))?;
         this.events = Some(events);
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
@@ -420,7 +420,12 @@ impl RcQueuePair {
         // SAFETY: valid QP and attribute struct.
         let rc = unsafe { ffi::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
-            return Err(errno_err(&format!("ibv_modify_qp to {step}"), rc));
+            let e = std::io::Error::from_raw_os_error(rc);
+            return Err(TransferError::Io {
+                op: "ibv_modify_qp",
+                kind: e.kind(),
+                reason: format!("to {step}: {e}"),
+            });
         }
         Ok(())
     }
@@ -465,9 +470,9 @@ impl RcQueuePair {
             match ops.post_send.as_mut() {
                 Some(post) => post(self.qp, &mut wr, &mut bad),
                 None => {
-                    return Err(TransferError::Unsupported(
-                        "provider has no post_send".into(),
-                    ))
+                    return Err(TransferError::Unsupported(Missing::ProviderOp {
+                        op: "post_send",
+                    }))
                 }
             }
         };
@@ -505,7 +510,7 @@ mod tests {
         if device_names().is_empty() {
             assert!(matches!(
                 RdmaDevice::open(None),
-                Err(TransferError::Unsupported(_))
+                Err(TransferError::Unsupported(Missing::RdmaDevice { .. }))
             ));
         }
     }

@@ -78,11 +78,13 @@ pub(crate) struct ShmLink {
 
 impl ShmLink {
     fn connect(name: &str, maps: Arc<MapCache>) -> Result<Self, TransferError> {
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-        let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
-        s.set_nonblocking(true)?;
+        let io = |op| move |e| TransferError::io(op, e);
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(io("shm socket name"))?;
+        let s = std::os::unix::net::UnixStream::connect_addr(&addr).map_err(io("shm connect"))?;
+        s.set_nonblocking(true).map_err(io("shm set_nonblocking"))?;
         Ok(ShmLink {
-            stream: UnixStream::from_std(s)?,
+            stream: UnixStream::from_std(s).map_err(io("shm register"))?,
             maps,
         })
     }
@@ -191,7 +193,7 @@ impl ShmLink {
                 .collect();
             tokio::task::spawn_blocking(move || copy_all(&work, &corrupt))
                 .await
-                .map_err(|e| TransferError::Io(format!("copy task failed: {e}")))?
+                .map_err(|e| TransferError::io_other("shm copy task", e))?
         } else {
             copy_all(&copies, &corrupt)
         };

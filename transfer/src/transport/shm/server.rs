@@ -12,6 +12,7 @@ use tokio::net::{UnixListener, UnixStream};
 use super::fds::send_with_fds;
 use super::wire::{u64_at, KIND_CHECK, KIND_MAP, KIND_NOTIFY, ST_OK, ST_OOB, ST_UNKNOWN};
 use crate::core::Inner;
+use crate::error::BadInput;
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
 use crate::segment::SegmentId;
 use crate::transport::io::bounded;
@@ -24,10 +25,15 @@ pub(crate) fn socket_name(pid: u32, port: u16) -> String {
 
 /// Bind the shm service socket (abstract namespace: nothing to clean up).
 pub(crate) fn bind(name: &str) -> Result<UnixListener, TransferError> {
-    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)?;
-    std_listener.set_nonblocking(true)?;
-    Ok(UnixListener::from_std(std_listener)?)
+    let io = |op| move |e| TransferError::io(op, e);
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(io("shm socket name"))?;
+    let std_listener =
+        std::os::unix::net::UnixListener::bind_addr(&addr).map_err(io("shm bind"))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(io("shm set_nonblocking"))?;
+    UnixListener::from_std(std_listener).map_err(io("shm register"))
 }
 
 /// Serve local peers until the task is aborted.
@@ -54,7 +60,10 @@ async fn serve(mut s: UnixStream, inner: &Inner) -> Result<(), TransferError> {
     // Secured modes: only processes of this user (who could ptrace this one
     // anyway) are handed memory; anyone else is refused before any op.
     if crate::transport::tcp::conn::secured(inner).is_some() {
-        let uid = s.peer_cred()?.uid();
+        let uid = s
+            .peer_cred()
+            .map_err(|e| TransferError::io("shm peer_cred", e))?
+            .uid();
         // SAFETY: geteuid has no preconditions and cannot fail.
         let ours = unsafe { libc::geteuid() };
         if uid != ours {
@@ -122,9 +131,11 @@ async fn serve(mut s: UnixStream, inner: &Inner) -> Result<(), TransferError> {
                 bounded("shm peer", timeout, s.write_all(&[ST_OK])).await?;
             }
             k => {
-                return Err(TransferError::InvalidArgument(format!(
-                    "bad shm request kind {k} / size {count}"
-                )))
+                return Err(TransferError::InvalidArgument(BadInput::BadRequest {
+                    transport: "shm",
+                    kind: k,
+                    len: u64::from(count),
+                }))
             }
         }
     }

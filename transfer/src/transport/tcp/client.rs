@@ -17,6 +17,7 @@ use super::protocol::{
 };
 use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::error::Missing;
 use crate::hello::Hello;
 use crate::metrics::TransportLabel;
 use crate::op::{OpKind, TransferOp};
@@ -29,7 +30,9 @@ pub(crate) async fn connect(inner: &Inner, addr: &str) -> Result<(Link, Hello), 
     let timeout = inner.config.op_timeout();
     let stream = bounded(addr, timeout, TcpStream::connect(addr)).await?;
     inner.metrics.link_opened(TransportLabel::Tcp);
-    stream.set_nodelay(true)?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| TransferError::io("tcp set_nodelay", e))?;
     open(inner, addr, stream).await
 }
 
@@ -362,7 +365,10 @@ pub(crate) fn refusal(
             offset: op.remote_offset.wrapping_add(at),
             len,
         },
-        Status::Unsupported => TransferError::Unsupported(format!("{peer}: {reason}")),
+        Status::Unsupported => TransferError::Unsupported(Missing::PeerRefused {
+            peer: peer.to_string(),
+            reason,
+        }),
         Status::Forbidden => TransferError::Forbidden {
             peer: peer.to_string(),
             reason,

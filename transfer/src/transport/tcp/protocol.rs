@@ -9,6 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::BadInput;
 use crate::segment::RdmaKey;
 use crate::TransferError;
 
@@ -90,9 +91,9 @@ impl Request {
             4 => RequestKind::RdmaConnect,
             5 => RequestKind::RdmaRange,
             k => {
-                return Err(TransferError::InvalidArgument(format!(
-                    "unknown request kind {k}"
-                )))
+                return Err(TransferError::InvalidArgument(
+                    BadInput::UnknownRequestKind { kind: k },
+                ))
             }
         };
         let w = |i: usize| u64_at(b, 8 + 8 * i);
@@ -192,9 +193,9 @@ impl Response {
             5 => Status::Unsupported,
             6 => Status::Forbidden,
             s => {
-                return Err(TransferError::InvalidArgument(format!(
-                    "unknown response status {s}"
-                )))
+                return Err(TransferError::InvalidArgument(BadInput::UnknownStatus {
+                    status: s,
+                }))
             }
         };
         Ok(Response {
@@ -226,16 +227,18 @@ impl RdmaEndpoint {
     /// Decode; refuses a wrong length, set reserved bytes, or a queue pair
     /// number that is not a 24-bit nonzero value.
     pub fn decode(b: &[u8]) -> Result<Self, TransferError> {
-        let bad = |why: &str| TransferError::InvalidArgument(format!("bad rdma endpoint: {why}"));
+        let bad = TransferError::InvalidArgument;
         if b.len() != RDMA_ENDPOINT_BYTES {
-            return Err(bad(&format!("{} bytes", b.len())));
+            return Err(bad(BadInput::RdmaEndpointLen {
+                len: b.len() as u64,
+            }));
         }
         if b[6] != 0 || b[7] != 0 {
-            return Err(bad("reserved bytes set"));
+            return Err(bad(BadInput::RdmaEndpointReserved));
         }
         let qp_num = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
         if qp_num == 0 || qp_num > 0x00ff_ffff {
-            return Err(bad(&format!("queue pair number {qp_num:#x}")));
+            return Err(bad(BadInput::RdmaQueuePair { qp_num }));
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[8..24]);
@@ -260,10 +263,9 @@ impl RdmaKey {
     /// Decode; refuses a wrong length or set reserved bytes.
     pub fn decode(b: &[u8]) -> Result<Self, TransferError> {
         if b.len() != RDMA_KEY_BYTES || b[12..].iter().any(|&x| x != 0) {
-            return Err(TransferError::InvalidArgument(format!(
-                "bad rdma key ({} bytes)",
-                b.len()
-            )));
+            return Err(TransferError::InvalidArgument(BadInput::RdmaKey {
+                len: b.len(),
+            }));
         }
         Ok(RdmaKey {
             addr: u64_at(b, 0),

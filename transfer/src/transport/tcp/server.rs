@@ -19,6 +19,7 @@ use super::protocol::{
 };
 use crate::checksum::checksum;
 use crate::core::Inner;
+use crate::error::BadInput;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
 use crate::security::{ConnMac, CAPABILITY_BYTES};
@@ -51,7 +52,9 @@ async fn serve_connection(
     inner: &Inner,
     nic: &Nic,
 ) -> Result<(), TransferError> {
-    stream.set_nodelay(true)?;
+    stream
+        .set_nodelay(true)
+        .map_err(|e| TransferError::io("tcp set_nodelay", e))?;
     let timeout = inner.config.op_timeout();
     let peer = stream
         .peer_addr()
@@ -258,10 +261,13 @@ impl Served<'_> {
         wr: &mut W,
     ) -> Result<(), TransferError> {
         if req.slice_len > MAX_NOTIFY_BYTES {
-            let msg = format!("notification of {} bytes is too large", req.slice_len);
-            self.refuse(wr, &Refusal::new(Status::BadRequest, 0, msg.clone()))
+            let bad = BadInput::NotificationTooLarge {
+                len: req.slice_len,
+                max: MAX_NOTIFY_BYTES,
+            };
+            self.refuse(wr, &Refusal::new(Status::BadRequest, 0, bad.to_string()))
                 .await?;
-            return Err(TransferError::InvalidArgument(msg));
+            return Err(TransferError::InvalidArgument(bad));
         }
         let mut payload = vec![0u8; req.slice_len as usize];
         self.rest(head, &mut payload, rd).await?;
@@ -287,7 +293,13 @@ impl Served<'_> {
                 req.slice_len
             }
             RequestKind::RdmaRange => 0,
-            _ => return Err(TransferError::InvalidArgument("bad rdma request".into())),
+            kind => {
+                return Err(TransferError::InvalidArgument(BadInput::BadRequest {
+                    transport: "rdma",
+                    kind: kind as u8,
+                    len: req.slice_len,
+                }))
+            }
         };
         let mut extra = vec![0u8; n as usize];
         self.rest(head, &mut extra, rd).await?;
@@ -306,10 +318,10 @@ impl Served<'_> {
         wr: &mut W,
     ) -> Result<(), TransferError> {
         if req.slice_len != RDMA_ENDPOINT_BYTES as u64 {
-            let msg = format!("rdma endpoint of {} bytes", req.slice_len);
-            self.answer(wr, &Refusal::new(Status::BadRequest, 0, msg.clone()))
+            let bad = BadInput::RdmaEndpointLen { len: req.slice_len };
+            self.answer(wr, &Refusal::new(Status::BadRequest, 0, bad.to_string()))
                 .await?;
-            return Err(TransferError::InvalidArgument(msg));
+            return Err(TransferError::InvalidArgument(bad));
         }
         let mut theirs = [0u8; RDMA_ENDPOINT_BYTES];
         bounded(&self.peer, self.timeout, rd.read_exact(&mut theirs)).await?;

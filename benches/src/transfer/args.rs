@@ -1,0 +1,86 @@
+//! The flags of `kvfabric bench transfer` and what they configure: the
+//! engines' config and, under `--security`, a node's identity. A leaf: the
+//! bench's driver, its peer and its security section import it.
+
+use std::sync::Arc;
+
+use kvfabric_transfer::security::{NodeIdentity, SecurityConfig, SecurityMode};
+use kvfabric_transfer::{TransferConfig, TransportChoice};
+
+/// Arguments of `kvfabric bench transfer`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TransferArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Bytes per op in the headline throughput runs.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub op_bytes: u64,
+    /// Ops per batch in the headline throughput runs.
+    #[arg(long, default_value_t = 16)]
+    pub batch_ops: u64,
+    /// Seconds per headline throughput measurement (iperf3 too).
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+    /// Round trips measured for the 4 KiB latency (and for the ping-pong).
+    #[arg(long, default_value_t = 5000)]
+    pub small_iters: usize,
+    /// Op sizes of the sweep, in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [4096u64, 65536, 1 << 20, 4 << 20, 16 << 20])]
+    pub sweep: Vec<u64>,
+    /// Milliseconds per sweep point.
+    #[arg(long, default_value_t = 500)]
+    pub sweep_ms: u64,
+    /// Size of the segments read from, in bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub segment_bytes: u64,
+    /// Override the engine's slice size (bytes).
+    #[arg(long)]
+    pub slice_bytes: Option<usize>,
+    /// Override the engine's connections per peer.
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Also measure tcp throughput in this security mode: none, authenticate or encrypt.
+    #[arg(long, default_value = "none")]
+    pub security: String,
+    /// Act as the bench's remote peer, listening here (used by the bench itself).
+    #[arg(long, hide = true)]
+    pub peer_listen: Option<String>,
+    /// The peer's certificates (with `--security`; used by the bench itself).
+    #[arg(long, hide = true)]
+    pub certs_dir: Option<std::path::PathBuf>,
+}
+
+/// The identity of `node` in `--certs-dir` under `--security`, if secured.
+pub(super) fn identity(
+    args: &TransferArgs,
+    node: &str,
+) -> anyhow::Result<Option<Arc<NodeIdentity>>> {
+    let mode = SecurityMode::parse(&args.security)?;
+    match (&args.certs_dir, mode) {
+        (Some(dir), m) if m != SecurityMode::None => {
+            Ok(NodeIdentity::load(&SecurityConfig::from_dir(dir, node, m))?)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The engine config of the flags, on `transport`, listening on `listen`.
+pub(super) fn config(
+    args: &TransferArgs,
+    transport: TransportChoice,
+    listen: &str,
+) -> TransferConfig {
+    let mut c = TransferConfig {
+        listen: listen.to_string(),
+        transport,
+        ..TransferConfig::default()
+    };
+    if let Some(s) = args.slice_bytes {
+        c.slice_bytes = s;
+    }
+    if let Some(n) = args.connections {
+        c.connections_per_peer = n;
+    }
+    c
+}
