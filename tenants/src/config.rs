@@ -235,8 +235,16 @@ fn compile(spec: FileSpec) -> Result<Tenants, String> {
                 let what = |tier| format!("tenant {}: {tier}_share", t.name);
                 out.owners.push(OwnerShares {
                     owner: t.name.as_str().into(),
-                    ram: t.ram_share.as_ref().map(|s| s.check(&what("ram"))).transpose()?,
-                    disk: t.disk_share.as_ref().map(|s| s.check(&what("disk"))).transpose()?,
+                    ram: t
+                        .ram_share
+                        .as_ref()
+                        .map(|s| s.check(&what("ram")))
+                        .transpose()?,
+                    disk: t
+                        .disk_share
+                        .as_ref()
+                        .map(|s| s.check(&what("disk")))
+                        .transpose()?,
                 });
                 t.name.as_str().into()
             }
@@ -264,8 +272,16 @@ fn compile(spec: FileSpec) -> Result<Tenants, String> {
         let what = |tier| format!("shared namespace {}: {tier}_share", s.name);
         out.owners.push(OwnerShares {
             owner: shared_owner(&s.name),
-            ram: s.ram_share.as_ref().map(|x| x.check(&what("ram"))).transpose()?,
-            disk: s.disk_share.as_ref().map(|x| x.check(&what("disk"))).transpose()?,
+            ram: s
+                .ram_share
+                .as_ref()
+                .map(|x| x.check(&what("ram")))
+                .transpose()?,
+            disk: s
+                .disk_share
+                .as_ref()
+                .map(|x| x.check(&what("disk")))
+                .transpose()?,
         });
     }
     check_fractions(&out.owners, "ram")?;
@@ -347,7 +363,11 @@ mod tests {
             ram_share = 4096
             "#;
         let t = parse(text).expect("valid");
-        let owners: Vec<_> = t.owners().iter().map(|o| (&*o.owner, o.ram, o.disk)).collect();
+        let owners: Vec<_> = t
+            .owners()
+            .iter()
+            .map(|o| (&*o.owner, o.ram, o.disk))
+            .collect();
         use crate::Share::{Bytes, Fraction};
         assert_eq!(
             owners,

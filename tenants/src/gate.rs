@@ -333,7 +333,11 @@ impl TenantGate {
     /// that swaps a new file in (the store sets its tier shares this way).
     pub fn watch(&self, f: impl Fn(&Tenants) + Send + Sync + 'static) {
         f(&self.tenants());
-        let mut w = self.inner.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self
+            .inner
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         w.push(Box::new(f));
     }
 
@@ -355,7 +359,11 @@ impl TenantGate {
                 Ok(mut cur) => *cur = tenants.clone(),
                 Err(p) => *p.into_inner() = tenants.clone(),
             }
-            let watchers = self.inner.watchers.lock().unwrap_or_else(|p| p.into_inner());
+            let watchers = self
+                .inner
+                .watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             for w in watchers.iter() {
                 w(&tenants);
             }
@@ -447,7 +455,11 @@ mod tests {
         ));
         assert!(gate.authenticate(Some("Bearer k2")).is_ok());
         assert_eq!(who.owner().map(|o| &**o), Some("a"));
-        assert_eq!(*told.lock().expect("lock"), vec![1, 1], "now and once per reload");
+        assert_eq!(
+            *told.lock().expect("lock"),
+            vec![1, 1],
+            "now and once per reload"
+        );
 
         std::fs::write(&path, "[[tenants]\n").expect("write");
         assert!(gate.reload().is_err());
