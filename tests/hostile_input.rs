@@ -103,10 +103,16 @@ fn shaped(kind: Listener) -> Vec<Vec<u8>> {
             // SETTINGS of a length that is not a multiple of 6, truncated.
             cat(&[H2, &[0x0, 0x0, 0x7, 0x4, 0x0, 0x0, 0x0, 0x0, 0x0, 0x1]]),
             // HEADERS with garbage HPACK.
-            cat(&[H2, &[0x0, 0x0, 0x4, 0x1, 0x5, 0x0, 0x0, 0x0, 0x1, 0xff, 0xff, 0xff, 0xff]]),
+            cat(&[
+                H2,
+                &[
+                    0x0, 0x0, 0x4, 0x1, 0x5, 0x0, 0x0, 0x0, 0x1, 0xff, 0xff, 0xff, 0xff,
+                ],
+            ]),
             b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
         ],
-        Listener::Http => vec![
+        Listener::Http => {
+            vec![
             b"GET /metr".to_vec(),
             b"GET /health HTTP/1.1\r\nContent-Length: 18446744073709551615\r\n\r\n".to_vec(),
             b"POST /api/v1/capacity HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\nabc"
@@ -116,7 +122,8 @@ fn shaped(kind: Listener) -> Vec<Vec<u8>> {
             cat(&[b"GET / HTTP/1.1\r\nX-Big: ", &vec![b'a'; 1 << 20], b"\r\n\r\n"]),
             cat(&[b"GET /", &vec![b'%'; 64 * 1024], b" HTTP/1.1\r\n\r\n"]),
             b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec(),
-        ],
+        ]
+        }
         Listener::Transfer => {
             let ok = hello(0x5446_564b);
             let huge = u64::MAX;
@@ -125,7 +132,10 @@ fn shaped(kind: Listener) -> Vec<Vec<u8>> {
                 hello(0xdead_beef),
                 cat(&[&ok, &request(1, 0, [0, 0, huge, 0, huge, 0])]),
                 cat(&[&ok, &request(2, 0, [0, 0, huge, 0, huge, 0]), b"xyz"]),
-                cat(&[&ok, &request(2, 1, [7, 1 << 40, 1 << 40, 1 << 40, 1 << 30, 0])]),
+                cat(&[
+                    &ok,
+                    &request(2, 1, [7, 1 << 40, 1 << 40, 1 << 40, 1 << 30, 0]),
+                ]),
                 cat(&[&ok, &request(3, 0, [0, 0, huge, 0, huge, 0]), b"n"]),
                 cat(&[&ok, &request(4, 0, [0, 0, huge, 0, huge, 0])]),
                 cat(&[&ok, &request(5, 0, [0, 0, huge, 0, huge, 0])]),
@@ -256,7 +266,9 @@ async fn grpc_abuse(addr: &str, rng: &mut Rng) -> usize {
     let mut calls = 0;
     let mut bodies: Vec<Vec<u8>> = (0..6).map(|_| rng.bytes(512)).collect();
     // A field header claiming a 2^62-byte length-delimited field.
-    bodies.push(vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f]);
+    bodies.push(vec![
+        0x0a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f,
+    ]);
     // Over the node's message limit (and tonic's 4 MiB default).
     bodies.push(vec![0x0a; 80 << 20]);
     for path in METHODS {
@@ -271,9 +283,8 @@ async fn grpc_abuse(addr: &str, rng: &mut Rng) -> usize {
     }
     for body in &bodies {
         grpc.ready().await.expect("channel ready");
-        let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-            "/kvfabric.v1.CacheService/Put",
-        );
+        let path =
+            tonic::codegen::http::uri::PathAndQuery::from_static("/kvfabric.v1.CacheService/Put");
         let stream = futures::stream::iter(vec![body.clone(), body.clone()]);
         let _ = grpc
             .client_streaming::<_, Vec<u8>, Vec<u8>, Raw>(tonic::Request::new(stream), path, Raw)
