@@ -31,12 +31,11 @@ fn layout() -> KvLayout {
 
 const BLOCK: usize = 256 << 10;
 
-type Client = CacheServiceClient<
-    InterceptedService<
-        Channel,
-        Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>,
-    >,
->;
+/// The interceptor that adds a tenant's key.
+type AddKey =
+    Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send>;
+
+type Client = CacheServiceClient<InterceptedService<Channel, AddKey>>;
 
 async fn client(addr: &str, key: &str) -> Client {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
@@ -54,11 +53,10 @@ async fn client(addr: &str, key: &str) -> Client {
         }
     };
     let auth: MetadataValue<_> = format!("Bearer {key}").parse().expect("metadata");
-    let f: Box<dyn FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send> =
-        Box::new(move |mut r: tonic::Request<()>| {
-            r.metadata_mut().insert("authorization", auth.clone());
-            Ok(r)
-        });
+    let f: AddKey = Box::new(move |mut r: tonic::Request<()>| {
+        r.metadata_mut().insert("authorization", auth.clone());
+        Ok(r)
+    });
     CacheServiceClient::with_interceptor(channel, f)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20)
