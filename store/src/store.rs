@@ -81,8 +81,7 @@ impl Store {
         let mut recovered = 0usize;
         for (key, rec) in records {
             if inner.disk.claim(rec.extent) {
-                let rec_extent_len = rec.extent.len;
-                let (rec, _) = inner.blocks.insert(
+                inner.recover(
                     key,
                     Block {
                         layout: rec.layout,
@@ -103,15 +102,6 @@ impl Store {
                         flushing: false,
                     },
                 );
-                let disk_slot = inner.disk_order.insert(key, rec);
-                let owner_slot =
-                    inner
-                        .shares
-                        .enter(TierIx::Disk, Owner::NONE, key, rec, rec_extent_len);
-                if let Some(b) = inner.blocks.at_mut(rec) {
-                    b.disk_slot = disk_slot;
-                    b.disk_owner_slot = owner_slot;
-                }
                 recovered += 1;
             } else if let Some(d) = &disk {
                 tracing::warn!("disk index entry {key:?} overlaps another; dropped");
