@@ -398,3 +398,91 @@ async fn encrypt_mode_moves_sliced_reads_intact() {
     let r = reader.batch(&addr, ops).await;
     assert!(r.iter().all(|x| x.is_ok()), "{r:?}");
 }
+
+/// An embedded node `id` in `authenticate` mode with its certificate from
+/// `certs` (made by `kvfabric certs init`), moving blocks over tcp.
+async fn secure_embedded(
+    etcd: &EtcdProcess,
+    certs: &Path,
+    id: &str,
+) -> kvfabric_connector::EmbeddedNode {
+    let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+    let cfg = kvfabric_store::NodeConfig {
+        node_id: id.into(),
+        grpc_listen: std::net::SocketAddr::new(ip, 0),
+        http_listen: std::net::SocketAddr::new(ip, 0),
+        ram_capacity: bytesize::ByteSize::mib(256),
+        ..Default::default()
+    };
+    let cluster = kvfabric_store::cluster::ClusterConfig {
+        etcd: vec![etcd.endpoint()],
+        etcd_prefix: "/sec-engine".into(),
+        lease_ttl_ms: 2000,
+        transfer_listen: std::net::SocketAddr::new(ip, 0).to_string(),
+        // Bytes in flight: tcp (shm maps the holder's memory, nothing travels).
+        transfer_transport: "tcp".into(),
+        security: kvfabric_transfer::security::SecurityConfig::from_dir(
+            certs,
+            id,
+            SecurityMode::Authenticate,
+        ),
+        ..Default::default()
+    };
+    kvfabric_connector::EmbeddedNode::start(cfg, cluster)
+        .await
+        .expect("embedded node in authenticate mode")
+}
+
+/// `authenticate` mode with real engines: engine A's prefix, read by engine
+/// B from node A with one payload altered in flight, fails its keyed MAC;
+/// B counts the block as a failed load (a miss), recomputes, and its tokens
+/// and logits are bitwise those of a run with no cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_altered_block_is_a_miss_and_recomputed_bit_exact() {
+    use kvfabric_testkit::fabric::{engine, engine_config, generate, same_bits, tokens};
+    let dir = tempfile::tempdir().unwrap();
+    certs_init(dir.path(), "a,b");
+    let etcd = EtcdProcess::start().expect("etcd");
+    let a = secure_embedded(&etcd, dir.path(), "a").await;
+    let b = secure_embedded(&etcd, dir.path(), "b").await;
+    kvfabric_testkit::fabric::wait_members(&[&a, &b], 2).await;
+    let cfg = engine_config();
+    let (ea, eb) = (engine(Some(&a), &cfg), engine(Some(&b), &cfg));
+    // 5 full blocks, then 20 new tokens.
+    let prompt = tokens(31, 320);
+    let mut longer = prompt.clone();
+    longer.extend(tokens(32, 20));
+    let cold = generate(&eb.handle, &longer, 4, b"cold").await;
+    assert_eq!(cold.usage.cached_tokens, 0);
+
+    generate(&ea.handle, &prompt, 1, b"").await;
+    let ca = ea.connector.as_ref().expect("connector");
+    assert!(ca.flush(Duration::from_secs(30)), "A's saves finished");
+    assert_eq!(ca.stats().saved_blocks, 5);
+    // Node A alters the next payload it sends (under its MAC tag).
+    a.node().transfer().inject_payload_corruption(1);
+
+    let warm = generate(&eb.handle, &longer, 4, b"").await;
+    let cb = eb.connector.as_ref().expect("connector");
+    let st = cb.stats();
+    eprintln!(
+        "altered block: {} cached tokens, {} blocks loaded, {} failed (recomputed)",
+        warm.usage.cached_tokens, st.loaded_blocks, st.load_failed_blocks
+    );
+    assert!(
+        st.load_failed_blocks >= 1,
+        "the altered block was not counted as a failed load: {st:?}"
+    );
+    assert!(
+        warm.usage.cached_tokens < 320,
+        "the altered block was used: {} cached tokens",
+        warm.usage.cached_tokens
+    );
+    assert_eq!(
+        warm.tokens, cold.tokens,
+        "greedy tokens differ from a cold run"
+    );
+    for (w, c) in warm.logits.iter().zip(&cold.logits) {
+        assert!(same_bits(w, c), "logits differ from a cold run");
+    }
+}

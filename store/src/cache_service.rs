@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::ReadLease;
 use crate::store::{ReserveOutcome, Store};
-use crate::tenant_scope::PutKeyScope;
+use crate::tenant_scope::{put_owner, PutKeyScope};
 use crate::{BadArgument, StoreError};
 
 /// Size of the data chunks of a Get or Put stream.
@@ -121,6 +121,7 @@ impl CacheService for CacheServer {
     ) -> Result<Response<PutResponse>, Status> {
         // A tenant's put lands under its scoped key (`tenant_scope.rs`).
         let scope = req.extensions().get::<PutKeyScope>().cloned();
+        let owner = put_owner(&req).map(|name| self.store.owner(&name));
         let mut stream = req.into_inner();
         let first = stream
             .message()
@@ -191,6 +192,9 @@ impl CacheService for CacheServer {
             }
             ReserveOutcome::Reserved(r) => r,
         };
+        if let Some(owner) = owner {
+            reservation.set_owner(owner);
+        }
         // Dropping `reservation` on any error below revokes it.
         reservation.write(0, &first.data)?;
         let mut next = second;

@@ -30,6 +30,9 @@ mod node_server;
 mod planner;
 mod policy;
 mod shared;
+mod shares;
+#[cfg(test)]
+mod shares_tests;
 mod state;
 mod store;
 #[cfg(test)]
@@ -46,6 +49,7 @@ pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};
 pub use node_server::NodeServer;
 pub use planner::{CapacityReport, CurvePoint, TierCurve, SCALES as PLANNER_SCALES};
+pub use shares::{Owner, TierUsage};
 pub use store::{PutOptions, ReserveOutcome, Store};
 
 /// The Prometheus registry type `Store::open` registers into.

@@ -19,6 +19,7 @@ use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
 use crate::metrics::OpName;
 use crate::shared::Shared;
+use crate::shares::{Owner, TierIx};
 use crate::state::{Block, RES_CLOSED, RES_IDLE, RES_WRITING};
 use crate::{BadArgument, NoRoom, StoreError};
 
@@ -61,9 +62,17 @@ pub struct Reservation {
     pub(crate) hasher: Option<Box<Checksummer>>,
     /// How many leading bytes `hasher` has seen.
     pub(crate) hashed: u64,
+    /// Who the block counts to in the tiers' shares.
+    pub(crate) owner: Owner,
 }
 
 impl Reservation {
+    /// Count the block to `owner` (see [`crate::Store::owner`]; default:
+    /// [`Owner::NONE`]).
+    pub fn set_owner(&mut self, owner: Owner) {
+        self.owner = owner;
+    }
+
     /// The block's key.
     pub fn key(&self) -> &BlockKey {
         &self.key
@@ -213,6 +222,9 @@ impl Shared {
             disk_codec: Default::default(),
             ram_slot: 0,
             disk_slot: 0,
+            owner: r.owner,
+            ram_owner_slot: 0,
+            disk_owner_slot: 0,
             hard_pin: false,
             soft_pin_until: None,
             accesses: 1,
@@ -222,8 +234,12 @@ impl Shared {
         // Not stored (checked above): a new record.
         let (rec, _) = g.blocks.insert(r.key, block);
         let slot = g.ram_order.insert(r.key, rec);
+        let owner_slot = g
+            .shares
+            .enter(TierIx::Ram, r.owner, r.key, rec, r.extent.len);
         if let Some(b) = g.blocks.at_mut(rec) {
             b.ram_slot = slot;
+            b.ram_owner_slot = owner_slot;
         }
         g.note(&r.key, crate::changes::BlockChange::Stored);
         if g.ram.used() + r.len > self.ram_high {

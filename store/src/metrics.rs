@@ -25,6 +25,14 @@ pub struct TierLabel {
     pub tier: TierName,
 }
 
+/// Label set `{tenant=...,tier=...}` (the tenant is a tiers' share owner:
+/// a tenant's name, `shared:<name>`, or `default` for blocks of nobody).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantTierLabel {
+    pub tenant: String,
+    pub tier: TierName,
+}
+
 /// An operation, as a metric label.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum OpName {
@@ -66,6 +74,10 @@ pub struct StoreMetrics {
     pub lookup_miss_tokens: Counter,
     pub reservations_reclaimed: Counter,
     pub op_seconds: Family<OpLabel, Histogram, fn() -> Histogram>,
+    /// `kvfabric_tenant_tier_bytes`: bytes each owner's blocks hold per tier.
+    pub tenant_tier_bytes: Family<TenantTierLabel, Gauge>,
+    /// `kvfabric_tenant_tier_share_bytes`: each owner's guaranteed bytes.
+    pub tenant_tier_share_bytes: Family<TenantTierLabel, Gauge>,
 }
 
 impl StoreMetrics {
@@ -75,6 +87,16 @@ impl StoreMetrics {
         let r = registry.sub_registry_with_prefix("kvfabric_store");
         m.register_tier_families(r);
         m.register_lookups_and_ops(r);
+        registry.register(
+            "kvfabric_tenant_tier_bytes",
+            "Bytes of the tier held by a tenant's blocks (tiers' share owner)",
+            m.tenant_tier_bytes.clone(),
+        );
+        registry.register(
+            "kvfabric_tenant_tier_share_bytes",
+            "Bytes of the tier guaranteed to a tenant (tenants file ram_share/disk_share)",
+            m.tenant_tier_share_bytes.clone(),
+        );
         m
     }
 
@@ -96,6 +118,8 @@ impl StoreMetrics {
             lookup_miss_tokens: Counter::default(),
             reservations_reclaimed: Counter::default(),
             op_seconds: Family::new_with_constructor(latency_histogram),
+            tenant_tier_bytes: Family::default(),
+            tenant_tier_share_bytes: Family::default(),
         };
         // Every op's histogram exists from the start (a family with no
         // series is left out of `/metrics`; dashboards need it before the

@@ -162,7 +162,7 @@ impl NodeServer {
             grpc,
             http,
         } = self;
-        let auth = tenant_auth(store.config(), &mut registry)?;
+        let auth = tenant_auth(&store, &mut registry)?;
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.local_addr()?;
         let stop_rx = stop_signal(shutdown, node.clone());
@@ -198,17 +198,21 @@ impl NodeServer {
 }
 
 /// The tenant gate of the node's CacheService (its file reloaded in the
-/// background, its metrics in `registry`), as a gRPC interceptor.
+/// background, its metrics in `registry`, its tier shares given to `store`
+/// now and on each reload), as a gRPC interceptor.
 fn tenant_auth(
-    cfg: &NodeConfig,
+    store: &Store,
     registry: &mut Registry,
 ) -> Result<impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone, StoreError> {
+    let cfg = store.config();
     let tenants = TenantGate::from_config(
         cfg.tenants_file.as_deref(),
         TenantMetrics::default(),
         "grpc-cache-service",
     )?;
     tenants.metrics().register(registry);
+    let shares_of = store.clone();
+    tenants.watch(move |t| shares_of.set_shares(t));
     tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
     Ok(tenant_scope::authenticate(tenants))
 }

@@ -35,7 +35,7 @@ use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::state::Rec;
 
 pub use lirs::Lirs;
-use list::Queues;
+pub(crate) use list::Queues;
 pub use list::Slot;
 pub use s3fifo::S3Fifo;
 

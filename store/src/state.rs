@@ -17,6 +17,7 @@ use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
 use crate::policy::EvictionOrder;
+use crate::shares::{Owner, Shares, TierIx};
 
 mod block;
 mod blocks;
@@ -80,6 +81,8 @@ pub(crate) struct Inner {
     pub seen: SeenKeys,
     /// Where changes of what is stored go, for [`crate::Store::watch_changes`].
     pub changes: Option<Arc<ChangeFeed>>,
+    /// Bytes per owner per tier, and the owners' queues (`shares`).
+    pub shares: Shares,
 }
 
 impl Inner {
@@ -98,6 +101,7 @@ impl Inner {
             next_reservation: 0,
             seen: SeenKeys::default(),
             changes: None,
+            shares: Shares::new(cfg.tenants_file.is_some(), ram_capacity, disk_capacity),
         }
     }
 
@@ -160,6 +164,8 @@ impl Inner {
         let Some(ext) = b.ram.take() else { return };
         let gone = b.disk.is_none();
         self.ram_order.remove(b.ram_slot, key);
+        self.shares
+            .leave(TierIx::Ram, b.owner, b.ram_owner_slot, ext.len);
         self.release_ram(ext);
         if gone {
             self.blocks.remove(key);
@@ -177,10 +183,26 @@ impl Inner {
         let Some(ext) = b.disk.take() else { return };
         let gone = b.ram.is_none();
         self.disk_order.remove(b.disk_slot, key);
+        self.shares
+            .leave(TierIx::Disk, b.owner, b.disk_owner_slot, ext.len);
         self.release_disk(ext);
         if gone {
             self.blocks.remove(key);
             self.note(key, BlockChange::Removed);
+        }
+    }
+
+    /// A block of the disk index found at start (its disk copy claimed):
+    /// indexed and queued in the disk order, counted to nobody (the index
+    /// records no owner).
+    pub fn recover(&mut self, key: BlockKey, block: Block) {
+        let len = block.disk.map_or(0, |e| e.len);
+        let (rec, _) = self.blocks.insert(key, block);
+        let disk_slot = self.disk_order.insert(key, rec);
+        let owner_slot = self.shares.enter(TierIx::Disk, Owner::NONE, key, rec, len);
+        if let Some(b) = self.blocks.at_mut(rec) {
+            b.disk_slot = disk_slot;
+            b.disk_owner_slot = owner_slot;
         }
     }
 
@@ -202,10 +224,14 @@ impl Inner {
         self.note(key, BlockChange::Removed);
         if let Some(e) = b.ram {
             self.ram_order.remove(b.ram_slot, key);
+            self.shares
+                .leave(TierIx::Ram, b.owner, b.ram_owner_slot, e.len);
             self.release_ram(e);
         }
         if let Some(e) = b.disk {
             self.disk_order.remove(b.disk_slot, key);
+            self.shares
+                .leave(TierIx::Disk, b.owner, b.disk_owner_slot, e.len);
             self.release_disk(e);
         }
         Some(b)
@@ -221,18 +247,23 @@ impl Inner {
             blocks,
             ram_order,
             ram_leases,
+            shares,
             ..
         } = self;
-        ram_order.victim_at(|k, rec| {
-            blocks.prefetch_rec(rec);
-            blocks.prefetch_key(k);
+        let eligible = |k: &BlockKey, rec: Rec| {
             blocks.at(rec).is_some_and(|(key, b)| {
                 debug_assert_eq!(key, k, "order and index disagree on record {rec}");
                 !b.pinned(now)
                     && !b.flushing
                     && b.ram.is_some_and(|e| !ram_leases.contains_key(&e.offset))
             })
-        })
+        };
+        let proposed = ram_order.victim_at(|k, rec| {
+            blocks.prefetch_rec(rec);
+            blocks.prefetch_key(k);
+            eligible(k, rec)
+        })?;
+        Some(instead(shares, TierIx::Ram, blocks, proposed, eligible))
     }
 
     /// Start loading what the next RAM eviction reads first: the record and
@@ -251,13 +282,38 @@ impl Inner {
             blocks,
             disk_order,
             disk_reads,
+            shares,
             ..
         } = self;
-        disk_order.victim_at(|k, rec| {
+        let eligible = |k: &BlockKey, rec: Rec| {
             blocks.at(rec).is_some_and(|(key, b)| {
                 debug_assert_eq!(key, k, "order and index disagree on record {rec}");
                 !b.pinned(now) && b.disk.is_some_and(|e| !disk_reads.contains_key(&e.offset))
             })
-        })
+        };
+        let proposed = disk_order.victim_at(eligible)?;
+        Some(instead(shares, TierIx::Disk, blocks, proposed, eligible))
     }
+}
+
+/// The victim to take in `tier` when the order proposed `proposed`: an
+/// over-share owner's least recently read eligible block when `proposed`'s
+/// owner is at or under its share (`shares`), else `proposed`.
+fn instead(
+    shares: &Shares,
+    tier: TierIx,
+    blocks: &BlockMap,
+    proposed: BlockKey,
+    eligible: impl FnMut(&BlockKey, Rec) -> bool,
+) -> BlockKey {
+    if !shares.active() {
+        return proposed;
+    }
+    let Some(owner) = blocks.get(&proposed).map(|b| b.owner) else {
+        return proposed;
+    };
+    shares
+        .instead_of(tier, owner)
+        .and_then(|over| shares.oldest(tier, over, eligible))
+        .unwrap_or(proposed)
 }

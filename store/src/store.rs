@@ -25,6 +25,7 @@ use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
 use crate::node_config::NodeConfig;
 use crate::planner::CapacityReport;
 use crate::shared::Shared;
+use crate::shares::{Owner, TierIx};
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
 use crate::{BadArgument, StoreError};
 
@@ -37,6 +38,8 @@ pub struct PutOptions {
     pub tokens: u32,
     /// Expected xxh3-64 of the data; a mismatch fails the put.
     pub checksum: Option<u64>,
+    /// Who the block counts to in the tiers' shares ([`Store::owner`]).
+    pub owner: Owner,
 }
 
 /// Result of [`Store::reserve`].
@@ -78,7 +81,7 @@ impl Store {
         let mut recovered = 0usize;
         for (key, rec) in records {
             if inner.disk.claim(rec.extent) {
-                let (rec, _) = inner.blocks.insert(
+                inner.recover(
                     key,
                     Block {
                         layout: rec.layout,
@@ -90,16 +93,15 @@ impl Store {
                         disk_codec: rec.codec,
                         ram_slot: 0,
                         disk_slot: 0,
+                        owner: Owner::NONE,
+                        ram_owner_slot: 0,
+                        disk_owner_slot: 0,
                         hard_pin: false,
                         soft_pin_until: None,
                         accesses: 0,
                         flushing: false,
                     },
                 );
-                let disk_slot = inner.disk_order.insert(key, rec);
-                if let Some(b) = inner.blocks.at_mut(rec) {
-                    b.disk_slot = disk_slot;
-                }
                 recovered += 1;
             } else if let Some(d) = &disk {
                 tracing::warn!("disk index entry {key:?} overlaps another; dropped");
@@ -198,6 +200,7 @@ impl Store {
             started,
             hasher: Some(Box::new(Checksummer::new())),
             hashed: 0,
+            owner: Owner::NONE,
         }))
     }
 
@@ -212,6 +215,7 @@ impl Store {
         match self.reserve(key, layout, data.len() as u64, opts.tokens, opts.durable)? {
             ReserveOutcome::Present(p) => Ok(p),
             ReserveOutcome::Reserved(mut r) => {
+                r.set_owner(opts.owner);
                 r.write(0, data)?;
                 r.commit(opts.checksum)
             }
@@ -260,11 +264,12 @@ impl Store {
             if let Some(ram) = b.ram {
                 let at = copy.as_deref().map_or(0, |c| c.offset.min(b.len));
                 self.shared.prefetch_ram(ram.offset + at);
-                let slot = b.ram_slot;
+                let (slot, owner, owner_slot) = (b.ram_slot, b.owner, b.ram_owner_slot);
                 // The order's node arrives while the lease is counted.
                 g.ram_order.prefetch(slot);
                 g.lease_ram(ram);
                 g.ram_order.touch(slot, key);
+                g.shares.touch(TierIx::Ram, owner, owner_slot);
                 StoreMetrics::tier(&m.hits, TierName::Ram).inc();
                 let lease = ReadLease {
                     shared: self.shared.clone(),
@@ -275,8 +280,9 @@ impl Store {
             }
             let Some(dext) = b.disk else { return Ok(None) };
             StoreMetrics::tier(&m.misses, TierName::Ram).inc();
-            let slot = b.disk_slot;
+            let (slot, owner, owner_slot) = (b.disk_slot, b.owner, b.disk_owner_slot);
             g.disk_order.touch(slot, key);
+            g.shares.touch(TierIx::Disk, owner, owner_slot);
             g.lease_disk(dext);
             drop(g);
             let filling = copy.take();
@@ -458,6 +464,7 @@ impl Store {
             let disk_blocks = g.blocks.values().filter(|b| b.disk.is_some()).count() as u64;
             (g.ram.used(), ram_blocks, g.disk.used(), disk_blocks)
         };
+        self.tenant_usage(); // refreshes the per-tenant gauges
         let mut tiers = vec![self.tier_stats(
             Tier::Ram,
             TierName::Ram,

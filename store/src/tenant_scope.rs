@@ -46,6 +46,24 @@ impl PutKeyScope {
     }
 }
 
+/// Metadata a trusted caller (an engine putting a tenant's blocks) names the
+/// tiers' share owner of a put with (a tenant's name, or `shared:<name>`).
+pub const OWNER_METADATA: &str = "x-kvfabric-owner";
+
+/// Who a put's block counts to in the tiers' shares (`shares`): the calling
+/// tenant's owner; a trusted tenant may name another in
+/// [`OWNER_METADATA`]. `None`: nobody (single-tenant mode).
+pub fn put_owner<T>(req: &Request<T>) -> Option<String> {
+    let who = req.extensions().get::<Identity>()?;
+    let tenant = who.tenant()?;
+    let named = req
+        .metadata()
+        .get(OWNER_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| tenant.trusted && !v.is_empty() && v.len() <= 80);
+    Some(named.map_or_else(|| tenant.owner.to_string(), str::to_string))
+}
+
 /// The interceptor: authenticate the `authorization` metadata with `gate`.
 pub fn authenticate(
     gate: TenantGate,

@@ -19,6 +19,7 @@ use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::{DiskAdmission, DiskCompression, WritePolicy};
 use crate::shared::Shared;
+use crate::shares::TierIx;
 use crate::state::{Block, Inner};
 use crate::{NoRoom, StoreError};
 
@@ -235,13 +236,17 @@ impl Shared {
         }
         self.metrics.observe(OpName::DiskWrite, started);
         let Inner {
-            blocks, disk_order, ..
+            blocks,
+            disk_order,
+            shares,
+            ..
         } = &mut *g;
         match blocks.get_mut_rec(key) {
             Some((rec, b)) if b.ram == Some(ram) && b.disk.is_none() => {
                 b.disk = Some(dext);
                 b.disk_codec = codec;
                 b.disk_slot = disk_order.insert(*key, rec);
+                b.disk_owner_slot = shares.enter(TierIx::Disk, b.owner, *key, rec, dext.len);
                 Ok(true)
             }
             _ => {
@@ -325,12 +330,16 @@ impl Shared {
         }
         StoreMetrics::tier(&self.metrics.hits, TierName::Disk).inc();
         let Inner {
-            blocks, ram_order, ..
+            blocks,
+            ram_order,
+            shares,
+            ..
         } = &mut *g;
         match blocks.get_mut_rec(key) {
             Some((rec, b)) if b.ram.is_none() && b.disk == Some(dext) => {
                 b.ram = Some(ram);
                 b.ram_slot = ram_order.insert(*key, rec);
+                b.ram_owner_slot = shares.enter(TierIx::Ram, b.owner, *key, rec, ram.len);
                 g.note(key, crate::changes::BlockChange::Tier);
                 StoreMetrics::tier(&self.metrics.promotions, TierName::Ram).inc();
                 Ok(Some(ram))

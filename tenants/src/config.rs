@@ -10,10 +10,13 @@
 //! rate_burst = 10                    # optional; bucket size, default max(1, ceil(rate))
 //! max_concurrent = 4                 # optional; requests in flight at once
 //! trusted = false                    # gRPC: keys used as sent, not scoped (engines, operators)
+//! ram_share = 0.25                   # optional; guaranteed part of the RAM tier
+//! disk_share = "100GiB"              # optional; of the disk tier (see `shares`)
 //!
 //! [[shared]]
 //! name = "public"                    # a shared namespace
 //! members = ["acme", "beta"]         # these tenants use it instead of their own
+//! ram_share = 0.1                    # optional; the shared namespace is one owner
 //! ```
 //!
 //! Everything that would make two tenants share blocks by accident is
@@ -29,6 +32,7 @@ use serde::Deserialize;
 
 use crate::keys::KeyHash;
 use crate::namespace::{shared_namespace, tenant_namespace};
+use crate::shares::{check_fractions, shared_owner, OwnerShares, ShareSpec};
 use crate::TenantsError;
 
 #[derive(Debug, Deserialize)]
@@ -52,6 +56,8 @@ struct TenantSpec {
     max_concurrent: Option<u32>,
     #[serde(default)]
     trusted: bool,
+    ram_share: Option<ShareSpec>,
+    disk_share: Option<ShareSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -59,6 +65,8 @@ struct TenantSpec {
 struct SharedSpec {
     name: String,
     members: Vec<String>,
+    ram_share: Option<ShareSpec>,
+    disk_share: Option<ShareSpec>,
 }
 
 /// Per-tenant request limits (HTTP API).
@@ -86,6 +94,9 @@ pub struct Tenant {
     /// gRPC only: keys are used as sent (an engine in remote mode, an
     /// operator's tool), not scoped to the namespace.
     pub trusted: bool,
+    /// Who its blocks count to in the tiers' shares: its name, or
+    /// `shared:<name>` for a member of a shared namespace.
+    pub owner: Arc<str>,
 }
 
 /// A loaded tenants file.
@@ -93,6 +104,7 @@ pub struct Tenant {
 pub struct Tenants {
     by_key: HashMap<KeyHash, Arc<Tenant>>,
     tenants: Vec<Arc<Tenant>>,
+    owners: Vec<OwnerShares>,
 }
 
 impl Tenants {
@@ -125,6 +137,12 @@ impl Tenants {
     /// Every tenant, in file order.
     pub fn tenants(&self) -> &[Arc<Tenant>] {
         &self.tenants
+    }
+
+    /// Every owner of blocks (tenants outside shared namespaces, then the
+    /// shared namespaces) and its tier shares, in file order.
+    pub fn owners(&self) -> &[OwnerShares] {
+        &self.owners
     }
 }
 
@@ -206,6 +224,31 @@ fn compile(spec: FileSpec) -> Result<Tenants, String> {
             return Err(format!("namespace {own} is used by two tenants"));
         }
         let shared = member_of.get(t.name.as_str()).map(|s| s.to_string());
+        let owner = match &shared {
+            Some(s) => {
+                if t.ram_share.is_some() || t.disk_share.is_some() {
+                    return Err(format!("tenant {}: a member of shared namespace {s} has no share of its own (set it on the [[shared]] table)", t.name));
+                }
+                shared_owner(s)
+            }
+            None => {
+                let what = |tier| format!("tenant {}: {tier}_share", t.name);
+                out.owners.push(OwnerShares {
+                    owner: t.name.as_str().into(),
+                    ram: t
+                        .ram_share
+                        .as_ref()
+                        .map(|s| s.check(&what("ram")))
+                        .transpose()?,
+                    disk: t
+                        .disk_share
+                        .as_ref()
+                        .map(|s| s.check(&what("disk")))
+                        .transpose()?,
+                });
+                t.name.as_str().into()
+            }
+        };
         let tenant = Arc::new(Tenant {
             name: t.name.as_str().into(),
             namespace: match &shared {
@@ -215,6 +258,7 @@ fn compile(spec: FileSpec) -> Result<Tenants, String> {
             shared,
             limits: limits(t)?,
             trusted: t.trusted,
+            owner,
         });
         for k in &t.api_keys {
             let hash = KeyHash::parse(k).map_err(|e| format!("tenant {}: {e}", t.name))?;
@@ -224,6 +268,24 @@ fn compile(spec: FileSpec) -> Result<Tenants, String> {
         }
         out.tenants.push(tenant);
     }
+    for s in &spec.shared {
+        let what = |tier| format!("shared namespace {}: {tier}_share", s.name);
+        out.owners.push(OwnerShares {
+            owner: shared_owner(&s.name),
+            ram: s
+                .ram_share
+                .as_ref()
+                .map(|x| x.check(&what("ram")))
+                .transpose()?,
+            disk: s
+                .disk_share
+                .as_ref()
+                .map(|x| x.check(&what("disk")))
+                .transpose()?,
+        });
+    }
+    check_fractions(&out.owners, "ram")?;
+    check_fractions(&out.owners, "disk")?;
     Ok(out)
 }
 
@@ -280,6 +342,41 @@ mod tests {
         );
         assert!(t.find(&KeyHash::of("nobody")).is_none());
         assert_eq!(t.tenants().len(), 3);
+        assert_eq!(&*a.owner, "shared:public");
+        assert_eq!(&*b.owner, "b");
+    }
+
+    #[test]
+    fn owners_and_their_shares() {
+        let text = r#"
+            [[tenants]]
+            name = "a"
+            ram_share = 0.25
+            disk_share = "1GiB"
+            [[tenants]]
+            name = "b"
+            [[tenants]]
+            name = "c"
+            [[shared]]
+            name = "public"
+            members = ["c"]
+            ram_share = 4096
+            "#;
+        let t = parse(text).expect("valid");
+        let owners: Vec<_> = t
+            .owners()
+            .iter()
+            .map(|o| (&*o.owner, o.ram, o.disk))
+            .collect();
+        use crate::Share::{Bytes, Fraction};
+        assert_eq!(
+            owners,
+            vec![
+                ("a", Some(Fraction(0.25)), Some(Bytes(1 << 30))),
+                ("b", None, None),
+                ("shared:public", Some(Bytes(4096)), None),
+            ]
+        );
     }
 
     #[test]
@@ -296,6 +393,9 @@ mod tests {
             "[[tenants]]\nname=\"a\"\nrate_limit_per_s=0".to_string(),
             "[[tenants]]\nname=\"a\"\nmax_concurrent=0".to_string(),
             "[[tenants]]\nname=\"a\"\nunknown=1".to_string(),
+            "[[tenants]]\nname=\"a\"\nram_share=1.5".to_string(),
+            "[[tenants]]\nname=\"a\"\nram_share=0.6\n[[tenants]]\nname=\"b\"\nram_share=0.6".to_string(),
+            "[[tenants]]\nname=\"a\"\ndisk_share=0.5\n[[shared]]\nname=\"p\"\nmembers=[\"a\"]".to_string(),
         ];
         for c in cases {
             assert!(parse(&c).is_err(), "accepted:\n{c}");

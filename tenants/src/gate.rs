@@ -48,6 +48,12 @@ impl Identity {
         salted(base, cache_salt)
     }
 
+    /// Who this caller's blocks count to in the tiers' shares (see
+    /// [`crate::shares`]); `None` in single-tenant mode.
+    pub fn owner(&self) -> Option<&Arc<str>> {
+        self.tenant.as_ref().map(|t| &t.owner)
+    }
+
     /// gRPC: the key scope of this caller; `None` = keys used as sent
     /// (single-tenant mode, or a trusted tenant).
     pub fn key_scope(&self) -> Option<&[u8]> {
@@ -136,7 +142,12 @@ struct Inner {
     limits: Mutex<HashMap<Arc<str>, Arc<LimitState>>>,
     metrics: TenantMetrics,
     anonymous_limits: Arc<LimitState>,
+    /// Called with the tenants in force now and after each reload.
+    watchers: Mutex<Vec<Watcher>>,
 }
+
+/// A function told of the tenants in force (see [`TenantGate::watch`]).
+type Watcher = Box<dyn Fn(&Tenants) + Send + Sync>;
 
 /// Authentication, limits and namespaces of one listener; cheap to clone.
 #[derive(Clone)]
@@ -210,6 +221,7 @@ impl TenantGate {
                 limits: Mutex::new(HashMap::new()),
                 metrics,
                 anonymous_limits: Arc::new(LimitState::new()),
+                watchers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -332,6 +344,18 @@ impl TenantGate {
             .clone()
     }
 
+    /// Call `f` with the tenants in force now and again after every reload
+    /// that swaps a new file in (the store sets its tier shares this way).
+    pub fn watch(&self, f: impl Fn(&Tenants) + Send + Sync + 'static) {
+        f(&self.tenants());
+        let mut w = self
+            .inner
+            .watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        w.push(Box::new(f));
+    }
+
     /// Re-read the file now: `Ok(true)` when a changed, valid file was
     /// swapped in, `Ok(false)` when unchanged (or single-tenant mode). On an
     /// error the tenants in force stay.
@@ -344,11 +368,19 @@ impl TenantGate {
             if *loaded == digest {
                 return Ok(false);
             }
-            let tenants = Tenants::parse(&text, path)?;
+            let tenants = Arc::new(Tenants::parse(&text, path)?);
             let n = tenants.tenants().len();
             match self.inner.current.write() {
-                Ok(mut cur) => *cur = Arc::new(tenants),
-                Err(p) => *p.into_inner() = Arc::new(tenants),
+                Ok(mut cur) => *cur = tenants.clone(),
+                Err(p) => *p.into_inner() = tenants.clone(),
+            }
+            let watchers = self
+                .inner
+                .watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for w in watchers.iter() {
+                w(&tenants);
             }
             *loaded = digest;
             self.inner.metrics.configured.set(n as i64);
@@ -425,6 +457,9 @@ mod tests {
         let who = gate.authenticate(Some("Bearer k1")).expect("k1 valid");
         assert_eq!(who.label(), "a");
         assert_eq!(who.namespace(None), b"tenant:a");
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t2 = told.clone();
+        gate.watch(move |t| t2.lock().expect("lock").push(t.tenants().len()));
         assert!(!gate.reload().expect("unchanged"));
 
         std::fs::write(&path, file(&["k2"])).expect("write");
@@ -434,6 +469,12 @@ mod tests {
             Err(Denied::Unauthenticated { .. })
         ));
         assert!(gate.authenticate(Some("Bearer k2")).is_ok());
+        assert_eq!(who.owner().map(|o| &**o), Some("a"));
+        assert_eq!(
+            *told.lock().expect("lock"),
+            vec![1, 1],
+            "now and once per reload"
+        );
 
         std::fs::write(&path, "[[tenants]\n").expect("write");
         assert!(gate.reload().is_err());

@@ -9,6 +9,7 @@
 //! - [`namespace`]: the namespace bytes block keys are chained under, and
 //!   the gRPC key scope;
 //! - [`limits`]: per-tenant rate (token bucket) and concurrency limits;
+//! - [`shares`]: per-tenant shares of the node's RAM and disk tiers;
 //! - [`metrics`]: per-tenant Prometheus series;
 //! - [`gate`]: [`TenantGate`], the handle a listener asks, which reloads the
 //!   file without a restart;
@@ -26,9 +27,11 @@ pub mod keys;
 pub mod limits;
 pub mod metrics;
 pub mod namespace;
+pub mod shares;
 
 pub use config::{Limits, Tenant, Tenants};
 pub use error::TenantsError;
 pub use gate::{Admission, Denied, Identity, TenantGate};
 pub use keys::{bearer_key, new_key, KeyHash};
 pub use metrics::TenantMetrics;
+pub use shares::{OwnerShares, Share};

@@ -59,7 +59,7 @@ pub type Slot = u32;
 
 /// `Q` queues over one slab; every key is in at most one of them.
 #[derive(Debug)]
-pub(super) struct Queues<const Q: usize> {
+pub(crate) struct Queues<const Q: usize> {
     /// On huge pages: at a million blocks it is ~50 MB touched at random.
     nodes: HugeVec<Node, HugeAlloc>,
     free: Vec<Slot>,

@@ -8,6 +8,7 @@ use crate::disk_codec::DiskCodec;
 use crate::extent::Extent;
 use crate::keys::KvLayout;
 use crate::policy::Slot;
+use crate::shares::Owner;
 
 /// One stored block and where its copies are.
 #[derive(Debug)]
@@ -26,6 +27,11 @@ pub(crate) struct Block {
     pub ram_slot: Slot,
     /// The block's slot in `Inner::disk_order`, valid while `disk` is Some.
     pub disk_slot: Slot,
+    /// Who the block counts to in the tiers' shares (`shares`).
+    pub owner: Owner,
+    /// Its slots in its owner's RAM and disk queues (`Shares::enter`).
+    pub ram_owner_slot: Slot,
+    pub disk_owner_slot: Slot,
     pub hard_pin: bool,
     pub soft_pin_until: Option<Instant>,
     /// Puts and reads seen (disk admission "seen-twice").
