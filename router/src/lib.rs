@@ -27,6 +27,7 @@ mod disagg;
 mod error;
 mod metrics;
 pub mod pick;
+mod pick_params;
 mod pick_prefix;
 mod proxy;
 mod request;

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 
-use crate::pick::PickParams;
+use crate::pick_params::PickParams;
 
 /// What one engine holds of a prompt, in blocks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

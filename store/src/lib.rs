@@ -38,6 +38,7 @@ mod store;
 #[cfg(test)]
 mod store_tests;
 pub mod tenant_scope;
+mod tenant_usage;
 mod tiering;
 mod uring;
 

@@ -23,17 +23,12 @@ use std::sync::Arc;
 use kvfabric_tenants::shares::{resolve, OwnerShares, Share};
 #[cfg(doc)]
 use kvfabric_tenants::Identity;
-use kvfabric_tenants::Tenants;
 
 use crate::keys::BlockKey;
-use crate::metrics::{TenantTierLabel, TierName};
 use crate::policy::{Queues, Slot};
 use crate::state::Rec;
-#[cfg(doc)]
-use crate::store::PutOptions;
-use crate::Store;
 
-/// Who a block counts to (made by [`crate::Store::owner`]).
+/// Who a block counts to (made by `Store::owner`, `tenant_usage.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Owner(u32);
 
@@ -231,47 +226,6 @@ impl Shares {
                 disk_share: o.tiers[1].share,
             })
             .collect()
-    }
-}
-
-impl Store {
-    /// The owner named `name` (a tenant's [`Identity::owner`]); blocks put
-    /// with it count to its share ([`PutOptions::owner`],
-    /// [`crate::Reservation::set_owner`]).
-    pub fn owner(&self, name: &str) -> Owner {
-        self.shared.inner.lock().shares.owner(name)
-    }
-
-    /// Take the tier shares of `tenants` (the file in force; called again on
-    /// each reload). Enforced only when the store was opened with a tenants
-    /// file (`[node] tenants_file`).
-    pub fn set_shares(&self, tenants: &Tenants) {
-        self.shared.inner.lock().shares.configure(tenants.owners());
-    }
-
-    /// Every owner's bytes and shares of the tiers (also refreshes
-    /// `kvfabric_tenant_tier_bytes` and `kvfabric_tenant_tier_share_bytes`).
-    pub fn tenant_usage(&self) -> Vec<TierUsage> {
-        let usage = self.shared.inner.lock().shares.usage();
-        let m = &self.shared.metrics;
-        let has_disk = self.shared.disk.is_some();
-        for u in &usage {
-            let mut tiers = vec![(TierName::Ram, u.ram_used, u.ram_share)];
-            if has_disk {
-                tiers.push((TierName::Disk, u.disk_used, u.disk_share));
-            }
-            for (tier, used, share) in tiers {
-                let label = TenantTierLabel {
-                    tenant: u.owner.to_string(),
-                    tier,
-                };
-                m.tenant_tier_bytes.get_or_create(&label).set(used as i64);
-                m.tenant_tier_share_bytes
-                    .get_or_create(&label)
-                    .set(share as i64);
-            }
-        }
-        usage
     }
 }
 
