@@ -133,7 +133,11 @@ pub(crate) async fn send_payload<W: AsyncWrite + Unpin>(
     // vectored write with its header. In pieces it cost tcp throughput
     // ~12% (four writes per 1 MiB slice, each waking the reader on a
     // 2-core machine; issue #20's before/after bench).
-    let step = if tag.is_some() { PIECE } else { body.len().max(1) };
+    let step = if tag.is_some() {
+        PIECE
+    } else {
+        body.len().max(1)
+    };
     let pieces = body.len().div_ceil(step).max(1);
     for i in 0..pieces {
         let piece = &body[i * step..((i + 1) * step).min(body.len())];
