@@ -145,14 +145,8 @@ impl CacheService for CacheServer {
                 "block size {size} is outside 1..={max} (max_block_size)"
             )));
         }
-        let too_long = |n: u64| {
-            Status::invalid_argument(format!(
-                "put data is longer than the declared size {size} ({n}+ bytes)"
-            ))
-        };
-        let short = |n: u64| {
-            Status::invalid_argument(format!("put data is {n} bytes, the header declared {size}"))
-        };
+        let too_long = |n: u64| put_too_long(n, size);
+        let short = |n: u64| put_short(n, size);
         // Settle the common bad cases before reserving room (which may evict):
         // an inline put is checked whole, a streamed one must have a second message.
         let mut received = first.data.len() as u64;
@@ -174,17 +168,7 @@ impl CacheService for CacheServer {
         let mut reservation = match outcome {
             ReserveOutcome::Present(p) => {
                 // Idempotent: consume and check the stream, store nothing.
-                let mut next = second;
-                while let Some(m) = next.take() {
-                    received += m.data.len() as u64;
-                    if received > size {
-                        return Err(too_long(received));
-                    }
-                    next = stream.message().await?;
-                }
-                if received != size {
-                    return Err(short(received));
-                }
+                drain_put(&mut stream, second, received, size).await?;
                 return Ok(Response::new(PutResponse {
                     already_present: p.already_present,
                     tier: p.tier as i32,
@@ -338,4 +322,36 @@ pub(crate) fn get_range(
             },
         )),
     }
+}
+
+/// Read the rest of a put stream whose block is already present: the data
+/// must still add up to the declared `size` (nothing is stored).
+async fn drain_put(
+    stream: &mut Streaming<PutRequest>,
+    second: Option<PutRequest>,
+    mut received: u64,
+    size: u64,
+) -> Result<(), Status> {
+    let mut next = second;
+    while let Some(m) = next.take() {
+        received += m.data.len() as u64;
+        if received > size {
+            return Err(put_too_long(received, size));
+        }
+        next = stream.message().await?;
+    }
+    if received != size {
+        return Err(put_short(received, size));
+    }
+    Ok(())
+}
+
+fn put_too_long(n: u64, size: u64) -> Status {
+    Status::invalid_argument(format!(
+        "put data is longer than the declared size {size} ({n}+ bytes)"
+    ))
+}
+
+fn put_short(n: u64, size: u64) -> Status {
+    Status::invalid_argument(format!("put data is {n} bytes, the header declared {size}"))
 }
