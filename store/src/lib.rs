@@ -35,6 +35,7 @@ mod shares;
 mod shares_tests;
 mod state;
 mod store;
+mod store_stats;
 #[cfg(test)]
 mod store_tests;
 pub mod tenant_scope;

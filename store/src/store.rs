@@ -11,7 +11,6 @@ use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use kvfabric_proto::v1::{StatsResponse, Tier, TierStats};
 use kvfabric_transfer::checksum::Checksummer;
 use kvfabric_transfer::SharedRegion;
 use parking_lot::Mutex;
@@ -21,13 +20,14 @@ use crate::changes::ChangeFeed;
 use crate::disk::{DiskTier, DISK_ALIGN};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
-use crate::metrics::{OpName, StoreMetrics, TierLabel, TierName};
+use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::NodeConfig;
 use crate::planner::CapacityReport;
 use crate::shared::Shared;
 use crate::shares::{Owner, TierIx};
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
 use crate::{BadArgument, StoreError};
+use kvfabric_proto::v1::Tier;
 
 /// Options of a one-call put.
 #[derive(Clone, Copy, Debug, Default)]
@@ -453,75 +453,6 @@ impl Store {
     /// The capacity planner's curves (GET /api/v1/capacity, the Capacity RPC).
     pub fn capacity(&self) -> CapacityReport {
         self.shared.planner.report()
-    }
-
-    /// Per-tier gauges and counters (also refreshes the Prometheus gauges).
-    pub fn stats(&self) -> StatsResponse {
-        let s = &self.shared;
-        let (ram_used, ram_blocks, disk_used, disk_blocks) = {
-            let g = s.inner.lock();
-            let ram_blocks = g.blocks.values().filter(|b| b.ram.is_some()).count() as u64;
-            let disk_blocks = g.blocks.values().filter(|b| b.disk.is_some()).count() as u64;
-            (g.ram.used(), ram_blocks, g.disk.used(), disk_blocks)
-        };
-        self.tenant_usage(); // refreshes the per-tenant gauges
-        let mut tiers = vec![self.tier_stats(
-            Tier::Ram,
-            TierName::Ram,
-            s.region.len() as u64,
-            ram_used,
-            ram_blocks,
-        )];
-        if let Some(d) = &s.disk {
-            tiers.push(self.tier_stats(
-                Tier::Disk,
-                TierName::Disk,
-                d.capacity(),
-                disk_used,
-                disk_blocks,
-            ));
-        }
-        let m = &s.metrics;
-        StatsResponse {
-            node_id: s.cfg.node_id.clone(),
-            tiers,
-            hit_blocks: m.lookup_hit_blocks.get(),
-            miss_blocks: m.lookup_miss_blocks.get(),
-            hit_tokens: m.lookup_hit_tokens.get(),
-            miss_tokens: m.lookup_miss_tokens.get(),
-            ..Default::default()
-        }
-    }
-
-    fn tier_stats(
-        &self,
-        tier: Tier,
-        name: TierName,
-        cap: u64,
-        used: u64,
-        blocks: u64,
-    ) -> TierStats {
-        let m = &self.shared.metrics;
-        let label = TierLabel { tier: name };
-        m.capacity_bytes.get_or_create(&label).set(cap as i64);
-        m.used_bytes.get_or_create(&label).set(used as i64);
-        m.blocks.get_or_create(&label).set(blocks as i64);
-        let c = |f: &prometheus_client::metrics::family::Family<
-            TierLabel,
-            prometheus_client::metrics::counter::Counter,
-        >| { f.get_or_create(&label).get() };
-        TierStats {
-            tier: tier as i32,
-            capacity_bytes: cap,
-            used_bytes: used,
-            blocks,
-            hits: c(&m.hits),
-            misses: c(&m.misses),
-            evictions: c(&m.evictions),
-            promotions: c(&m.promotions),
-            demotions: c(&m.demotions),
-            checksum_failures: c(&m.checksum_failures),
-        }
     }
 }
 
