@@ -37,6 +37,14 @@ pub struct TransferConfig {
     /// TCP connections opened per peer; slices of a batch are sprayed over
     /// them. Default 4.
     pub connections_per_peer: usize,
+    /// Most idle links (tcp, shm, rdma) kept per peer between batches;
+    /// concurrent batches open more, and what they return beyond this is
+    /// closed. Default 32: eight concurrent batches of `connections_per_peer`
+    /// (an engine's load keeps 3 layers in flight per request).
+    pub idle_connections_per_peer: usize,
+    /// An idle link unused for this long is closed when its pool is next
+    /// used, so a burst's extra links do not stay open. Default 30000 ms.
+    pub idle_timeout_ms: u64,
     /// Ops larger than this are cut into slices of this size, each carried
     /// and checked independently. Default 1 MiB (measured with `kvfabric
     /// bench transfer --slice-bytes`: on loopback tcp, 64 KiB slices reached
@@ -64,6 +72,8 @@ impl Default for TransferConfig {
         TransferConfig {
             listen: "127.0.0.1:0".into(),
             connections_per_peer: 4,
+            idle_connections_per_peer: 32,
+            idle_timeout_ms: 30_000,
             slice_bytes: 1 << 20,
             pipeline_depth: 4,
             op_timeout_ms: 5000,

@@ -36,9 +36,12 @@ impl TransferEngine {
         config: TransferConfig,
         registry: &mut Registry,
     ) -> Result<Self, TransferError> {
-        if config.connections_per_peer == 0 || config.slice_bytes == 0 {
+        if config.connections_per_peer == 0
+            || config.idle_connections_per_peer == 0
+            || config.slice_bytes == 0
+        {
             return Err(TransferError::InvalidArgument(BadInput::NotPositive {
-                keys: "connections_per_peer and slice_bytes",
+                keys: "connections_per_peer, idle_connections_per_peer and slice_bytes",
             }));
         }
         let listeners = Listeners::bind(&config.listen).await?;

@@ -145,8 +145,9 @@ fn sockets_of(pid: u32) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_tcp_batches_leaves_at_most_connections_per_peer_open() {
+async fn a_burst_of_tcp_batches_leaves_at_most_the_idle_cap_open_until_the_timeout() {
     const CAP: usize = 2;
+    const IDLE_MS: u64 = 5_000;
     const BURST: u64 = 6;
     let size = 4 * MIB;
     let peer = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "5"]).await;
@@ -155,7 +156,9 @@ async fn a_burst_of_tcp_batches_leaves_at_most_connections_per_peer_open() {
     let config = TransferConfig {
         transport: TransportChoice::Tcp,
         op_timeout_ms: 20_000,
-        connections_per_peer: CAP,
+        connections_per_peer: 1,
+        idle_connections_per_peer: CAP,
+        idle_timeout_ms: IDLE_MS,
         ..TransferConfig::default()
     };
     let engine = Arc::new(TransferEngine::start(config, &mut registry).await.unwrap());
@@ -213,4 +216,18 @@ async fn a_burst_of_tcp_batches_leaves_at_most_connections_per_peer_open() {
         }
     }
     assert_eq!(links_opened(&registry, "Tcp"), opened);
+    // Idle past the timeout: the next batch closes the CAP idle connections
+    // and opens one, so the peer is back to one pooled connection.
+    tokio::time::sleep(Duration::from_millis(IDLE_MS + 500)).await;
+    engine.batch(&peer.addr, vec![read(0)]).await[0]
+        .as_ref()
+        .unwrap();
+    assert_eq!(links_opened(&registry, "Tcp"), opened + 1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut now = sockets_of(peer_pid);
+    while now > before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        now = sockets_of(peer_pid);
+    }
+    assert_eq!(now, before, "peer sockets after the idle timeout");
 }

@@ -38,6 +38,11 @@ pub struct ClusterConfig {
     /// Transfer connections opened per peer (slices of a batch are sprayed
     /// over them). Default: 4.
     pub transfer_connections_per_peer: usize,
+    /// Most idle transfer links kept per peer between batches (concurrent
+    /// batches open more; what they return beyond this is closed). Default: 32.
+    pub transfer_idle_connections_per_peer: usize,
+    /// An idle transfer link unused this long is closed. Default: 30000.
+    pub transfer_idle_timeout_ms: u64,
     /// Transfer ops larger than this are cut into slices of this size, each
     /// carried and checked independently (shm ignores it). Default: 1MiB.
     pub transfer_slice_bytes: ByteSize,
@@ -78,6 +83,8 @@ impl Default for ClusterConfig {
             transfer_listen: "127.0.0.1:0".into(),
             transfer_transport: "auto".into(),
             transfer_connections_per_peer: 4,
+            transfer_idle_connections_per_peer: 32,
+            transfer_idle_timeout_ms: 30_000,
             transfer_slice_bytes: ByteSize::mib(1),
             transfer_pipeline_depth: 4,
             advertise_grpc: None,
@@ -114,6 +121,10 @@ impl ClusterConfig {
             (
                 "transfer_connections_per_peer",
                 self.transfer_connections_per_peer as u64,
+            ),
+            (
+                "transfer_idle_connections_per_peer",
+                self.transfer_idle_connections_per_peer as u64,
             ),
             ("transfer_slice_bytes", self.transfer_slice_bytes.as_u64()),
             (
@@ -170,6 +181,8 @@ impl ClusterConfig {
             node_name: Some(node_id.to_string()),
             op_timeout_ms: self.remote_read_timeout_ms,
             connections_per_peer: self.transfer_connections_per_peer,
+            idle_connections_per_peer: self.transfer_idle_connections_per_peer,
+            idle_timeout_ms: self.transfer_idle_timeout_ms,
             slice_bytes: self.transfer_slice_bytes.as_u64() as usize,
             pipeline_depth: self.transfer_pipeline_depth,
             identity,
@@ -279,6 +292,11 @@ mod tests {
         assert_eq!(t.connections_per_peer, engine.connections_per_peer);
         assert_eq!(t.slice_bytes, engine.slice_bytes);
         assert_eq!(t.pipeline_depth, engine.pipeline_depth);
+        assert_eq!(
+            t.idle_connections_per_peer,
+            engine.idle_connections_per_peer
+        );
+        assert_eq!(t.idle_timeout_ms, engine.idle_timeout_ms);
         assert_eq!(t.node_name.as_deref(), Some("n1"));
         let c: ClusterConfig = serde_json::from_str(
             r#"{"transfer_connections_per_peer":8,"transfer_slice_bytes":"256KiB","transfer_pipeline_depth":2}"#,
@@ -293,6 +311,7 @@ mod tests {
             r#"{"transfer_connections_per_peer":0}"#,
             r#"{"transfer_slice_bytes":"0B"}"#,
             r#"{"transfer_pipeline_depth":0}"#,
+            r#"{"transfer_idle_connections_per_peer":0}"#,
         ] {
             let c: ClusterConfig = serde_json::from_str(zero).unwrap();
             assert!(c.validate().is_err(), "{zero}");

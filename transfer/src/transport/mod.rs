@@ -11,6 +11,7 @@
 //! The shared core (`crate::core`) imports none of this.
 
 mod contract;
+mod idle;
 mod io;
 pub mod rdma;
 mod select;

@@ -17,6 +17,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
 
 use super::contract::{BatchTransport, Transport};
+use super::idle::IdleLimits;
 use super::rdma::{Nic, RdmaPeer};
 use super::shm::{self, ShmPeer};
 use super::tcp::{self, client, TcpPeer};
@@ -210,7 +211,7 @@ impl PeerLinks {
     ) -> Result<Transport, TransferError> {
         let (conn, hello) = client::connect(inner, peer).await?;
         self.tcp
-            .put_back(vec![conn], false, inner.config.connections_per_peer);
+            .put_back(vec![conn], false, IdleLimits::of(&inner.config));
         let same_host = inner.hello.same_host(&hello);
         if matches!(choice, TransportChoice::Auto | TransportChoice::Shm) && same_host {
             match self.shm.open(inner, hello.shm_socket.clone()) {

@@ -30,6 +30,7 @@ use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::segment::RdmaKey;
 use crate::transport::contract::BatchTransport;
+use crate::transport::idle::IdleLimits;
 use crate::{OpKind, SharedRegion, TransferError};
 
 /// Work requests kept posted per queue pair (below its send queue depth).
@@ -60,7 +61,7 @@ impl BatchTransport for RdmaPeer {
         let out = run_links(inner, &self.nic, peer, ops, links).await;
         let any_ok = out.results.iter().any(|r| matches!(r, Some(Ok(()))));
         self.finished(peer, any_ok, out.broken);
-        self.put_back(out.healthy, inner.config.connections_per_peer.max(1));
+        self.put_back(out.healthy, IdleLimits::of(&inner.config));
         out.results
     }
 }

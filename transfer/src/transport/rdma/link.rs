@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::error::Missing;
 use crate::transport::tcp::conn::Conn;
@@ -20,6 +21,7 @@ use super::verbs::RcQueuePair;
 use crate::core::{lock, Inner};
 use crate::hello::Hello;
 use crate::metrics::TransportLabel;
+use crate::transport::idle::{Idle, IdleLimits};
 use crate::transport::io::{bounded, read_message, write_all_v};
 use crate::transport::tcp::client;
 use crate::transport::tcp::protocol::{
@@ -43,7 +45,7 @@ pub(crate) struct RdmaLink {
 /// op ever succeeded over it is turned off for the peer, which then gets tcp.
 pub(crate) struct RdmaPeer {
     pub(super) nic: Arc<Nic>,
-    pool: Mutex<Option<(Arc<()>, Vec<RdmaLink>)>>,
+    pool: Mutex<Option<(Arc<()>, Idle<RdmaLink>)>>,
     warned: AtomicBool,
     /// An op to this peer has succeeded over rdma.
     proven: AtomicBool,
@@ -96,7 +98,7 @@ impl RdmaPeer {
                 return Err(e);
             }
         };
-        *lock(&self.pool) = Some((token, vec![link]));
+        *lock(&self.pool) = Some((token, Idle::holding(link, Instant::now())));
         Ok(())
     }
 
@@ -131,8 +133,10 @@ impl RdmaPeer {
                     reason: "no rdma link".into(),
                 });
             };
-            let keep = idle.len().saturating_sub(want);
-            (idle.drain(keep..).collect::<Vec<_>>(), token.clone())
+            let limits = IdleLimits::of(&inner.config);
+            let (links, expired) = idle.take(want, limits, Instant::now());
+            drop(expired);
+            (links, token.clone())
         };
         while links.len() < want {
             match open_link(inner, &self.nic, peer, token.clone()).await {
@@ -147,17 +151,23 @@ impl RdmaPeer {
         Ok(links)
     }
 
-    /// Return healthy links (at most `cap` stay idle); links of an earlier
-    /// pool are closed.
-    pub fn put_back(&self, links: Vec<RdmaLink>, cap: usize) {
-        let mut pool = lock(&self.pool);
-        if let Some((token, idle)) = pool.as_mut() {
-            for l in links {
-                if Arc::ptr_eq(&l.pool, token) && idle.len() < cap {
-                    idle.push(l);
+    /// Return healthy links (within `limits`; the rest are closed); links
+    /// of an earlier pool are closed.
+    pub fn put_back(&self, links: Vec<RdmaLink>, limits: IdleLimits) {
+        let closed = {
+            let mut pool = lock(&self.pool);
+            match pool.as_mut() {
+                Some((token, idle)) => {
+                    let (current, stale): (Vec<_>, Vec<_>) =
+                        links.into_iter().partition(|l| Arc::ptr_eq(&l.pool, token));
+                    let mut closed = idle.put_back(current, limits, Instant::now());
+                    closed.extend(stale);
+                    closed
                 }
+                None => links,
             }
-        }
+        };
+        drop(closed);
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
@@ -16,6 +17,7 @@ use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::OpKind;
+use crate::transport::idle::{Idle, IdleLimits};
 use crate::transport::io::bounded;
 use crate::{SharedRegion, TransferError};
 
@@ -31,7 +33,7 @@ type MapCache = Mutex<HashMap<u64, Arc<SharedRegion>>>;
 pub(crate) struct ShmPool {
     socket: String,
     maps: Arc<MapCache>,
-    idle: Vec<ShmLink>,
+    idle: Idle<ShmLink>,
 }
 
 impl ShmPool {
@@ -43,13 +45,15 @@ impl ShmPool {
         Ok(ShmPool {
             socket,
             maps,
-            idle: vec![first],
+            idle: Idle::holding(first, Instant::now()),
         })
     }
 
-    /// An idle link, if any.
-    pub(crate) fn take_idle(&mut self) -> Option<ShmLink> {
-        self.idle.pop()
+    /// An idle link, if any (links idle past the limit are closed).
+    pub(crate) fn take_idle(&mut self, limits: IdleLimits) -> Option<ShmLink> {
+        let (mut got, expired) = self.idle.take(1, limits, Instant::now());
+        drop(expired);
+        got.pop()
     }
 
     /// Open one more link to the same peer process. Cheap: a local socket
@@ -59,11 +63,11 @@ impl ShmPool {
         move || ShmLink::connect(&socket, maps)
     }
 
-    /// Take back a healthy link; keeps at most `cap` idle. A link opened for an
+    /// Take back a healthy link, within `limits`. A link opened for an
     /// earlier pool (the peer was re-decided since) is closed instead.
-    pub(crate) fn put_back(&mut self, link: ShmLink, cap: usize) {
-        if Arc::ptr_eq(&link.maps, &self.maps) && self.idle.len() < cap {
-            self.idle.push(link);
+    pub(crate) fn put_back(&mut self, link: ShmLink, limits: IdleLimits) {
+        if Arc::ptr_eq(&link.maps, &self.maps) {
+            drop(self.idle.put_back([link], limits, Instant::now()));
         }
     }
 }

@@ -8,6 +8,7 @@ use super::link::{ShmLink, ShmPool};
 use crate::core::{lock, Inner, OpResult, PreparedOp};
 use crate::metrics::TransportLabel;
 use crate::transport::contract::BatchTransport;
+use crate::transport::idle::IdleLimits;
 use crate::TransferError;
 
 /// The shm state this engine keeps for one peer.
@@ -41,7 +42,7 @@ impl ShmPeer {
                     reason: "no shm link".into(),
                 });
             };
-            if let Some(link) = pool.take_idle() {
+            if let Some(link) = pool.take_idle(IdleLimits::of(&inner.config)) {
                 return Ok(link);
             }
             pool.connector()
@@ -54,7 +55,7 @@ impl ShmPeer {
     /// Return a healthy link.
     fn put_back(&self, inner: &Inner, link: ShmLink) {
         if let Some(pool) = lock(&self.pool).as_mut() {
-            pool.put_back(link, inner.config.connections_per_peer.max(1));
+            pool.put_back(link, IdleLimits::of(&inner.config));
         }
     }
 

@@ -2,26 +2,24 @@
 //! checks connections out of (opening what is missing) and returns the
 //! healthy ones to, so concurrent batches to one peer run in parallel.
 //!
-//! The pool keeps at most `connections_per_peer` idle connections: a burst
-//! of concurrent batches opens what it needs, and what it returns beyond
-//! that is closed. Without the bound every peak of concurrency stayed open
-//! for the life of the process (the soak saw an engine hold 12 idle
-//! connections to each peer, and their 12 server ends on the peer, issue
-//! #23).
+//! Idle connections are kept within [`IdleLimits`] (a cap and an idle
+//! timeout, `transport/idle.rs` says why both).
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::client;
 use super::conn::Link;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
+use crate::transport::idle::{Idle, IdleLimits};
 use crate::TransferError;
 
 /// The idle tcp connections to one peer.
 #[derive(Default)]
 pub(crate) struct TcpPeer {
-    idle: Mutex<Vec<Link>>,
+    idle: Mutex<Idle<Link>>,
 }
 
 impl TcpPeer {
@@ -32,11 +30,9 @@ impl TcpPeer {
         peer: &str,
         want: usize,
     ) -> Result<Vec<Link>, TransferError> {
-        let mut conns: Vec<Link> = {
-            let mut idle = lock(&self.idle);
-            let keep = idle.len().saturating_sub(want);
-            idle.drain(keep..).collect()
-        };
+        let limits = IdleLimits::of(&inner.config);
+        let (mut conns, expired) = lock(&self.idle).take(want, limits, Instant::now());
+        drop(expired); // closed outside the lock
         while conns.len() < want {
             let (c, _) = client::connect(inner, peer).await?;
             conns.push(c);
@@ -44,20 +40,14 @@ impl TcpPeer {
         Ok(conns)
     }
 
-    /// Return healthy connections, keeping at most `max_idle` idle (the
-    /// rest are closed); when one of the batch broke, the idle ones are
-    /// closed too (the peer may have restarted).
-    pub fn put_back(&self, healthy: Vec<Link>, one_broke: bool, max_idle: usize) {
+    /// Return healthy connections (within `limits`; the rest are closed);
+    /// when one of the batch broke, the idle ones are closed too (the peer
+    /// may have restarted).
+    pub fn put_back(&self, healthy: Vec<Link>, one_broke: bool, limits: IdleLimits) {
         let closed: Vec<Link> = {
             let mut idle = lock(&self.idle);
-            let mut closed = if one_broke {
-                std::mem::take(&mut *idle)
-            } else {
-                Vec::new()
-            };
-            idle.extend(healthy);
-            let keep = idle.len().min(max_idle.max(1));
-            closed.extend(idle.drain(keep..));
+            let mut closed = if one_broke { idle.clear() } else { Vec::new() };
+            closed.extend(idle.put_back(healthy, limits, Instant::now()));
             closed
         };
         // Closed outside the lock.
@@ -77,7 +67,7 @@ impl TcpPeer {
             reason: "no connection".into(),
         })?;
         client::notify(inner, peer, &mut c, note).await?;
-        self.put_back(vec![c], false, inner.config.connections_per_peer);
+        self.put_back(vec![c], false, IdleLimits::of(&inner.config));
         Ok(())
     }
 
@@ -101,7 +91,7 @@ impl TcpPeer {
         };
         let (results, healthy) = client::run_batch(inner, peer, ops, conns).await;
         let one_broke = healthy.len() < want;
-        self.put_back(healthy, one_broke, inner.config.connections_per_peer);
+        self.put_back(healthy, one_broke, IdleLimits::of(&inner.config));
         results
     }
 }
