@@ -233,6 +233,14 @@ pub enum BadConfig {
     /// A peer's advertised address (`addr`) is not a URI.
     #[error("peer address {addr:?}: {reason}")]
     PeerAddress { addr: String, reason: String },
+    /// The node at `addr` speaks TLS and this client has no certificate.
+    #[error(
+        "the node at {addr} requires mutual TLS and this client has no certificate: give it one \
+         of the cluster CA with --tls-cert, --tls-key and --tls-ca (env KVFABRIC_TLS_CERT, \
+         KVFABRIC_TLS_KEY, KVFABRIC_TLS_CA; or cert, key and ca in [cluster.security] of the \
+         --config file); see docs/SECURITY.md"
+    )]
+    TlsRequired { addr: String },
 }
 
 impl From<TypesError> for StoreError {

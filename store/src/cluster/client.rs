@@ -1,6 +1,9 @@
-//! A small client of a node's CacheService for tools and tests (`kvfabric
-//! ctl`, the cluster tests and bench): connect with a timeout, put a whole
-//! block, get a whole block. Callers need no gRPC crates of their own.
+//! A small client of a node's CacheService for tools, the remote connector
+//! and tests (`kvfabric ctl`, the cluster tests and bench): connect with a
+//! timeout (over mutual TLS when given an identity), put a whole block, get
+//! a whole block, and tell a caller without a certificate that the node it
+//! failed to reach wants one ([`require_plaintext`]). Callers need no gRPC
+//! crates of their own.
 
 use std::time::Duration;
 
@@ -30,32 +33,69 @@ pub async fn connect_with(
     timeout: Duration,
     identity: Option<&NodeIdentity>,
 ) -> Result<CacheClient, StoreError> {
-    let mut e = endpoint(addr, timeout, identity.is_some())?;
-    if let Some(id) = identity {
-        e = e
-            .tls_config(crate::cluster::security::client_tls(id))
-            .map_err(|e| {
-                StoreError::Config(BadConfig::Tls {
-                    what: "tls",
-                    reason: e.to_string(),
-                })
-            })?;
-    }
-    let ch = e.connect().await.map_err(|source| StoreError::Connect {
-        addr: addr.to_string(),
-        source,
-    })?;
+    let ch = endpoint(addr, timeout, identity)?
+        .connect()
+        .await
+        .map_err(|source| StoreError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
     Ok(client(ch))
 }
 
 /// A client of the node at `addr` that connects on first use (so a caller
 /// can start before the node does); every call is bounded by `timeout`.
 pub fn connect_lazy(addr: &str, timeout: Duration) -> Result<CacheClient, StoreError> {
-    Ok(client(endpoint(addr, timeout, false)?.connect_lazy()))
+    connect_lazy_with(addr, timeout, None)
 }
 
-fn endpoint(addr: &str, timeout: Duration, tls: bool) -> Result<Endpoint, StoreError> {
-    let url = match (addr.contains("://"), tls) {
+/// [`connect_lazy`], over mutual TLS with `identity` when given.
+pub fn connect_lazy_with(
+    addr: &str,
+    timeout: Duration,
+    identity: Option<&NodeIdentity>,
+) -> Result<CacheClient, StoreError> {
+    Ok(client(endpoint(addr, timeout, identity)?.connect_lazy()))
+}
+
+/// `Ok` unless the node at `addr` speaks TLS, which a client without a
+/// certificate cannot talk to: then the typed error naming the settings to
+/// give ([`BadConfig::TlsRequired`]). For a caller whose plaintext call
+/// failed, to say why (a TLS server answers plaintext HTTP/2 with an alert
+/// and closes, which tonic reports as a bare "transport error"). Unreachable
+/// or silent nodes are `Ok`: the caller's own error says more.
+pub async fn require_plaintext(addr: &str, timeout: Duration) -> Result<(), StoreError> {
+    if speaks_tls(addr, timeout).await {
+        return Err(StoreError::Config(BadConfig::TlsRequired {
+            addr: addr.to_string(),
+        }));
+    }
+    Ok(())
+}
+
+/// Whether the server at `addr` answers what a plaintext gRPC client sends
+/// first (the HTTP/2 preface) with a TLS alert record (content type 21,
+/// version 3.x): what a TLS server does with bytes that are not TLS.
+async fn speaks_tls(addr: &str, timeout: Duration) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let host = host.trim_end_matches('/');
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+        let mut head = [0u8; 2];
+        s.read_exact(&mut head).await.ok()?;
+        Some(head == [0x15, 0x03])
+    };
+    matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(true)))
+}
+
+fn endpoint(
+    addr: &str,
+    timeout: Duration,
+    identity: Option<&NodeIdentity>,
+) -> Result<Endpoint, StoreError> {
+    let url = match (addr.contains("://"), identity.is_some()) {
         (true, _) => addr.to_string(),
         (false, true) => format!("https://{addr}"),
         (false, false) => format!("http://{addr}"),
@@ -69,7 +109,17 @@ fn endpoint(addr: &str, timeout: Duration, tls: bool) -> Result<Endpoint, StoreE
         })?
         .connect_timeout(timeout)
         .timeout(timeout);
-    Ok(crate::node_server::grpc_endpoint(e))
+    let e = crate::node_server::grpc_endpoint(e);
+    let Some(id) = identity else {
+        return Ok(e);
+    };
+    e.tls_config(crate::cluster::security::client_tls(id))
+        .map_err(|e| {
+            StoreError::Config(BadConfig::Tls {
+                what: "tls",
+                reason: e.to_string(),
+            })
+        })
 }
 
 fn client(ch: Channel) -> CacheClient {
