@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvfabric_connector::{ConnectorConfig, RemoteConnector};
+use kvfabric_store::cluster::client;
 use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::free_port;
-use kvfabric_testkit::procs::node::{wait_members, NodeProc};
+use kvfabric_testkit::procs::node::{alive, NodeProc};
 use kvfabric_testkit::procs::{http, metric, EngineOptions};
 use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
@@ -23,10 +24,20 @@ const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
 
 fn certs_init(dir: &Path, nodes: &str) {
     let out = Command::new(BIN)
-        .args(["certs", "init", &dir.display().to_string(), "--nodes", nodes])
+        .args([
+            "certs",
+            "init",
+            &dir.display().to_string(),
+            "--nodes",
+            nodes,
+        ])
         .output()
         .expect("run kvfabric certs init");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `--tls-cert/--tls-key/--tls-ca` for `name`'s files in `dir`.
@@ -157,7 +168,12 @@ async fn ctl_talks_to_a_secured_node_with_a_certificate_and_names_it_without() {
     let out = ctl(&[], &addr, &status(vec![]), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "fails, does not hang: {err}");
-    for want in ["requires mutual TLS", "--tls-cert", "KVFABRIC_TLS_CERT", "[cluster.security]"] {
+    for want in [
+        "requires mutual TLS",
+        "--tls-cert",
+        "KVFABRIC_TLS_CERT",
+        "[cluster.security]",
+    ] {
         assert!(err.contains(want), "error names {want:?}: {err}");
     }
     // Another CA's certificate: refused too (not told to add one).
@@ -175,8 +191,19 @@ async fn remote_connectors_reuse_through_secured_nodes_and_say_when_they_lack_a_
     certs_init(&certs, "a,b,e1,e2,e3");
     let etcd = EtcdProcess::start().expect("etcd");
     let nodes = secured_nodes(&etcd, dir.path(), &certs, &["a", "b"]);
+    let ops = identity(&certs, "e1");
     for n in &nodes {
-        wait_members(n, &["a", "b"], Duration::from_secs(15)).await;
+        eventually(
+            &format!("{} to see a and b", n.id),
+            Duration::from_secs(20),
+            || async {
+                let mut c = client::connect_with(&n.grpc, Duration::from_secs(2), Some(&ops))
+                    .await
+                    .ok()?;
+                (alive(&mut c).await == ["a", "b"]).then_some(())
+            },
+        )
+        .await;
     }
     let remote = |addr: &str, id: Option<Arc<NodeIdentity>>| {
         let cfg = ConnectorConfig {
@@ -195,7 +222,10 @@ async fn remote_connectors_reuse_through_secured_nodes_and_say_when_they_lack_a_
     assert_eq!(cold.usage.cached_tokens, 0);
     generate(&e1.handle, &prompt, 1, b"").await;
     let c1 = e1.connector.as_ref().expect("connector");
-    assert!(c1.flush(Duration::from_secs(30)), "engine 1's saves finished");
+    assert!(
+        c1.flush(Duration::from_secs(30)),
+        "engine 1's saves finished"
+    );
     assert_eq!(c1.stats().saved_blocks, 5, "saved over TLS to node a");
     let warm = generate(&e2.handle, &longer, 4, b"").await;
     assert_eq!(warm.usage.cached_tokens, 320, "loaded over TLS via node b");
@@ -215,15 +245,26 @@ async fn remote_connectors_reuse_through_secured_nodes_and_say_when_they_lack_a_
     };
     let bare = engine("bare", &nodes[0], vec![]);
     let secured = engine("e3", &nodes[0], tls_flags(&certs, "e3"));
-    eventually("the bare engine to log the missing certificate", Duration::from_secs(20), || async {
-        let log = std::fs::read_to_string(dir.path().join("bare.log")).unwrap_or_default();
-        (log.contains("requires mutual TLS") && log.contains("--tls-cert")).then_some(())
-    })
+    eventually(
+        "the bare engine to log the missing certificate",
+        Duration::from_secs(20),
+        || async {
+            let log = std::fs::read_to_string(dir.path().join("bare.log")).unwrap_or_default();
+            (log.contains("requires mutual TLS") && log.contains("--tls-cert")).then_some(())
+        },
+    )
     .await;
-    secured.complete(&"The quick brown fox jumps over the lazy dog. ".repeat(20), 1);
-    eventually("the secured engine's saves", Duration::from_secs(30), || async {
-        (metric(&secured.addr, "kvfabric_connector_saved_blocks_total") >= 1.0).then_some(())
-    })
+    secured.complete(
+        &"The quick brown fox jumps over the lazy dog. ".repeat(20),
+        1,
+    );
+    eventually(
+        "the secured engine's saves",
+        Duration::from_secs(30),
+        || async {
+            (metric(&secured.addr, "kvfabric_connector_saved_blocks_total") >= 1.0).then_some(())
+        },
+    )
     .await;
     let log = std::fs::read_to_string(dir.path().join("e3.log")).unwrap_or_default();
     assert!(!log.contains("requires mutual TLS"), "{log}");
@@ -237,7 +278,12 @@ async fn the_router_routes_two_hops_between_engines_of_a_secured_cluster() {
     certs_init(&certs, "pre,dec");
     let etcd = EtcdProcess::start().expect("etcd");
     let engine = |name: &str, role: &str| {
-        let mut a = vec!["--etcd".to_string(), etcd.endpoint(), "--role".into(), role.into()];
+        let mut a = vec![
+            "--etcd".to_string(),
+            etcd.endpoint(),
+            "--role".into(),
+            role.into(),
+        ];
         a.extend(["--etcd-prefix".into(), "/sec-router".into()]);
         a.extend(["--transfer-transport".into(), "tcp".into()]);
         a.extend(tls_flags(&certs, name));
@@ -267,8 +313,15 @@ async fn the_router_routes_two_hops_between_engines_of_a_secured_cluster() {
     let _ = router.kill();
     let _ = router.wait();
     let routed = v["choices"][0]["text"].as_str().expect("text").to_string();
-    let (direct, _) = pre.complete(&prompt, 8);
-    assert_eq!(routed, direct, "the routed text is a colocated engine's");
+    // A prefill-role engine answers one token: the routed answer's first.
+    let (first, _) = pre.complete(&prompt, 8);
+    assert!(
+        routed.len() > first.len() && routed.starts_with(&first),
+        "{routed:?} continues the prefill engine's {first:?}"
+    );
     let loaded = metric(&dec.addr, "kvfabric_connector_loaded_blocks_total");
-    assert!(loaded >= 1.0, "decode loaded the prefill engine's blocks over TLS: {loaded}");
+    assert!(
+        loaded >= 1.0,
+        "decode loaded the prefill engine's blocks over TLS: {loaded}"
+    );
 }

@@ -82,7 +82,9 @@ async fn speaks_tls(addr: &str, timeout: Duration) -> bool {
     let host = host.trim_end_matches('/');
     let probe = async {
         let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
-        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.ok()?;
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .ok()?;
         let mut head = [0u8; 2];
         s.read_exact(&mut head).await.ok()?;
         Some(head == [0x15, 0x03])
