@@ -191,3 +191,57 @@ pub async fn get_block(
 pub fn is_miss(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::NotFound
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-connection server that reads the client's first bytes and answers `reply`.
+    async fn answering(reply: &'static [u8]) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 24];
+            let _ = s.read_exact(&mut buf).await;
+            let _ = s.write_all(reply).await;
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_tls_alert_is_a_typed_tls_required_and_anything_else_is_ok() {
+        // What rustls answers the HTTP/2 preface with: a fatal decode_error alert.
+        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        let err = require_plaintext(&tls, Duration::from_secs(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Config(BadConfig::TlsRequired { addr }) if *addr == tls),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("--tls-cert") && msg.contains("KVFABRIC_TLS_CERT"),
+            "{msg}"
+        );
+        // An HTTP/2 SETTINGS frame (a plaintext gRPC server), a closed port.
+        let h2 = answering(&[0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00]).await;
+        assert!(require_plaintext(&h2, Duration::from_secs(2)).await.is_ok());
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        assert!(require_plaintext(&closed, Duration::from_secs(2))
+            .await
+            .is_ok());
+        // An address with a scheme, as the connect functions take it.
+        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
+        assert!(
+            require_plaintext(&format!("https://{tls}"), Duration::from_secs(2))
+                .await
+                .is_err()
+        );
+    }
+}
