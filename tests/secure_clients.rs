@@ -2,7 +2,7 @@
 //! `kvfabric certs init`, real etcd, real `kvfabric node` / `kvfabric engine`
 //! processes in `authenticate` mode. `kvfabric ctl` works with a certificate
 //! given as flags, env or config file, and without one fails at once naming
-//! the missing settings; an engine's remote connector reuses prefixes through
+//! the missing settings (with one, against a plaintext node, the extra ones); an engine's remote connector reuses prefixes through
 //! secured nodes bit-exact, and without a certificate says what is missing;
 //! the router routes two hops between engines whose fabric nodes are secured.
 
@@ -181,6 +181,21 @@ async fn ctl_talks_to_a_secured_node_with_a_certificate_and_names_it_without() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "fails, does not hang: {err}");
     assert!(!err.contains("requires mutual TLS"), "{err}");
+
+    // A certificate given for a node in mode none: the extra setting is named.
+    let plain = NodeProc::start("plain", dir.path(), &[], false);
+    let _ = plain.client().await; // up
+    let out = ctl(&[], &plain.grpc, &status(tls_flags(&certs, "ops")), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "fails, does not hang: {err}");
+    assert!(
+        err.contains("does not speak TLS") && err.contains("remove --tls-cert"),
+        "{err}"
+    );
+    assert_eq!(
+        status_nodes(&ctl(&[], &plain.grpc, &status(vec![]), &[])),
+        ["plain"]
+    );
     drop(nodes);
 }
 

@@ -13,7 +13,8 @@
 //! with an embedded node can stream these blocks. A secured node is reached
 //! over mutual TLS with the identity the engine loaded from its
 //! `[cluster.security]` settings; an engine without one is told at start
-//! (an error log naming the settings) that its node wants a certificate.
+//! (an error log naming the settings) that its node wants a certificate
+//! (and one with a certificate, that its node speaks plaintext).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_store::cluster::client::{
-    connect_lazy_with, get_block, put_block, require_plaintext, CacheClient,
+    check_tls, connect_lazy_with, get_block, put_block, CacheClient,
 };
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
 use kvfabric_transfer::security::NodeIdentity;
@@ -66,20 +67,16 @@ impl Connector<RemoteBackend> {
             let node_id = Arc::new(OnceLock::new());
             {
                 let (mut client, node_id) = (client.clone(), node_id.clone());
-                let (addr, plaintext) = (addr.clone(), identity.is_none());
+                let (addr, tls) = (addr.clone(), identity.is_some());
                 rt.spawn(async move {
                     match client.stats(StatsRequest {}).await {
                         Ok(r) => {
                             let _ = node_id.set(r.into_inner().node_id);
                         }
-                        Err(s) if plaintext => {
-                            if let Err(e) = require_plaintext(&addr, RPC_TIMEOUT).await {
-                                tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}");
-                            } else {
-                                tracing::debug!(node = %addr, status = %s, "fabric node not answering yet");
-                            }
-                        }
-                        Err(s) => tracing::debug!(node = %addr, status = %s, "fabric node not answering yet"),
+                        Err(s) => match check_tls(&addr, RPC_TIMEOUT, tls).await {
+                            Err(e) => tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}"),
+                            Ok(()) => tracing::debug!(node = %addr, status = %s, "fabric node not answering yet"),
+                        },
                     }
                 });
             }

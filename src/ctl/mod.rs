@@ -16,7 +16,8 @@
 //! `--tls-key`, `--tls-ca` (`KVFABRIC_TLS_*`, or `[cluster.security]` of the
 //! `--config` file), loaded by the store's one loader
 //! (`cluster::security::load_client`); without one, a secured node's refusal
-//! is reported as the missing setting, not as a transport error.
+//! is reported as the missing setting, not as a transport error (and a
+//! certificate given for a plaintext node as the extra one).
 //!
 //! The ratios, one meaning each (docs/OPERATIONS.md, "ctl"):
 //! - **lookup hit ratio** of a node: of the blocks its clients looked up
@@ -154,10 +155,10 @@ pub fn run(mut cmd: CtlCmd, file: Option<&std::path::Path>) -> anyhow::Result<()
         let timeout = Duration::from_millis(cmd.timeout_ms);
         let addr = cmd.addr.clone();
         let done = run_async(cmd, identity.as_deref()).await;
-        if done.is_err() && identity.is_none() {
-            // A secured node refuses plaintext with a TLS alert, which the
-            // failed call shows only as "transport error": say what is missing.
-            client::require_plaintext(&addr, timeout).await?;
+        if done.is_err() {
+            // A TLS mismatch shows in the failed call only as "transport
+            // error": say which setting is missing or extra.
+            client::check_tls(&addr, timeout, identity.is_some()).await?;
         }
         done
     })

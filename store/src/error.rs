@@ -241,6 +241,14 @@ pub enum BadConfig {
          --config file); see docs/SECURITY.md"
     )]
     TlsRequired { addr: String },
+    /// This client has a certificate and the node at `addr` speaks plaintext.
+    #[error(
+        "the node at {addr} does not speak TLS (its [cluster.security] mode is none) but this \
+         client was given a certificate: remove --tls-cert, --tls-key and --tls-ca (and \
+         KVFABRIC_TLS_*, [cluster.security] of the --config file), or secure the node; see \
+         docs/SECURITY.md"
+    )]
+    TlsNotSpoken { addr: String },
 }
 
 impl From<TypesError> for StoreError {

@@ -2,7 +2,8 @@
 //! and tests (`kvfabric ctl`, the cluster tests and bench): connect with a
 //! timeout (over mutual TLS when given an identity), put a whole block, get
 //! a whole block, and tell a caller without a certificate that the node it
-//! failed to reach wants one ([`require_plaintext`]). Callers need no gRPC
+//! failed to reach wants one, or a client with one that the node speaks
+//! plaintext ([`check_tls`]). Callers need no gRPC
 //! crates of their own.
 
 use std::time::Duration;
@@ -58,25 +59,33 @@ pub fn connect_lazy_with(
     Ok(client(endpoint(addr, timeout, identity)?.connect_lazy()))
 }
 
-/// `Ok` unless the node at `addr` speaks TLS, which a client without a
-/// certificate cannot talk to: then the typed error naming the settings to
-/// give ([`BadConfig::TlsRequired`]). For a caller whose plaintext call
-/// failed, to say why (a TLS server answers plaintext HTTP/2 with an alert
-/// and closes, which tonic reports as a bare "transport error"). Unreachable
-/// or silent nodes are `Ok`: the caller's own error says more.
-pub async fn require_plaintext(addr: &str, timeout: Duration) -> Result<(), StoreError> {
-    if speaks_tls(addr, timeout).await {
-        return Err(StoreError::Config(BadConfig::TlsRequired {
-            addr: addr.to_string(),
-        }));
+/// `Ok` unless the node at `addr` and this client disagree about TLS: a
+/// client without a certificate (`client_tls` false) of a node that speaks
+/// TLS gets [`BadConfig::TlsRequired`], a client with one of a plaintext
+/// node [`BadConfig::TlsNotSpoken`], each naming the settings to change. For
+/// a caller whose call failed, to say why: either mismatch shows in tonic
+/// only as a bare "transport error" (a TLS server answers plaintext HTTP/2
+/// with an alert and closes; a plaintext one closes on a ClientHello).
+/// Unreachable or silent nodes are `Ok`: the caller's own error says more.
+pub async fn check_tls(addr: &str, timeout: Duration, client_tls: bool) -> Result<(), StoreError> {
+    let addr_owned = || addr.to_string();
+    match (speaks_tls(addr, timeout).await, client_tls) {
+        (Some(true), false) => Err(StoreError::Config(BadConfig::TlsRequired {
+            addr: addr_owned(),
+        })),
+        (Some(false), true) => Err(StoreError::Config(BadConfig::TlsNotSpoken {
+            addr: addr_owned(),
+        })),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
-/// Whether the server at `addr` answers what a plaintext gRPC client sends
-/// first (the HTTP/2 preface) with a TLS alert record (content type 21,
-/// version 3.x): what a TLS server does with bytes that are not TLS.
-async fn speaks_tls(addr: &str, timeout: Duration) -> bool {
+/// Whether the server at `addr` speaks TLS, from its answer to what a
+/// plaintext gRPC client sends first (the HTTP/2 preface): a TLS alert
+/// record (content type 21, version 3.x) is what a TLS server does with
+/// bytes that are not TLS; anything else is a plaintext server. None: no
+/// answer within `timeout`.
+async fn speaks_tls(addr: &str, timeout: Duration) -> Option<bool> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let host = addr.split_once("://").map_or(addr, |(_, rest)| rest);
     let host = host.trim_end_matches('/');
@@ -89,7 +98,7 @@ async fn speaks_tls(addr: &str, timeout: Duration) -> bool {
         s.read_exact(&mut head).await.ok()?;
         Some(head == [0x15, 0x03])
     };
-    matches!(tokio::time::timeout(timeout, probe).await, Ok(Some(true)))
+    tokio::time::timeout(timeout, probe).await.ok().flatten()
 }
 
 fn endpoint(
@@ -197,6 +206,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// What rustls answers the HTTP/2 preface with: a fatal decode_error alert.
+    const ALERT: &[u8] = &[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32];
+
     /// A one-connection server that reads the client's first bytes and answers `reply`.
     async fn answering(reply: &'static [u8]) -> String {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -211,10 +223,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_tls_alert_is_a_typed_tls_required_and_anything_else_is_ok() {
-        // What rustls answers the HTTP/2 preface with: a fatal decode_error alert.
-        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
-        let err = require_plaintext(&tls, Duration::from_secs(2))
+    async fn a_tls_mismatch_either_way_is_a_typed_error_naming_the_settings() {
+        let tls = answering(ALERT).await;
+        let err = check_tls(&tls, Duration::from_secs(2), false)
             .await
             .unwrap_err();
         assert!(
@@ -226,22 +237,41 @@ mod tests {
             msg.contains("--tls-cert") && msg.contains("KVFABRIC_TLS_CERT"),
             "{msg}"
         );
-        // An HTTP/2 SETTINGS frame (a plaintext gRPC server), a closed port.
-        let h2 = answering(&[0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00]).await;
-        assert!(require_plaintext(&h2, Duration::from_secs(2)).await.is_ok());
+        // A TLS client of that node is fine; of a plaintext gRPC server (an
+        // HTTP/2 SETTINGS frame first) it is told the node speaks none.
+        let tls_again = answering(ALERT).await;
+        assert!(check_tls(&tls_again, Duration::from_secs(2), true)
+            .await
+            .is_ok());
+        let h2 = || answering(&[0x00, 0x00, 0x00, 0x04, 0x00, 0x00, 0x00, 0x00, 0x00]);
+        let plain = h2().await;
+        assert!(check_tls(&plain, Duration::from_secs(2), false)
+            .await
+            .is_ok());
+        let plain = h2().await;
+        let err = check_tls(&plain, Duration::from_secs(2), true)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Config(BadConfig::TlsNotSpoken { addr }) if *addr == plain),
+            "{err:?}"
+        );
+        // A closed port says nothing either way.
         let closed = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().to_string()
         };
-        assert!(require_plaintext(&closed, Duration::from_secs(2))
+        assert!(check_tls(&closed, Duration::from_secs(2), false)
+            .await
+            .is_ok());
+        assert!(check_tls(&closed, Duration::from_secs(2), true)
             .await
             .is_ok());
         // An address with a scheme, as the connect functions take it.
-        let tls = answering(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x32]).await;
-        assert!(
-            require_plaintext(&format!("https://{tls}"), Duration::from_secs(2))
-                .await
-                .is_err()
-        );
+        let tls = answering(ALERT).await;
+        let with_scheme = format!("https://{tls}");
+        assert!(check_tls(&with_scheme, Duration::from_secs(2), false)
+            .await
+            .is_err());
     }
 }
