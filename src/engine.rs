@@ -5,7 +5,9 @@
 //! runs the engine until SIGINT/SIGTERM. With `[connector] mode = embedded`
 //! (the default) the process is also a fabric node (`[node]`, `[cluster]`):
 //! the engine reuses prefixes any node of the cluster computed and saves its
-//! own blocks into the fabric.
+//! own blocks into the fabric. With `mode = remote` it is a client of the
+//! node at `node_addr`, over mutual TLS when `[cluster.security]` (the
+//! `--tls-*` flags) gives it a certificate.
 
 use std::path::Path;
 
@@ -107,6 +109,11 @@ pub async fn run(
     let metrics = kvfabric_engine::EngineMetrics::new();
     let mut engine_registry = kvfabric_store::Registry::default();
     metrics.register(&mut engine_registry);
+    // A remote connector's client certificate: the `[cluster.security]` settings.
+    let remote_identity = match fabric.connector.mode.as_str() {
+        "remote" => kvfabric_store::cluster::security::load_client(&fabric.cluster.security)?,
+        _ => None,
+    };
     let embedded = if fabric.connector.embedded() {
         let node = kvfabric_connector::EmbeddedNode::start_with_console_sources(
             fabric.node,
@@ -127,6 +134,7 @@ pub async fn run(
         (None, "remote") => Some(kvfabric_connector::RemoteConnector::connect_fn(
             fabric.connector.node_addr.clone(),
             fabric.connector.clone(),
+            remote_identity,
         )),
         _ => None,
     };

@@ -161,7 +161,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Node(cmd) => run_node(cmd, file)?,
-        Command::Ctl(cmd) => ctl::run(cmd)?,
+        Command::Ctl(cmd) => ctl::run(cmd, file)?,
         Command::Tenants(cmd) => tenants::run(cmd)?,
         Command::Certs(cmd) => certs::run(cmd)?,
         Command::Engine(cmd) => run_engine(*cmd, file)?,

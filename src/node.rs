@@ -83,19 +83,19 @@ pub struct ClusterFlags {
 pub struct SecurityFlags {
     /// Security mode: none, authenticate or encrypt [default: authenticate once
     /// --tls-cert/--tls-key/--tls-ca are set, else none].
-    #[arg(long = "security", value_name = "MODE")]
+    #[arg(long = "security", env = "KVFABRIC_SECURITY_MODE", value_name = "MODE")]
     #[serde(rename = "mode", skip_serializing_if = "Option::is_none")]
     pub security_mode: Option<String>,
-    /// This node's certificate (PEM, from `kvfabric certs init`) [default: none].
-    #[arg(long = "tls-cert", value_name = "PATH")]
+    /// This process's certificate (PEM, from `kvfabric certs init`) [default: none].
+    #[arg(long = "tls-cert", env = "KVFABRIC_TLS_CERT", value_name = "PATH")]
     #[serde(rename = "cert", skip_serializing_if = "Option::is_none")]
     pub cert: Option<std::path::PathBuf>,
-    /// This node's private key (PEM) [default: none].
-    #[arg(long = "tls-key", value_name = "PATH")]
+    /// Its private key (PEM) [default: none].
+    #[arg(long = "tls-key", env = "KVFABRIC_TLS_KEY", value_name = "PATH")]
     #[serde(rename = "key", skip_serializing_if = "Option::is_none")]
     pub key: Option<std::path::PathBuf>,
     /// The cluster CA certificate (PEM) [default: none].
-    #[arg(long = "tls-ca", value_name = "PATH")]
+    #[arg(long = "tls-ca", env = "KVFABRIC_TLS_CA", value_name = "PATH")]
     #[serde(rename = "ca", skip_serializing_if = "Option::is_none")]
     pub ca: Option<std::path::PathBuf>,
 }

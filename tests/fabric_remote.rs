@@ -32,6 +32,7 @@ async fn engines_on_remote_nodes_reuse_each_others_prefixes_bit_exact() {
                 mode: "remote".into(),
                 ..ConnectorConfig::default()
             },
+            None,
         ))
     };
     let cfg = engine_config();

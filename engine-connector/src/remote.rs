@@ -10,7 +10,11 @@
 //! reads it, and the connector verifies it again before it copies the KV
 //! bytes into the engine's pool. Loads are whole blocks (no layer-wise
 //! streaming through gRPC); saves carry the per-layer trailer so engines
-//! with an embedded node can stream these blocks.
+//! with an embedded node can stream these blocks. A secured node is reached
+//! over mutual TLS with the identity the engine loaded from its
+//! `[cluster.security]` settings; an engine without one is told at start
+//! (an error log naming the settings) that its node wants a certificate
+//! (and one with a certificate, that its node speaks plaintext).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -18,8 +22,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
-use kvfabric_store::cluster::client::{connect_lazy, get_block, put_block, CacheClient};
+use kvfabric_store::cluster::client::{
+    check_tls, connect_lazy_with, get_block, put_block, CacheClient,
+};
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
+use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_types::{BlockKey, KvLayout};
 
 use crate::connector::{
@@ -46,18 +53,30 @@ pub struct RemoteBackend {
 }
 
 impl Connector<RemoteBackend> {
-    /// The engine's [`ConnectFn`] for the node at `addr` (`host:port`).
+    /// The engine's [`ConnectFn`] for the node at `addr` (`host:port`),
+    /// over mutual TLS with `identity` when given (a secured node's).
     /// Call it inside a tokio runtime; the connection is opened lazily, so
     /// an engine starts even while its node is still starting.
-    pub fn connect_fn(addr: String, cfg: ConnectorConfig) -> ConnectFn {
+    pub fn connect_fn(
+        addr: String,
+        cfg: ConnectorConfig,
+        identity: Option<Arc<NodeIdentity>>,
+    ) -> ConnectFn {
         Connector::connect_fn_with(cfg, move |mem, rt| {
-            let client = connect_lazy(&addr, RPC_TIMEOUT)?;
+            let client = connect_lazy_with(&addr, RPC_TIMEOUT, identity.as_deref())?;
             let node_id = Arc::new(OnceLock::new());
             {
                 let (mut client, node_id) = (client.clone(), node_id.clone());
+                let (addr, tls) = (addr.clone(), identity.is_some());
                 rt.spawn(async move {
-                    if let Ok(r) = client.stats(StatsRequest {}).await {
-                        let _ = node_id.set(r.into_inner().node_id);
+                    match client.stats(StatsRequest {}).await {
+                        Ok(r) => {
+                            let _ = node_id.set(r.into_inner().node_id);
+                        }
+                        Err(s) => match check_tls(&addr, RPC_TIMEOUT, tls).await {
+                            Err(e) => tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}"),
+                            Ok(()) => tracing::debug!(node = %addr, status = %s, "fabric node not answering yet"),
+                        },
                     }
                 });
             }

@@ -11,7 +11,13 @@
 //! refresh, for `watch` and `top`) carrying every field its table shows.
 //! A node with a tenants file needs `--api-key` (a `trusted` tenant's key
 //! sees keys as computed; docs/SECURITY.md); a tenant's engine blocks live
-//! under `--namespace tenant:<namespace>`.
+//! under `--namespace tenant:<namespace>`. A secured node (mutual TLS) needs
+//! a certificate of its cluster CA, given as a node's is: `--tls-cert`,
+//! `--tls-key`, `--tls-ca` (`KVFABRIC_TLS_*`, or `[cluster.security]` of the
+//! `--config` file), loaded by the store's one loader
+//! (`cluster::security::load_client`); without one, a secured node's refusal
+//! is reported as the missing setting, not as a transport error (and a
+//! certificate given for a plaintext node as the extra one).
 //!
 //! The ratios, one meaning each (docs/OPERATIONS.md, "ctl"):
 //! - **lookup hit ratio** of a node: of the blocks its clients looked up
@@ -33,7 +39,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use kvfabric_store::cluster::client;
+use kvfabric_store::cluster::{client, security, ClusterConfig};
+
+use crate::node::{ClusterFlags, SecurityFlags};
 
 /// `kvfabric ctl` flags.
 #[derive(Args, Debug)]
@@ -52,6 +60,9 @@ pub struct CtlCmd {
         hide_env_values = true
     )]
     pub api_key: Option<String>,
+    /// The client certificate for a secured cluster (same keys as a node's).
+    #[command(flatten)]
+    pub security: SecurityFlags,
     #[command(subcommand)]
     pub action: CtlAction,
 }
@@ -129,17 +140,36 @@ pub enum CtlAction {
     },
 }
 
-/// Run one ctl command.
-pub fn run(cmd: CtlCmd) -> anyhow::Result<()> {
+/// Run one ctl command; `file` is the `--config` file (its `[cluster.security]`).
+pub fn run(mut cmd: CtlCmd, file: Option<&std::path::Path>) -> anyhow::Result<()> {
+    let flags = ClusterFlags {
+        security: std::mem::take(&mut cmd.security),
+        ..ClusterFlags::default()
+    };
+    let cluster: ClusterConfig = crate::config::load("cluster", file, &flags)?;
+    let identity = security::load_client(&cluster.security)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run_async(cmd))
+    rt.block_on(async {
+        let timeout = Duration::from_millis(cmd.timeout_ms);
+        let addr = cmd.addr.clone();
+        let done = run_async(cmd, identity.as_deref()).await;
+        if done.is_err() {
+            // A TLS mismatch shows in the failed call only as "transport
+            // error": say which setting is missing or extra.
+            client::check_tls(&addr, timeout, identity.is_some()).await?;
+        }
+        done
+    })
 }
 
-async fn run_async(cmd: CtlCmd) -> anyhow::Result<()> {
+async fn run_async(
+    cmd: CtlCmd,
+    identity: Option<&kvfabric_transfer::security::NodeIdentity>,
+) -> anyhow::Result<()> {
     let timeout = Duration::from_millis(cmd.timeout_ms);
-    let mut c = client::connect(&cmd.addr, timeout)
+    let mut c = client::connect_with(&cmd.addr, timeout, identity)
         .await
         .with_context(|| format!("cannot reach a node at {}", cmd.addr))?;
     let key = cmd.api_key.as_deref();

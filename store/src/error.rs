@@ -233,6 +233,22 @@ pub enum BadConfig {
     /// A peer's advertised address (`addr`) is not a URI.
     #[error("peer address {addr:?}: {reason}")]
     PeerAddress { addr: String, reason: String },
+    /// The node at `addr` speaks TLS and this client has no certificate.
+    #[error(
+        "the node at {addr} requires mutual TLS and this client has no certificate: give it one \
+         of the cluster CA with --tls-cert, --tls-key and --tls-ca (env KVFABRIC_TLS_CERT, \
+         KVFABRIC_TLS_KEY, KVFABRIC_TLS_CA; or cert, key and ca in [cluster.security] of the \
+         --config file); see docs/SECURITY.md"
+    )]
+    TlsRequired { addr: String },
+    /// This client has a certificate and the node at `addr` speaks plaintext.
+    #[error(
+        "the node at {addr} does not speak TLS (its [cluster.security] mode is none) but this \
+         client was given a certificate: remove --tls-cert, --tls-key and --tls-ca (and \
+         KVFABRIC_TLS_*, [cluster.security] of the --config file), or secure the node; see \
+         docs/SECURITY.md"
+    )]
+    TlsNotSpoken { addr: String },
 }
 
 impl From<TypesError> for StoreError {

@@ -3,11 +3,15 @@
 //! TLS settings built from it for the server and every peer channel (mutual
 //! TLS: a peer without a certificate of the cluster CA cannot connect), and
 //! the checks the internal services make: a request that claims a node id
-//! must come from the node whose certificate names it.
+//! must come from the node whose certificate names it. Clients of a node
+//! (`kvfabric ctl`, an engine's remote connector) load theirs from the same
+//! settings with [`load_client`].
 
 use std::sync::Arc;
 
-use kvfabric_transfer::security::{node_id_of, NodeIdentity, SecurityMode, SERVER_NAME};
+use kvfabric_transfer::security::{
+    node_id_of, NodeIdentity, SecurityConfig, SecurityMode, SERVER_NAME,
+};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
 
@@ -34,6 +38,18 @@ pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentit
         Some(i) => {
             tracing::info!(node = %node_id, mode = i.mode.as_str(), "mutual TLS between nodes")
         }
+    }
+    Ok(id)
+}
+
+/// A client's identity from the `[cluster.security]` settings a node reads
+/// (file, `KVFABRIC_TLS_*`, `--tls-*`): None without certificates (mode
+/// `none`). Any certificate of the cluster CA will do, whatever node it names
+/// (its host node's, or one `kvfabric certs init --nodes` made for the tool).
+pub fn load_client(cfg: &SecurityConfig) -> Result<Option<Arc<NodeIdentity>>, StoreError> {
+    let id = NodeIdentity::load(cfg).map_err(|e| StoreError::Config(BadConfig::Security(e)))?;
+    if let Some(i) = &id {
+        tracing::debug!(cert = %i.node_id, mode = i.mode.as_str(), "client over mutual TLS");
     }
     Ok(id)
 }
