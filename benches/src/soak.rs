@@ -38,7 +38,10 @@ use serde_json::{json, Value};
 
 use crate::agentic::trace::SplitMix64;
 use cluster::{Sizes, SoakCluster};
-use growth::FdSample;
+use growth::{Bounds, FdSample};
+
+/// The longest the end waits for the fd rule to hold after the load stopped.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Arguments of `kvfabric bench soak`.
 #[derive(clap::Args, Debug, Clone)]
@@ -117,6 +120,8 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
     h0.spawn(move || {
         let sizes = Sizes {
             disk_mib: args.disk_mib,
+            transfer_per_peer: kvfabric_store::cluster::ClusterConfig::default()
+                .transfer_connections_per_peer,
         };
         let mut c = SoakCluster::start(bed, &model, &sizes)?;
         let report = soak(&args, &mut c);
@@ -144,9 +149,10 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         })
         .collect();
     sleep_until((started + Duration::from_secs(args.warmup_s)).min(end));
+    let bounds = c.fd_bounds(args.sessions);
     let before = proc_stats(c);
     let mut samples: Vec<Vec<FdSample>> = c.procs().map(|_| Vec::new()).collect();
-    sample_fds(c, started, &mut samples);
+    sample_fds(c, started, &bounds, &mut samples);
     let starts_before: Vec<u32> = c.procs().map(|p| p.starts()).collect();
     let mut rng = SplitMix64::new(args.seed);
     let every = Duration::from_secs(args.fault_every_s.max(args.hold_s + 1));
@@ -158,7 +164,7 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
             break;
         }
         if !fault_lines.is_empty() {
-            sample_fds(c, started, &mut samples);
+            sample_fds(c, started, &bounds, &mut samples);
         }
         for &f in &round {
             faults::inject(c, f, &mut rng)?;
@@ -172,14 +178,15 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         sleep_until((round_start + every).min(end));
     }
     sleep_until(end);
+    let faults_done = started.elapsed();
     stop.store(true, Ordering::SeqCst);
     for d in drivers {
         d.join().map_err(|_| anyhow!("a driver thread panicked"))?;
     }
+    let drained = started.elapsed();
     // Quiet: saves and pool returns of the last requests end.
-    std::thread::sleep(Duration::from_secs(3));
+    let settle = settle_fds(c, started, &bounds, &mut samples, SETTLE_LIMIT);
     let after = proc_stats(c);
-    sample_fds(c, started, &mut samples);
     let restarted: Vec<bool> = c
         .procs()
         .zip(&starts_before)
@@ -199,20 +206,64 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
             after,
             restarted,
             samples,
+            bounds,
+            wall: json!({
+                "faults_done_s": faults_done.as_secs_f64(),
+                "drained_s": drained.as_secs_f64(),
+                "fds_settled_in_s": settle.as_secs_f64(),
+            }),
         },
     ))
 }
 
-/// Every process's fd count now, with its incarnation.
-fn sample_fds(c: &SoakCluster, started: Instant, samples: &mut [Vec<FdSample>]) {
+/// Every process's fd count and TCP connections now, with its incarnation.
+fn sample_fds(c: &SoakCluster, started: Instant, bounds: &Bounds, samples: &mut [Vec<FdSample>]) {
     let at_s = started.elapsed().as_secs_f64();
-    for (p, out) in c.procs().zip(samples.iter_mut()) {
-        if let Some(s) = p.stats() {
-            out.push(FdSample {
-                at_s,
-                starts: p.starts(),
-                fds: s.fds,
-            });
+    let now: Vec<_> = c
+        .procs()
+        .map(|p| {
+            let sockets = p
+                .pid()
+                .map(kvfabric_testbed::tcp_sockets)
+                .unwrap_or_default();
+            (p.stats(), p.starts(), sockets)
+        })
+        .collect();
+    let socks: Vec<_> = now.iter().map(|(_, _, s)| s.clone()).collect();
+    let live = growth::live(&socks);
+    for ((stats, starts, sockets), out) in now.iter().zip(samples.iter_mut()) {
+        if let Some(st) = stats {
+            out.push(growth::sample(
+                at_s, *starts, st.fds, sockets, &live, bounds,
+            ));
+        }
+    }
+}
+
+/// After the load stopped: sample every second until every process passes
+/// the fd rule (batches and saves of the last requests end, keep-alive
+/// connections close) or `limit` passed; the last sample stays. Returns
+/// how long it took.
+fn settle_fds(
+    c: &SoakCluster,
+    started: Instant,
+    bounds: &Bounds,
+    samples: &mut [Vec<FdSample>],
+    limit: Duration,
+) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let lens: Vec<usize> = samples.iter().map(Vec::len).collect();
+        sample_fds(c, started, bounds, samples);
+        let pass = samples
+            .iter()
+            .all(|s| growth::judge(s, bounds)["grew"] == false);
+        if pass || t0.elapsed() >= limit {
+            return t0.elapsed();
+        }
+        for (s, n) in samples.iter_mut().zip(lens) {
+            s.truncate(n);
         }
     }
 }
@@ -247,6 +298,9 @@ struct Measured {
     after: Vec<Stats>,
     restarted: Vec<bool>,
     samples: Vec<Vec<FdSample>>,
+    bounds: Bounds,
+    /// When the phases after the load's end ended (seconds since the start).
+    wall: Value,
 }
 
 /// One session after another until `stop`: each turn through the router
@@ -379,7 +433,7 @@ fn report(
                 (Some(b), Some(a)) => a.fds as i64 - b.fds as i64,
                 _ => 0,
             };
-            let fds_judged = growth::judge(&m.samples[i]);
+            let fds_judged = growth::judge(&m.samples[i], &m.bounds);
             if (!restarted[i] && rss_growth > 0.10) || fds_judged["grew"] == true {
                 grew.push(p.name().to_string());
             }
@@ -413,6 +467,11 @@ fn report(
         "hit_ratio_over_time": hit,
         "processes": procs,
         "processes_grown": grew,
+        "fd_bounds": {
+            "transfer_per_peer": m.bounds.transfer_per_peer,
+            "http_per_peer": m.bounds.http_per_peer,
+        },
+        "wall_s": m.wall,
         "faults": faults,
         "errors": errors,
         "pass": failed == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
