@@ -37,7 +37,16 @@ fn three_minute_soak_loses_no_request_and_changes_no_output() {
     let dir = tempfile::tempdir().expect("dir");
     let out_path = dir.path().join("soak.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvfabric"))
-        .args(["bench", "soak", "--json", "--minutes", "3", "--model"])
+        .args([
+            "bench",
+            "soak",
+            "--json",
+            "--minutes",
+            "3",
+            "--sessions",
+            "2",
+        ])
+        .arg("--model")
         .arg(&model)
         .stdout(std::fs::File::create(&out_path).expect("out"))
         .stderr(Stdio::inherit())
@@ -56,10 +65,14 @@ fn three_minute_soak_loses_no_request_and_changes_no_output() {
         std::thread::sleep(Duration::from_millis(500));
     };
     let text = std::fs::read_to_string(&out_path).expect("report");
+    eprintln!("soak report: {}", text.trim());
     assert!(status.success(), "soak failed: {status}\n{text}");
     let r: serde_json::Value = serde_json::from_str(text.trim()).expect("JSON report");
     assert!(r["requests_sent"].as_u64().unwrap_or(0) > 20, "{r}");
     assert_eq!(r["requests_failed"], 0, "{r}");
+    assert_eq!(r["requests_unverified"], 0, "{r}");
+    // At most each driver's last turn, still running a minute after the end.
+    assert!(r["requests_cut_at_end"].as_u64().unwrap_or(99) <= 2, "{r}");
     assert_eq!(r["outputs_differing_from_no_cache"], 0, "{r}");
     let kinds: std::collections::BTreeSet<&str> = r["faults"]
         .as_array()

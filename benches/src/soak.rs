@@ -12,7 +12,11 @@
 //! `--hold-s` seconds and heals it.
 //!
 //! Reported: requests sent, failed (every retry failed) and retried, outputs
-//! different from the no-cache answer, the token hit ratio per 30 s, RSS and
+//! different from the no-cache answer, answers not compared (the reference
+//! failed) and turns cut at the end (still running [`DRAIN_LIMIT`] after
+//! it: this bounds the wall time past `--minutes`, with the heal of the last
+//! round and the end's fd settling, [`SETTLE_LIMIT`]), the time of a router
+//! answer and of a no-cache reference answer, when each phase ended, the token hit ratio per 30 s, RSS and
 //! open fds of every process after warm-up and at the end, and every fault
 //! with the time it took to recover. `pass` is: no failed request, no
 //! different output, no process (not restarted) whose RSS grew > 10%, and
@@ -42,6 +46,12 @@ use growth::{Bounds, FdSample};
 
 /// The longest the end waits for the fd rule to hold after the load stopped.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The longest the drivers' last turns may run past the end: what bounds
+/// the wall time after it (a turn is a router answer and a no-cache
+/// reference answer, each retried; under load one reference prefill alone
+/// took tens of seconds).
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// Arguments of `kvfabric bench soak`.
 #[derive(clap::Args, Debug, Clone)]
@@ -90,10 +100,14 @@ pub struct SoakArgs {
 struct Record {
     at: Duration,
     ok: bool,
+    /// Still running [`DRAIN_LIMIT`] after the end: cut, not failed.
+    cut: bool,
     retries: u32,
     differs: bool,
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// Milliseconds of the router's answer and of the reference's.
+    ms: [f64; 2],
     error: Option<String>,
 }
 
@@ -112,6 +126,7 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
         "--sessions and --turns must be > 0"
     );
     let model = crate::model_file(&args.model)?;
+    let t0 = Instant::now();
     let bed = Testbed::up(4, args.link_gbit).context("test bed (needs root)")?;
     let h0 = bed.host(0).clone();
     let args = args.clone();
@@ -124,7 +139,11 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
                 .transfer_connections_per_peer,
         };
         let mut c = SoakCluster::start(bed, &model, &sizes)?;
-        let report = soak(&args, &mut c);
+        let up_s = t0.elapsed().as_secs_f64();
+        let mut report = soak(&args, &mut c);
+        if let Ok(r) = report.as_mut() {
+            r["wall_s"]["cluster_up_s"] = json!(up_s);
+        }
         if report.is_err() {
             for p in c.procs() {
                 eprintln!("--- {} ---\n{}", p.name(), p.log_tail(20));
@@ -143,9 +162,14 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
     let stop = Arc::new(AtomicBool::new(false));
     let drivers: Vec<_> = (0..args.sessions)
         .map(|s| {
-            let (router, reference) = (c.router_addr(), c.reference_addr());
+            let load = Load {
+                router: c.router_addr(),
+                reference: c.reference_addr(),
+                started,
+                cut_at: end + DRAIN_LIMIT,
+            };
             let (records, stop, args) = (records.clone(), stop.clone(), args.clone());
-            std::thread::spawn(move || drive(s, &args, router, reference, started, &stop, &records))
+            std::thread::spawn(move || drive(s, &args, load, &stop, &records))
         })
         .collect();
     sleep_until((started + Duration::from_secs(args.warmup_s)).min(end));
@@ -303,17 +327,19 @@ struct Measured {
     wall: Value,
 }
 
-/// One session after another until `stop`: each turn through the router
-/// (retried), the same prompt on the reference, answers compared.
-fn drive(
-    s: usize,
-    args: &SoakArgs,
+/// Where a driver sends its load, and until when.
+#[derive(Clone, Copy)]
+struct Load {
     router: std::net::SocketAddr,
     reference: std::net::SocketAddr,
     started: Instant,
-    stop: &AtomicBool,
-    records: &Mutex<Vec<Record>>,
-) {
+    /// A turn still running here is cut (the end plus [`DRAIN_LIMIT`]).
+    cut_at: Instant,
+}
+
+/// One session after another until `stop`: each turn through the router
+/// (retried), the same prompt on the reference, answers compared.
+fn drive(s: usize, args: &SoakArgs, load: Load, stop: &AtomicBool, records: &Mutex<Vec<Record>>) {
     let mut session = s;
     while !stop.load(Ordering::SeqCst) {
         let mut history = session_prompt(args.seed, session);
@@ -321,37 +347,45 @@ fn drive(
             if stop.load(Ordering::SeqCst) {
                 return;
             }
+            let tokens = args.answer_tokens;
+            let t0 = Instant::now();
             let got = client::complete(
-                router,
+                load.router,
                 &history,
-                args.answer_tokens,
-                8,
-                Duration::from_secs(1),
+                tokens,
+                (8, Duration::from_secs(1)),
+                load.cut_at,
             );
+            let t1 = Instant::now();
             let want = client::complete(
-                reference,
+                load.reference,
                 &history,
-                args.answer_tokens,
-                3,
-                Duration::from_secs(1),
+                tokens,
+                (3, Duration::from_secs(1)),
+                load.cut_at,
             );
-            let rec = match (&got, &want) {
+            let ms = [t1 - t0, t1.elapsed()].map(|d| d.as_secs_f64() * 1e3);
+            let mut rec = match (&got, &want) {
                 (Ok(g), Ok(w)) => Record {
-                    at: started.elapsed(),
+                    at: load.started.elapsed(),
                     ok: true,
+                    cut: false,
                     retries: g.retries,
                     differs: g.text != w.text,
                     prompt_tokens: g.prompt_tokens,
                     cached_tokens: g.cached_tokens,
+                    ms,
                     error: None,
                 },
                 (g, w) => Record {
-                    at: started.elapsed(),
+                    at: load.started.elapsed(),
                     ok: g.is_ok(),
+                    cut: false,
                     retries: g.as_ref().map_or(8, |a| a.retries),
                     differs: false,
                     prompt_tokens: 0,
                     cached_tokens: 0,
+                    ms,
                     error: Some(format!(
                         "router: {:?} reference: {:?}",
                         g.as_ref().err(),
@@ -359,6 +393,8 @@ fn drive(
                     )),
                 },
             };
+            // Not finished by the drain limit: cut by the bench, not failed.
+            rec.cut = rec.error.is_some() && Instant::now() >= load.cut_at;
             let answer = got.map(|a| a.text).unwrap_or_default();
             if let Ok(mut r) = records.lock() {
                 r.push(rec);
@@ -406,8 +442,23 @@ fn report(
     m: &Measured,
 ) -> Value {
     let (before, after, restarted) = (&m.before, &m.after, &m.restarted);
-    let failed = records.iter().filter(|r| !r.ok).count();
+    let failed = records.iter().filter(|r| !r.ok && !r.cut).count();
+    let cut = records.iter().filter(|r| r.cut).count();
+    // The router answered but the reference did not: not compared.
+    let unverified = records
+        .iter()
+        .filter(|r| r.ok && !r.cut && r.error.is_some())
+        .count();
     let differing = records.iter().filter(|r| r.differs).count();
+    let ms = |i: usize| {
+        let mut v: Vec<f64> = records
+            .iter()
+            .filter(|r| r.error.is_none())
+            .map(|r| r.ms[i])
+            .collect();
+        v.sort_by(f64::total_cmp);
+        json!({"p50": v.get(v.len() / 2), "max": v.last()})
+    };
     let retried = records.iter().filter(|r| r.ok && r.retries > 0).count();
     let mut buckets: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
     for r in records.iter().filter(|r| r.ok) {
@@ -462,6 +513,9 @@ fn report(
         "link_gbit": args.link_gbit,
         "requests_sent": records.len(),
         "requests_failed": failed,
+        "requests_unverified": unverified,
+        "requests_cut_at_end": cut,
+        "turn_ms": {"router": ms(0), "no_cache_reference": ms(1)},
         "requests_retried": retried,
         "outputs_differing_from_no_cache": differing,
         "hit_ratio_over_time": hit,
@@ -474,6 +528,6 @@ fn report(
         "wall_s": m.wall,
         "faults": faults,
         "errors": errors,
-        "pass": failed == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
+        "pass": failed == 0 && unverified == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
     })
 }
