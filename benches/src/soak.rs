@@ -14,17 +14,19 @@
 //! Reported: requests sent, failed (every retry failed) and retried, outputs
 //! different from the no-cache answer, answers not compared (the reference
 //! failed) and turns cut at the end (still running [`DRAIN_LIMIT`] after
-//! it: this bounds the wall time past `--minutes`, with the heal of the last
-//! round and the end's fd settling, [`SETTLE_LIMIT`]), the time of a router
-//! answer and of a no-cache reference answer, when each phase ended, the token hit ratio per 30 s, RSS and
-//! open fds of every process after warm-up and at the end, and every fault
-//! with the time it took to recover. `pass` is: no failed request, no
+//! it: with the last round's heal and the end's fd settling,
+//! [`SETTLE_LIMIT`], this bounds the wall time past `--minutes`), the time
+//! of a router answer and of a no-cache reference answer, when each phase
+//! ended, the token hit ratio per 30 s, RSS and open fds of every process
+//! after warm-up and at the end, and every fault with the time it took to
+//! recover. `pass` is: no failed request, no unverified answer, no
 //! different output, no process (not restarted) whose RSS grew > 10%, and
-//! no process whose fd count kept growing after warm-up ([`growth`]: fds
-//! sampled every fault round; its connection pools may fill, but the count
-//! at the end may not pass the highest one of the settling rounds). Each
-//! process's TCP connections by peer and state are reported at warm-up and
-//! at the end ([`kvfabric_testbed::tcp_summary`]).
+//! no process that breaks the fd rule ([`growth`]: fds sampled every fault
+//! round and at the end, split into pooled TCP connections, each pool
+//! bounded by the config at the end, and the rest, which may not grow; no
+//! connection to a dead peer at the end). Each process's TCP connections by
+//! peer and state are reported at warm-up and at the end
+//! ([`kvfabric_testbed::tcp_summary`]).
 
 pub mod client;
 pub mod cluster;
