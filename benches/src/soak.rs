@@ -12,15 +12,21 @@
 //! `--hold-s` seconds and heals it.
 //!
 //! Reported: requests sent, failed (every retry failed) and retried, outputs
-//! different from the no-cache answer, the token hit ratio per 30 s, RSS and
-//! open fds of every process after warm-up and at the end, and every fault
-//! with the time it took to recover. `pass` is: no failed request, no
+//! different from the no-cache answer, answers not compared (the reference
+//! failed) and turns cut at the end (still running [`DRAIN_LIMIT`] after
+//! it: with the last round's heal and the end's fd settling,
+//! [`SETTLE_LIMIT`], this bounds the wall time past `--minutes`), the time
+//! of a router answer and of a no-cache reference answer, when each phase
+//! ended, the token hit ratio per 30 s, RSS and open fds of every process
+//! after warm-up and at the end, and every fault with the time it took to
+//! recover. `pass` is: no failed request, no unverified answer, no
 //! different output, no process (not restarted) whose RSS grew > 10%, and
-//! no process whose fd count kept growing after warm-up ([`growth`]: fds
-//! sampled every fault round; its connection pools may fill, but the count
-//! at the end may not pass the highest one of the settling rounds). Each
-//! process's TCP connections by peer and state are reported at warm-up and
-//! at the end ([`kvfabric_testbed::tcp_summary`]).
+//! no process that breaks the fd rule ([`growth`]: fds sampled every fault
+//! round and at the end, split into pooled TCP connections, each pool
+//! bounded by the config at the end, and the rest, which may not grow; no
+//! connection to a dead peer at the end). Each process's TCP connections by
+//! peer and state are reported at warm-up and at the end
+//! ([`kvfabric_testbed::tcp_summary`]).
 
 pub mod client;
 pub mod cluster;
@@ -38,7 +44,16 @@ use serde_json::{json, Value};
 
 use crate::agentic::trace::SplitMix64;
 use cluster::{Sizes, SoakCluster};
-use growth::FdSample;
+use growth::{Bounds, FdSample};
+
+/// The longest the end waits for the fd rule to hold after the load stopped.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// The longest the drivers' last turns may run past the end: what bounds
+/// the wall time after it (a turn is a router answer and a no-cache
+/// reference answer, each retried; under load one reference prefill alone
+/// took tens of seconds).
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// Arguments of `kvfabric bench soak`.
 #[derive(clap::Args, Debug, Clone)]
@@ -87,10 +102,14 @@ pub struct SoakArgs {
 struct Record {
     at: Duration,
     ok: bool,
+    /// Still running [`DRAIN_LIMIT`] after the end: cut, not failed.
+    cut: bool,
     retries: u32,
     differs: bool,
     prompt_tokens: u64,
     cached_tokens: u64,
+    /// Milliseconds of the router's answer and of the reference's.
+    ms: [f64; 2],
     error: Option<String>,
 }
 
@@ -109,6 +128,7 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
         "--sessions and --turns must be > 0"
     );
     let model = crate::model_file(&args.model)?;
+    let t0 = Instant::now();
     let bed = Testbed::up(4, args.link_gbit).context("test bed (needs root)")?;
     let h0 = bed.host(0).clone();
     let args = args.clone();
@@ -117,9 +137,15 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
     h0.spawn(move || {
         let sizes = Sizes {
             disk_mib: args.disk_mib,
+            transfer_per_peer: kvfabric_store::cluster::ClusterConfig::default()
+                .transfer_connections_per_peer,
         };
         let mut c = SoakCluster::start(bed, &model, &sizes)?;
-        let report = soak(&args, &mut c);
+        let up_s = t0.elapsed().as_secs_f64();
+        let mut report = soak(&args, &mut c);
+        if let Ok(r) = report.as_mut() {
+            r["wall_s"]["cluster_up_s"] = json!(up_s);
+        }
         if report.is_err() {
             for p in c.procs() {
                 eprintln!("--- {} ---\n{}", p.name(), p.log_tail(20));
@@ -138,15 +164,21 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
     let stop = Arc::new(AtomicBool::new(false));
     let drivers: Vec<_> = (0..args.sessions)
         .map(|s| {
-            let (router, reference) = (c.router_addr(), c.reference_addr());
+            let load = Load {
+                router: c.router_addr(),
+                reference: c.reference_addr(),
+                started,
+                cut_at: end + DRAIN_LIMIT,
+            };
             let (records, stop, args) = (records.clone(), stop.clone(), args.clone());
-            std::thread::spawn(move || drive(s, &args, router, reference, started, &stop, &records))
+            std::thread::spawn(move || drive(s, &args, load, &stop, &records))
         })
         .collect();
     sleep_until((started + Duration::from_secs(args.warmup_s)).min(end));
+    let bounds = c.fd_bounds(args.sessions);
     let before = proc_stats(c);
     let mut samples: Vec<Vec<FdSample>> = c.procs().map(|_| Vec::new()).collect();
-    sample_fds(c, started, &mut samples);
+    sample_fds(c, started, &bounds, &mut samples);
     let starts_before: Vec<u32> = c.procs().map(|p| p.starts()).collect();
     let mut rng = SplitMix64::new(args.seed);
     let every = Duration::from_secs(args.fault_every_s.max(args.hold_s + 1));
@@ -158,7 +190,7 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
             break;
         }
         if !fault_lines.is_empty() {
-            sample_fds(c, started, &mut samples);
+            sample_fds(c, started, &bounds, &mut samples);
         }
         for &f in &round {
             faults::inject(c, f, &mut rng)?;
@@ -172,14 +204,15 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
         sleep_until((round_start + every).min(end));
     }
     sleep_until(end);
+    let faults_done = started.elapsed();
     stop.store(true, Ordering::SeqCst);
     for d in drivers {
         d.join().map_err(|_| anyhow!("a driver thread panicked"))?;
     }
+    let drained = started.elapsed();
     // Quiet: saves and pool returns of the last requests end.
-    std::thread::sleep(Duration::from_secs(3));
+    let settle = settle_fds(c, started, &bounds, &mut samples, SETTLE_LIMIT);
     let after = proc_stats(c);
-    sample_fds(c, started, &mut samples);
     let restarted: Vec<bool> = c
         .procs()
         .zip(&starts_before)
@@ -199,20 +232,64 @@ fn soak(args: &SoakArgs, c: &mut SoakCluster) -> anyhow::Result<Value> {
             after,
             restarted,
             samples,
+            bounds,
+            wall: json!({
+                "faults_done_s": faults_done.as_secs_f64(),
+                "drained_s": drained.as_secs_f64(),
+                "fds_settled_in_s": settle.as_secs_f64(),
+            }),
         },
     ))
 }
 
-/// Every process's fd count now, with its incarnation.
-fn sample_fds(c: &SoakCluster, started: Instant, samples: &mut [Vec<FdSample>]) {
+/// Every process's fd count and TCP connections now, with its incarnation.
+fn sample_fds(c: &SoakCluster, started: Instant, bounds: &Bounds, samples: &mut [Vec<FdSample>]) {
     let at_s = started.elapsed().as_secs_f64();
-    for (p, out) in c.procs().zip(samples.iter_mut()) {
-        if let Some(s) = p.stats() {
-            out.push(FdSample {
-                at_s,
-                starts: p.starts(),
-                fds: s.fds,
-            });
+    let now: Vec<_> = c
+        .procs()
+        .map(|p| {
+            let sockets = p
+                .pid()
+                .map(kvfabric_testbed::tcp_sockets)
+                .unwrap_or_default();
+            (p.stats(), p.starts(), sockets)
+        })
+        .collect();
+    let socks: Vec<_> = now.iter().map(|(_, _, s)| s.clone()).collect();
+    let live = growth::live(&socks);
+    for ((stats, starts, sockets), out) in now.iter().zip(samples.iter_mut()) {
+        if let Some(st) = stats {
+            out.push(growth::sample(
+                at_s, *starts, st.fds, sockets, &live, bounds,
+            ));
+        }
+    }
+}
+
+/// After the load stopped: sample every second until every process passes
+/// the fd rule (batches and saves of the last requests end, keep-alive
+/// connections close) or `limit` passed; the last sample stays. Returns
+/// how long it took.
+fn settle_fds(
+    c: &SoakCluster,
+    started: Instant,
+    bounds: &Bounds,
+    samples: &mut [Vec<FdSample>],
+    limit: Duration,
+) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let lens: Vec<usize> = samples.iter().map(Vec::len).collect();
+        sample_fds(c, started, bounds, samples);
+        let pass = samples
+            .iter()
+            .all(|s| growth::judge(s, bounds)["grew"] == false);
+        if pass || t0.elapsed() >= limit {
+            return t0.elapsed();
+        }
+        for (s, n) in samples.iter_mut().zip(lens) {
+            s.truncate(n);
         }
     }
 }
@@ -247,19 +324,24 @@ struct Measured {
     after: Vec<Stats>,
     restarted: Vec<bool>,
     samples: Vec<Vec<FdSample>>,
+    bounds: Bounds,
+    /// When the phases after the load's end ended (seconds since the start).
+    wall: Value,
+}
+
+/// Where a driver sends its load, and until when.
+#[derive(Clone, Copy)]
+struct Load {
+    router: std::net::SocketAddr,
+    reference: std::net::SocketAddr,
+    started: Instant,
+    /// A turn still running here is cut (the end plus [`DRAIN_LIMIT`]).
+    cut_at: Instant,
 }
 
 /// One session after another until `stop`: each turn through the router
 /// (retried), the same prompt on the reference, answers compared.
-fn drive(
-    s: usize,
-    args: &SoakArgs,
-    router: std::net::SocketAddr,
-    reference: std::net::SocketAddr,
-    started: Instant,
-    stop: &AtomicBool,
-    records: &Mutex<Vec<Record>>,
-) {
+fn drive(s: usize, args: &SoakArgs, load: Load, stop: &AtomicBool, records: &Mutex<Vec<Record>>) {
     let mut session = s;
     while !stop.load(Ordering::SeqCst) {
         let mut history = session_prompt(args.seed, session);
@@ -267,37 +349,45 @@ fn drive(
             if stop.load(Ordering::SeqCst) {
                 return;
             }
+            let tokens = args.answer_tokens;
+            let t0 = Instant::now();
             let got = client::complete(
-                router,
+                load.router,
                 &history,
-                args.answer_tokens,
-                8,
-                Duration::from_secs(1),
+                tokens,
+                (8, Duration::from_secs(1)),
+                load.cut_at,
             );
+            let t1 = Instant::now();
             let want = client::complete(
-                reference,
+                load.reference,
                 &history,
-                args.answer_tokens,
-                3,
-                Duration::from_secs(1),
+                tokens,
+                (3, Duration::from_secs(1)),
+                load.cut_at,
             );
-            let rec = match (&got, &want) {
+            let ms = [t1 - t0, t1.elapsed()].map(|d| d.as_secs_f64() * 1e3);
+            let mut rec = match (&got, &want) {
                 (Ok(g), Ok(w)) => Record {
-                    at: started.elapsed(),
+                    at: load.started.elapsed(),
                     ok: true,
+                    cut: false,
                     retries: g.retries,
                     differs: g.text != w.text,
                     prompt_tokens: g.prompt_tokens,
                     cached_tokens: g.cached_tokens,
+                    ms,
                     error: None,
                 },
                 (g, w) => Record {
-                    at: started.elapsed(),
+                    at: load.started.elapsed(),
                     ok: g.is_ok(),
+                    cut: false,
                     retries: g.as_ref().map_or(8, |a| a.retries),
                     differs: false,
                     prompt_tokens: 0,
                     cached_tokens: 0,
+                    ms,
                     error: Some(format!(
                         "router: {:?} reference: {:?}",
                         g.as_ref().err(),
@@ -305,6 +395,8 @@ fn drive(
                     )),
                 },
             };
+            // Not finished by the drain limit: cut by the bench, not failed.
+            rec.cut = rec.error.is_some() && Instant::now() >= load.cut_at;
             let answer = got.map(|a| a.text).unwrap_or_default();
             if let Ok(mut r) = records.lock() {
                 r.push(rec);
@@ -352,8 +444,23 @@ fn report(
     m: &Measured,
 ) -> Value {
     let (before, after, restarted) = (&m.before, &m.after, &m.restarted);
-    let failed = records.iter().filter(|r| !r.ok).count();
+    let failed = records.iter().filter(|r| !r.ok && !r.cut).count();
+    let cut = records.iter().filter(|r| r.cut).count();
+    // The router answered but the reference did not: not compared.
+    let unverified = records
+        .iter()
+        .filter(|r| r.ok && !r.cut && r.error.is_some())
+        .count();
     let differing = records.iter().filter(|r| r.differs).count();
+    let ms = |i: usize| {
+        let mut v: Vec<f64> = records
+            .iter()
+            .filter(|r| r.error.is_none())
+            .map(|r| r.ms[i])
+            .collect();
+        v.sort_by(f64::total_cmp);
+        json!({"p50": v.get(v.len() / 2), "max": v.last()})
+    };
     let retried = records.iter().filter(|r| r.ok && r.retries > 0).count();
     let mut buckets: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
     for r in records.iter().filter(|r| r.ok) {
@@ -379,7 +486,7 @@ fn report(
                 (Some(b), Some(a)) => a.fds as i64 - b.fds as i64,
                 _ => 0,
             };
-            let fds_judged = growth::judge(&m.samples[i]);
+            let fds_judged = growth::judge(&m.samples[i], &m.bounds);
             if (!restarted[i] && rss_growth > 0.10) || fds_judged["grew"] == true {
                 grew.push(p.name().to_string());
             }
@@ -408,13 +515,21 @@ fn report(
         "link_gbit": args.link_gbit,
         "requests_sent": records.len(),
         "requests_failed": failed,
+        "requests_unverified": unverified,
+        "requests_cut_at_end": cut,
+        "turn_ms": {"router": ms(0), "no_cache_reference": ms(1)},
         "requests_retried": retried,
         "outputs_differing_from_no_cache": differing,
         "hit_ratio_over_time": hit,
         "processes": procs,
         "processes_grown": grew,
+        "fd_bounds": {
+            "transfer_per_peer": m.bounds.transfer_per_peer,
+            "http_per_peer": m.bounds.http_per_peer,
+        },
+        "wall_s": m.wall,
         "faults": faults,
         "errors": errors,
-        "pass": failed == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
+        "pass": failed == 0 && unverified == 0 && differing == 0 && grew.is_empty() && !records.is_empty(),
     })
 }

@@ -231,3 +231,58 @@ async fn a_burst_of_tcp_batches_leaves_at_most_the_idle_cap_open_until_the_timeo
     }
     assert_eq!(now, before, "peer sockets after the idle timeout");
 }
+
+/// Connections of this process to `addr` (`127.0.0.1:port`) that an fd
+/// still holds (a row of /proc/self/net/tcp with an inode).
+fn held_connections_to(addr: &str) -> usize {
+    let sa: std::net::SocketAddrV4 = addr.parse().expect("peer address");
+    let want = format!("{:08X}:{:04X}", u32::from(*sa.ip()).swap_bytes(), sa.port());
+    std::fs::read_to_string("/proc/self/net/tcp")
+        .expect("/proc/self/net/tcp")
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.get(2) == Some(&want.as_str()) && f.get(9).is_some_and(|i| *i != "0")
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tcp_connections_to_a_killed_peer_close_on_the_next_batch_to_any_peer() {
+    let size = 4 * MIB;
+    let mut gone = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "6"]).await;
+    let other = Peer::spawn(PEER, &["--size", &size.to_string(), "--seed", "7"]).await;
+    let mut registry = Registry::default();
+    let config = TransferConfig {
+        transport: TransportChoice::Tcp,
+        op_timeout_ms: 20_000,
+        connections_per_peer: 2,
+        ..TransferConfig::default()
+    };
+    let engine = TransferEngine::start(config, &mut registry).await.unwrap();
+    let local = region(size, 0);
+    let seg = engine.register(local.clone());
+    for p in [&gone, &other] {
+        let op = TransferOp::read(seg, 0, p.segment, 0, 4096);
+        engine.batch(&p.addr, vec![op]).await[0].as_ref().unwrap();
+    }
+    assert!(held_connections_to(&gone.addr) >= 1);
+    gone.child.start_kill().expect("kill the peer");
+    gone.child.wait().await.expect("peer reaped");
+    // A batch to the other peer closes the pooled connections to the killed
+    // one (before: they stayed in CLOSE_WAIT until a batch to that peer).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let op = TransferOp::read(seg, 0, other.segment, 0, 4096);
+        engine.batch(&other.addr, vec![op]).await[0]
+            .as_ref()
+            .unwrap();
+        let held = held_connections_to(&gone.addr);
+        if held == 0 || Instant::now() > deadline {
+            assert_eq!(held, 0, "connections to the killed peer still held");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

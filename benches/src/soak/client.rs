@@ -81,13 +81,15 @@ pub struct Answer {
 
 /// POST /v1/completions (greedy), retried up to `tries` times on a
 /// transport error or a 5xx (what a kill, a partition or a restart
-/// produces), `backoff` apart. Err: every try failed (the last error).
+/// produces), `backoff` apart. No try starts after `deadline`, and none
+/// waits past it (each waits at most 120 s). Err: every try failed (the
+/// last error).
 pub fn complete(
     addr: SocketAddr,
     prompt: &str,
     max_tokens: usize,
-    tries: u32,
-    backoff: Duration,
+    (tries, backoff): (u32, Duration),
+    deadline: Instant,
 ) -> Result<Answer, String> {
     let body = serde_json::json!({
         "model": "smollm2",
@@ -101,12 +103,17 @@ pub fn complete(
         if attempt > 0 {
             std::thread::sleep(backoff);
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            last = format!("deadline passed ({last})");
+            break;
+        }
         match http(
             addr,
             "POST",
             "/v1/completions",
             Some(&body),
-            Duration::from_secs(120),
+            left.min(Duration::from_secs(120)),
         ) {
             Ok((200, v)) => {
                 let usage = &v["usage"];

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use kvfabric_testbed::{Host, HostProc, Testbed};
 
 use super::client::http;
+use super::growth::Bounds;
 
 const ENGINE_PORT: u16 = 8000;
 const ROUTER_PORT: u16 = 9000;
 const ETCD_PORT: u16 = 2379;
+const TRANSFER_PORT: u16 = 7000;
 
 /// A tmpfs mounted for one engine's disk tier; unmounted on drop.
 pub struct Tmpfs {
@@ -54,11 +56,15 @@ pub struct SoakCluster {
     pub disks: Vec<Tmpfs>,
     pub bed: Testbed,
     pub dir: tempfile::TempDir,
+    transfer_per_peer: u64,
 }
 
 /// How the engines are sized.
 pub struct Sizes {
     pub disk_mib: u64,
+    /// `transfer_connections_per_peer` given to every engine (the fd rule's
+    /// bound on each transfer pool).
+    pub transfer_per_peer: usize,
 }
 
 impl SoakCluster {
@@ -84,9 +90,9 @@ impl SoakCluster {
         let reference = engine(
             &exe,
             model,
-            &h0,
-            "reference",
+            (&h0, "reference"),
             &reference_flags(),
+            vec![],
             dir.path(),
         )?;
         let mut engines = Vec::new();
@@ -95,12 +101,16 @@ impl SoakCluster {
             let host = bed.host(i).clone();
             let disk = Tmpfs::mount(dir.path().join(format!("disk{i}")), sizes.disk_mib)?;
             let flags = fabric_flags(&host, &etcd_url, &disk.dir, sizes.disk_mib);
+            let envs = vec![(
+                "KVFABRIC_TRANSFER_CONNECTIONS_PER_PEER".to_string(),
+                sizes.transfer_per_peer.to_string(),
+            )];
             engines.push(engine(
                 &exe,
                 model,
-                &host,
-                &format!("e{i}"),
+                (&host, &format!("e{i}")),
                 &flags,
+                envs,
                 dir.path(),
             )?);
             disks.push(disk);
@@ -121,7 +131,7 @@ impl SoakCluster {
         .map(OsString::from)
         .collect();
         let router = HostProc::start(&h0, "router", &exe, router_args, vec![], dir.path())?;
-        let c = SoakCluster {
+        let mut c = SoakCluster {
             etcd,
             reference,
             router,
@@ -129,8 +139,8 @@ impl SoakCluster {
             disks,
             bed,
             dir,
+            transfer_per_peer: sizes.transfer_per_peer as u64,
         };
-        let mut c = c;
         for p in c.engines.iter_mut() {
             wait_healthy(p, Duration::from_secs(90))?;
         }
@@ -147,6 +157,20 @@ impl SoakCluster {
     /// The reference engine's address.
     pub fn reference_addr(&self) -> SocketAddr {
         SocketAddr::from((self.bed.host(0).ip(), ENGINE_PORT))
+    }
+
+    /// What the fd rule allows each connection pool to keep idle, from the
+    /// config given to the processes: `transfer_connections_per_peer` per
+    /// transfer pool; per HTTP pool, one connection per driver session
+    /// (each has one request in flight) and the bench's health probe.
+    pub fn fd_bounds(&self, sessions: usize) -> Bounds {
+        Bounds {
+            transfer_port: TRANSFER_PORT,
+            transfer_per_peer: self.transfer_per_peer,
+            http_ports: vec![ENGINE_PORT, ROUTER_PORT],
+            http_per_peer: sessions as u64 + 1,
+            hosts: self.bed.hosts().iter().map(Host::ip).collect(),
+        }
     }
 
     /// Every process, for RSS / fd reports.
@@ -237,7 +261,7 @@ fn fabric_flags(h: &Host, etcd: &str, disk: &Path, disk_mib: u64) -> Vec<String>
         "--lease-ttl-ms".into(),
         "2000".into(),
         "--transfer-listen".into(),
-        format!("{ip}:7000"),
+        format!("{ip}:{TRANSFER_PORT}"),
         "--disk-path".into(),
         disk.join("tier.data").display().to_string(),
         "--disk-capacity".into(),
@@ -250,9 +274,9 @@ fn fabric_flags(h: &Host, etcd: &str, disk: &Path, disk_mib: u64) -> Vec<String>
 fn engine(
     exe: &Path,
     model: &Path,
-    host: &Host,
-    name: &str,
+    (host, name): (&Host, &str),
     extra: &[String],
+    mut envs: Vec<(String, String)>,
     dir: &Path,
 ) -> anyhow::Result<HostProc> {
     let ip = host.ip();
@@ -276,7 +300,7 @@ fn engine(
         format!("{ip}:9464"),
     ];
     args.extend(extra.iter().cloned());
-    let envs = vec![("KVFABRIC_LOG".to_string(), "info".to_string())];
+    envs.push(("KVFABRIC_LOG".to_string(), "info".to_string()));
     Ok(HostProc::start(
         host,
         name,

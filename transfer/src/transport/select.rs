@@ -94,7 +94,12 @@ impl Transports {
     }
 
     /// Run prepared ops against `peer` over its transport; one result per op.
+    /// Every batch first closes the idle tcp connections any peer closed.
     pub async fn run(&self, peer: &str, ops: Vec<PreparedOp>) -> Vec<OpResult> {
+        let all: Vec<Arc<PeerLinks>> = lock(&self.peers).values().cloned().collect();
+        for l in all {
+            l.tcp.prune_closed();
+        }
         let links = self.peer(peer);
         let t = match links.choose(&self.inner, peer).await {
             Ok(t) => t,

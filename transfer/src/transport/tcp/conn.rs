@@ -50,6 +50,35 @@ pub(crate) enum ConnWrite<'a> {
 }
 
 impl Conn {
+    /// Whether the peer closed this idle connection (end of stream, or an
+    /// error pending: a killed or restarted peer), seen without reading or
+    /// waiting: a non-blocking peek at the socket. Bytes waiting (a TLS
+    /// record) do not count as closed.
+    pub fn peer_closed(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let tcp = match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(t) => t.get_ref().0,
+        };
+        let mut b = [0u8; 1];
+        // SAFETY: `b` is valid for 1 byte; MSG_PEEK leaves the data queued.
+        let n = unsafe {
+            libc::recv(
+                tcp.as_raw_fd(),
+                b.as_mut_ptr().cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let err = std::io::Error::last_os_error().kind();
+        n == 0
+            || (n < 0
+                && !matches!(
+                    err,
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ))
+    }
+
     /// Halves that can be driven concurrently (a TLS stream's share a lock).
     pub fn split(&mut self) -> (ConnRead<'_>, ConnWrite<'_>) {
         match self {
