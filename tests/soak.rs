@@ -17,7 +17,7 @@ use kvfabric_testbed::Testbed;
 // process's fds are split into its pooled TCP connections (transfer pools
 // per peer and direction, HTTP pools) and the rest: the rest may not grow
 // after warm-up; at the end, after the load stopped, every pool holds at
-// most the idle bound its config gives (transfer_connections_per_peer per
+// most the idle bound its config gives (transfer_idle_connections_per_peer per
 // peer and direction) and no process holds a connection whose other end is
 // gone (a killed peer's old incarnation). A pool that fills late (the run
 // that failed the old rule by one fd under load 66) passes; a leak of one

@@ -137,7 +137,9 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
     h0.spawn(move || {
         let sizes = Sizes {
             disk_mib: args.disk_mib,
-            transfer_per_peer: kvfabric_store::cluster::ClusterConfig::default()
+            // A tight idle cap (the default is 32) so the end-of-run pool
+            // bound has teeth: two batches' worth of connections_per_peer.
+            transfer_per_peer: 2 * kvfabric_store::cluster::ClusterConfig::default()
                 .transfer_connections_per_peer,
         };
         let mut c = SoakCluster::start(bed, &model, &sizes)?;

@@ -62,8 +62,8 @@ pub struct SoakCluster {
 /// How the engines are sized.
 pub struct Sizes {
     pub disk_mib: u64,
-    /// `transfer_connections_per_peer` given to every engine (the fd rule's
-    /// bound on each transfer pool).
+    /// `transfer_idle_connections_per_peer` given to every engine (the fd
+    /// rule's bound on each transfer pool once the load stopped).
     pub transfer_per_peer: usize,
 }
 
@@ -102,7 +102,7 @@ impl SoakCluster {
             let disk = Tmpfs::mount(dir.path().join(format!("disk{i}")), sizes.disk_mib)?;
             let flags = fabric_flags(&host, &etcd_url, &disk.dir, sizes.disk_mib);
             let envs = vec![(
-                "KVFABRIC_TRANSFER_CONNECTIONS_PER_PEER".to_string(),
+                "KVFABRIC_TRANSFER_IDLE_CONNECTIONS_PER_PEER".to_string(),
                 sizes.transfer_per_peer.to_string(),
             )];
             engines.push(engine(
@@ -160,8 +160,8 @@ impl SoakCluster {
     }
 
     /// What the fd rule allows each connection pool to keep idle, from the
-    /// config given to the processes: `transfer_connections_per_peer` per
-    /// transfer pool; per HTTP pool, one connection per driver session
+    /// config given to the processes: `transfer_idle_connections_per_peer`
+    /// per transfer pool; per HTTP pool, one connection per driver session
     /// (each has one request in flight) and the bench's health probe.
     pub fn fd_bounds(&self, sessions: usize) -> Bounds {
         Bounds {

@@ -10,7 +10,7 @@
 //!   server ends of that peer's pool here). Under load a pool may hold any
 //!   number (batches and requests in flight); at the end, after the load
 //!   stopped, each holds at most its idle bound
-//!   (`transfer_connections_per_peer`, or one HTTP connection per driver
+//!   (`transfer_idle_connections_per_peer`, or one HTTP connection per driver
 //!   session plus the bench's health probe). A pool fills when it fills
 //!   (the late plateau of issue #23: e1 41 47 48 49 | 50 47 50 50), and the
 //!   rule does not care when.
@@ -35,8 +35,8 @@ use serde_json::{json, Value};
 pub struct Bounds {
     /// The engines' transfer listen port.
     pub transfer_port: u16,
-    /// `transfer_connections_per_peer` as the engines were given it: the
-    /// most idle connections a transfer pool keeps per peer (and so the
+    /// `transfer_idle_connections_per_peer` as the engines were given it:
+    /// the most idle connections a transfer pool keeps per peer (and so the
     /// most server ends of one peer's pool).
     pub transfer_per_peer: u64,
     /// The engines' and the router's HTTP ports.

@@ -82,6 +82,23 @@ impl<T> Idle<T> {
         closed
     }
 
+    /// Remove the links idle past the limit and those `closed` says the
+    /// peer has closed (for the caller to close outside its lock).
+    pub fn sweep(
+        &mut self,
+        limits: IdleLimits,
+        now: Instant,
+        mut closed: impl FnMut(&T) -> bool,
+    ) -> Vec<T> {
+        let mut out = self.expire(limits, now);
+        let (gone, open): (Vec<_>, Vec<_>) = std::mem::take(&mut self.links)
+            .into_iter()
+            .partition(|(l, _)| closed(l));
+        self.links = open;
+        out.extend(gone.into_iter().map(|(l, _)| l));
+        out
+    }
+
     /// Every idle link (the peer may have restarted: close them all).
     pub fn clear(&mut self) -> Vec<T> {
         self.links.drain(..).map(|(l, _)| l).collect()
@@ -145,5 +162,19 @@ mod tests {
         let (got, expired) = idle.take(1, l, later + Duration::from_millis(10));
         assert_eq!((got, expired.len()), (vec![101], 0));
         assert_eq!(idle.clear(), vec![100]);
+    }
+
+    #[test]
+    fn a_sweep_removes_closed_and_expired_links_and_keeps_the_order() {
+        let (l, t0) = (limits(16, 1_000), Instant::now());
+        let mut idle = Idle::default();
+        assert!(idle.put_back([1, 2], l, t0).is_empty());
+        let t1 = t0 + Duration::from_millis(800);
+        assert!(idle.put_back([3, 4, 5, 6], l, t1).is_empty());
+        // At t0 + 1.5 s links 1, 2 expired; the peer closed 4.
+        let mut gone = idle.sweep(l, t0 + Duration::from_millis(1_500), |&x| x == 4);
+        gone.sort();
+        assert_eq!(gone, vec![1, 2, 4]);
+        assert_eq!(idle.clear(), vec![3, 5, 6]);
     }
 }

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::task::JoinHandle;
@@ -64,7 +65,12 @@ pub(crate) struct Transports {
     nic: Arc<Nic>,
     peers: Mutex<HashMap<String, Arc<PeerLinks>>>,
     servers: Vec<JoinHandle<()>>,
+    /// When idle links were last swept ([`Transports::sweep_idle`]).
+    swept: Mutex<Instant>,
 }
+
+/// How often a batch sweeps every peer's idle links.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Transports {
     /// Serve peers on `listeners` until dropped.
@@ -79,12 +85,35 @@ impl Transports {
             nic,
             peers: Mutex::new(HashMap::new()),
             servers,
+            swept: Mutex::new(Instant::now()),
         }
     }
 
     /// The engine's NIC (segments register with it).
     pub fn nic(&self) -> &Nic {
         &self.nic
+    }
+
+    /// At most once per [`SWEEP_EVERY`] (a batch pays it, not a timer): close
+    /// the idle tcp connections to every peer that the peer has closed or
+    /// that sat idle past `idle_timeout_ms`. A killed peer's connections
+    /// otherwise stayed in CLOSE_WAIT until the next batch to that peer,
+    /// which may never come (the soak found them, issue #23); once a second
+    /// keeps the peek syscalls off the per-batch path at hundreds of peers.
+    fn sweep_idle(&self) {
+        let now = Instant::now();
+        {
+            let mut swept = lock(&self.swept);
+            if now.duration_since(*swept) < SWEEP_EVERY {
+                return;
+            }
+            *swept = now;
+        }
+        let all: Vec<Arc<PeerLinks>> = lock(&self.peers).values().cloned().collect();
+        let limits = IdleLimits::of(&self.inner.config);
+        for l in all {
+            l.tcp.sweep(limits, now);
+        }
     }
 
     /// The transport chosen for `peer`, while its links work.
@@ -94,12 +123,8 @@ impl Transports {
     }
 
     /// Run prepared ops against `peer` over its transport; one result per op.
-    /// Every batch first closes the idle tcp connections any peer closed.
     pub async fn run(&self, peer: &str, ops: Vec<PreparedOp>) -> Vec<OpResult> {
-        let all: Vec<Arc<PeerLinks>> = lock(&self.peers).values().cloned().collect();
-        for l in all {
-            l.tcp.prune_closed();
-        }
+        self.sweep_idle();
         let links = self.peer(peer);
         let t = match links.choose(&self.inner, peer).await {
             Ok(t) => t,

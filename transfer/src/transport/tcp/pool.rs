@@ -55,19 +55,13 @@ impl TcpPeer {
     }
 
     /// Close the idle connections the peer has closed (a killed or
-    /// restarted peer): without this they stayed open, in CLOSE_WAIT, until
-    /// the next batch to that peer, which may never come (the soak saw both
-    /// other engines hold 3-4 such sockets to a restarted one at the end,
-    /// issue #23).
-    pub fn prune_closed(&self) {
-        let closed: Vec<Link> = {
-            let mut idle = lock(&self.idle);
-            let (closed, open) = std::mem::take(&mut *idle)
-                .into_iter()
-                .partition(|l| l.conn.peer_closed());
-            *idle = open;
-            closed
-        };
+    /// restarted peer) and those idle past `limits`: without this they
+    /// stayed open, in CLOSE_WAIT, until the next batch to that peer, which
+    /// may never come (the soak saw both other engines hold 3-4 such
+    /// sockets to a restarted one at the end, issue #23).
+    pub fn sweep(&self, limits: IdleLimits, now: Instant) {
+        let closed = lock(&self.idle).sweep(limits, now, |l| l.conn.peer_closed());
+        // Closed outside the lock.
         drop(closed);
     }
 
