@@ -56,6 +56,9 @@ pub enum EvictionPolicy {
     /// `policy::lirs`).
     #[default]
     Lirs,
+    /// LIRS or LRU, whichever leads on the tier's recent lookups (two
+    /// metadata-only shadow caches; see `policy::adaptive`).
+    Adaptive,
     /// Least recently used first.
     Lru,
     /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
@@ -96,6 +99,10 @@ pub struct NodeConfig {
     /// lirs: a protected block idle for this many times its last reuse
     /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.2.
     pub lirs_idle_factor: f64,
+    /// adaptive: tiers' worth of looked-up keys the LIRS-vs-LRU score remembers. Default: 1.
+    pub adaptive_window: f64,
+    /// adaptive: fraction of keys the shadow caches see (0, 1]. Default: 1.
+    pub adaptive_sample_rate: f64,
     /// Capacity planner: fraction of block keys sampled (SHARDS) for the
     /// miss-ratio curves of GET /api/v1/capacity; 0 = off. Default: 0.01.
     pub planner_sample_rate: f64,
@@ -136,6 +143,8 @@ impl Default for NodeConfig {
             lirs_hir_percent: 2.0,
             lirs_history: 24,
             lirs_idle_factor: 1.2,
+            adaptive_window: 1.0,
+            adaptive_sample_rate: 1.0,
             planner_sample_rate: 0.01,
             high_watermark: 0.95,
             low_watermark: 0.85,
@@ -183,6 +192,20 @@ impl NodeConfig {
                 key: "lirs_idle_factor",
                 must: ">= 0",
                 got: self.lirs_idle_factor,
+            });
+        }
+        if !(self.adaptive_window > 0.0 && self.adaptive_window.is_finite()) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_window",
+                must: "> 0",
+                got: self.adaptive_window,
+            });
+        }
+        if !(self.adaptive_sample_rate > 0.0 && self.adaptive_sample_rate <= 1.0) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_sample_rate",
+                must: "in (0, 1]",
+                got: self.adaptive_sample_rate,
             });
         }
         if !(0.0..=1.0).contains(&self.planner_sample_rate) {
