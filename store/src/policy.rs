@@ -69,7 +69,9 @@ impl EvictionOrder {
                     history: cfg.lirs_history as usize,
                     idle_factor: cfg.lirs_idle_factor,
                     window: cfg.adaptive_window,
+                    margin: cfg.adaptive_margin,
                     sample_rate: cfg.adaptive_sample_rate,
+                    start: Mode::Lru,
                 },
             ))),
         }

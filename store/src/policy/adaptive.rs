@@ -54,6 +54,11 @@ pub struct AdaptiveKnobs {
     pub idle_factor: f64,
     /// Tiers' worth of looked-up keys the score remembers.
     pub window: f64,
+    /// How far ahead (decayed hits, times the shadows' size) the other
+    /// order must be to take over.
+    pub margin: f64,
+    /// The order the tier starts with.
+    pub start: Mode,
     /// Share of keys the shadows see (0, 1].
     pub sample_rate: f64,
 }
@@ -180,19 +185,20 @@ impl Adaptive {
                 Shadow::new(EvictionOrder::Lru(Lru::default())),
             ],
             score: 0.0,
-            mode: if std::env::var("AI").is_ok() { Mode::Lru } else { Mode::Lirs },
+            mode: k.start,
             most: 0,
             pending: Some(Pending::default()),
-            window: std::env::var("AW").ok().and_then(|v| v.parse().ok()).unwrap_or(k.window.max(f64::MIN_POSITIVE)),
-            margin: std::env::var("AM").ok().and_then(|v| v.parse().ok()).unwrap_or(0.0),
+            window: k.window.max(f64::MIN_POSITIVE),
+            margin: k.margin.max(0.0),
             threshold,
             rate,
             scratch: Vec::new(),
         }
     }
 
-    /// The order the tier's victims come from now.
-    pub fn mode(&self) -> Mode {
+    /// The order the tier's victims come from now (tests).
+    #[cfg(test)]
+    pub(super) fn mode(&self) -> Mode {
         self.mode
     }
 

@@ -134,12 +134,26 @@ fn adaptive_follows_the_winner() {
     assert!(to_lirs <= 60, "LIRS mode after {to_lirs} loop requests");
 }
 
-/// Run only in LIRS mode (a loop), the adaptive order makes exactly LIRS'
-/// choices, and its LIRS shadow (which replays lookups and puts, sized when
-/// the tier first evicts) predicts the tier's hits exactly.
+/// Held in LIRS mode, the adaptive order makes exactly LIRS' choices, and
+/// its LIRS shadow (which replays lookups and puts, sized when the tier
+/// first evicts) holds exactly what the tier holds. (A shadow that put a
+/// looked-up key it lacked at once, as the planner's mini-caches do, put
+/// the tier's misses twice: the first copy churned out of the probation
+/// queue and the second came back as a ghost hit, protected.)
 #[test]
 fn adaptive_on_a_loop_is_lirs() {
-    let mut a = Tier::new(EvictionPolicy::Adaptive, 100);
+    let d = NodeConfig::default();
+    let knobs = AdaptiveKnobs {
+        hir_percent: d.lirs_hir_percent,
+        history: d.lirs_history as usize,
+        idle_factor: d.lirs_idle_factor,
+        window: d.adaptive_window,
+        margin: 1e9,
+        sample_rate: 1.0,
+        start: Mode::Lirs,
+    };
+    let mut a = Tier::new(EvictionPolicy::Lru, 100);
+    a.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
     let mut l = Tier::new(EvictionPolicy::Lirs, 100);
     for r in 0..10 {
         assert_eq!(loop_round(&mut a), loop_round(&mut l), "round {r}");
