@@ -1,4 +1,5 @@
-//! Eviction order of a tier: LIRS (default), LRU or S3-FIFO.
+//! Eviction order of a tier: adaptive (default: LIRS or LRU, whichever
+//! leads on the recent lookups; `adaptive`), LIRS, LRU or S3-FIFO.
 //!
 //! The order only ranks blocks; whether a candidate may go (pins, leases,
 //! in-flight I/O) is the caller's `eligible` predicate, so pinned blocks are
@@ -8,7 +9,7 @@
 //! (`list::Queues`), LIRS its stack and queues as index links through its own
 //! slab (`lirs`), so insert, touch and remove are O(1) (amortized for LIRS'
 //! stack pruning) and a victim costs the candidates it looks at, whatever
-//! the number of blocks in the tier. `lirs` says why it is the default
+//! the number of blocks in the tier. `lirs` says why LIRS, `adaptive` why not LIRS alone
 //! (`bench eviction`'s figures are in docs/BENCHMARKS.md).
 //! `insert` hands back the key's [`Slot`]; the caller keeps it (the store in
 //! the block's record) and names the key by it to `touch` and `remove`, so
@@ -63,8 +64,8 @@ impl EvictionOrder {
                 cfg.lirs_history as usize,
                 cfg.lirs_idle_factor,
             )),
-            EvictionPolicy::Adaptive => EvictionOrder::Adaptive(Box::new(Adaptive::new(
-                AdaptiveKnobs {
+            EvictionPolicy::Adaptive => {
+                EvictionOrder::Adaptive(Box::new(Adaptive::new(AdaptiveKnobs {
                     hir_percent: cfg.lirs_hir_percent,
                     history: cfg.lirs_history as usize,
                     idle_factor: cfg.lirs_idle_factor,
@@ -72,8 +73,8 @@ impl EvictionOrder {
                     margin: cfg.adaptive_margin,
                     sample_rate: cfg.adaptive_sample_rate,
                     start: Mode::Lru,
-                },
-            ))),
+                })))
+            }
         }
     }
 

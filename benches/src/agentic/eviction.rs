@@ -42,7 +42,9 @@ pub(super) fn check(
         "s3fifo" => EvictionPolicy::S3fifo,
         "lirs" => EvictionPolicy::Lirs,
         "adaptive" => EvictionPolicy::Adaptive,
-        other => anyhow::bail!("--compare-eviction: {other:?} is not lru, s3fifo, lirs or adaptive"),
+        other => {
+            anyhow::bail!("--compare-eviction: {other:?} is not lru, s3fifo, lirs or adaptive")
+        }
     };
     anyhow::ensure!(
         other != NodeConfig::default().eviction,

@@ -16,11 +16,25 @@
 //! held prefix, the store's rule (as the capacity planner's mini-caches
 //! count it, `planner::mini`). Their hits feed one score, decayed so it
 //! remembers about `window` tiers' worth of looked-up keys: positive, LIRS
-//! is ahead; negative, LRU. The tier's own victims come from the order that
-//! leads: LIRS' queue (its stack and queues are kept in step in every mode),
-//! or the least recently used resident (a second list through the
-//! residents, kept in step too). A tie keeps the mode it has, and the mode
-//! starts at LIRS, so a replay of the same operations makes the same choices.
+//! is ahead; negative, LRU. The other order takes over only once ahead by
+//! `margin` times the shadows' size (orders within a few hits of each other
+//! would trade places on noise, and each switch costs: the tier's contents
+//! were chosen by the other order). The tier's own victims come from the
+//! order that leads: LIRS' queue (its stack and queues are kept in step in
+//! every mode), or the least recently used resident (a second list through
+//! the residents, kept in step too). The tier starts with LRU: where LRU is
+//! optimal (a working set that fits and keeps changing), starting with LIRS
+//! paid a loss before the score could turn (`bench eviction`'s `ending`
+//! trace). A tie keeps the mode it has, so a replay of the same operations
+//! makes the same choices.
+//!
+//! A shadow must see what a tier of its order would see. Its size is the
+//! tier's, unknown until the tier first evicts: until then the sampled
+//! lookups and puts wait (`Pending`) and are replayed then. A looked-up key
+//! it lacks is put at once only if the tier held it (no put will come);
+//! one the tier lacks too is put when the tier puts it. (Putting it at
+//! once too put it twice: the first copy churned out of LIRS' probation
+//! queue, the second came back as a ghost hit and was protected.)
 //!
 //! Sampling (`sample_rate` < 1): only keys whose hash falls below the rate
 //! enter the shadows (SHARDS' rule; every access of a sampled key is seen),
@@ -202,7 +216,6 @@ impl Adaptive {
         self.mode
     }
 
-
     /// Keys each shadow holds: the tier's most blocks times the rate.
     fn shadow_cap(&self) -> usize {
         ((self.most as f64 * self.rate).round() as usize).max(1)
@@ -226,7 +239,8 @@ impl Adaptive {
         }
         if let Some(p) = &mut self.pending {
             if !ks.is_empty() {
-                p.events.push((p.keys.len() as u32, ks.len() as u32, found_s));
+                p.events
+                    .push((p.keys.len() as u32, ks.len() as u32, found_s));
                 p.keys.extend_from_slice(&ks);
             }
         } else if !ks.is_empty() {

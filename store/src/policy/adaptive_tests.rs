@@ -45,7 +45,10 @@ impl Tier {
                 continue;
             }
             if self.slots.len() >= self.cap {
-                let v = self.order.victim(|_| true).expect("a victim in a full tier");
+                let v = self
+                    .order
+                    .victim(|_| true)
+                    .expect("a victim in a full tier");
                 let s = self.slots.remove(&v).expect("victim resident");
                 self.order.remove(s, &v);
             }
@@ -64,7 +67,10 @@ impl Tier {
 
 /// Session `s`'s chain: a shared 4-block prefix, then 8 blocks of its own.
 fn chain(s: u64) -> Vec<BlockKey> {
-    (0..4).chain((0..8).map(|i| 1000 + s * 8 + i)).map(key).collect()
+    (0..4)
+        .chain((0..8).map(|i| 1000 + s * 8 + i))
+        .map(key)
+        .collect()
 }
 
 /// Loop phase: 20 sessions round-robin on a 100-block tier (a cycle longer
@@ -83,7 +89,13 @@ fn shift_round(t: &mut Tier, first: u64) -> usize {
 }
 
 /// Requests until `t` runs `mode`, feeding it `round` (at most `limit`).
-fn requests_until(t: &mut Tier, mode: Mode, limit: usize, mut round: impl FnMut(&mut Tier) -> usize, per_round: usize) -> usize {
+fn requests_until(
+    t: &mut Tier,
+    mode: Mode,
+    limit: usize,
+    mut round: impl FnMut(&mut Tier) -> usize,
+    per_round: usize,
+) -> usize {
     let mut n = 0;
     while t.mode() != mode && n < limit {
         round(t);
@@ -105,8 +117,14 @@ fn adaptive_follows_the_winner() {
         (a, b)
     };
     let (lirs, lru) = (run(EvictionPolicy::Lirs), run(EvictionPolicy::Lru));
-    assert!(lirs.0 > lru.0 * 3 / 2, "the loop favours LIRS: {lirs:?} {lru:?}");
-    assert!(lru.1 > lirs.1 * 11 / 10, "the shift favours LRU: {lirs:?} {lru:?}");
+    assert!(
+        lirs.0 > lru.0 * 3 / 2,
+        "the loop favours LIRS: {lirs:?} {lru:?}"
+    );
+    assert!(
+        lru.1 > lirs.1 * 11 / 10,
+        "the shift favours LRU: {lirs:?} {lru:?}"
+    );
 
     let mut t = Tier::new(EvictionPolicy::Adaptive, 100);
     for _ in 0..10 {
@@ -183,8 +201,15 @@ fn adaptive_never_picks_an_ineligible_block() {
         // The held session is resident, whatever the phase.
         t.request(&chain(0));
         assert!(held.iter().all(|k| t.slots.contains_key(k)));
-        let v = t.order.victim(|k| !held.contains(k)).expect("an eligible block");
-        assert!(!held.contains(&v), "held block {v:?} chosen in {:?}", t.mode());
+        let v = t
+            .order
+            .victim(|k| !held.contains(k))
+            .expect("an eligible block");
+        assert!(
+            !held.contains(&v),
+            "held block {v:?} chosen in {:?}",
+            t.mode()
+        );
         // Refusing everything else too: nothing.
         assert_eq!(t.order.victim(|_| false), None);
         checked[(t.mode() == Mode::Lru) as usize] += 1;
