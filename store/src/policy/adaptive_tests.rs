@@ -67,8 +67,13 @@ impl Tier {
 
 /// Session `s`'s chain: a shared 4-block prefix, then 8 blocks of its own.
 fn chain(s: u64) -> Vec<BlockKey> {
+    grown(s, 8)
+}
+
+/// Session `s`'s chain with `own` blocks of its own.
+fn grown(s: u64, own: u64) -> Vec<BlockKey> {
     (0..4)
-        .chain((0..8).map(|i| 1000 + s * 8 + i))
+        .chain((0..own).map(|i| 1000 + s * 64 + i))
         .map(key)
         .collect()
 }
@@ -79,12 +84,14 @@ fn loop_round(t: &mut Tier) -> usize {
     (0..20).map(|s| t.request(&chain(s))).sum()
 }
 
-/// Shift phase: sessions that come three times in a row and never again
-/// (the working set fits: LRU hits every return; LIRS' 2% probation queue
-/// loses a new session's first blocks before its second request).
+/// Shift phase: 4 sessions round-robin for 3 turns, each turn 4 blocks
+/// longer, then never again (`bench eviction`'s `ending`: the working set
+/// fits, so LRU hits every return; LIRS' 2% probation queue loses a new
+/// session's blocks before it returns).
 fn shift_round(t: &mut Tier, first: u64) -> usize {
-    (first..first + 4)
-        .map(|s| (0..3).map(|_| t.request(&chain(s))).sum::<usize>())
+    (0..3)
+        .flat_map(|turn| (first..first + 4).map(move |s| (s, 8 + 4 * turn)))
+        .map(|(s, own)| t.request(&grown(s, own)))
         .sum()
 }
 
@@ -142,6 +149,7 @@ fn adaptive_follows_the_winner() {
         },
         12,
     );
+    eprintln!("plain (loop, shift) lirs {lirs:?} lru {lru:?}; to LRU after {to_lru} requests");
     assert!(to_lru <= 48, "LRU mode after {to_lru} shift requests");
     for _ in 0..5 {
         first += 4;
@@ -149,6 +157,7 @@ fn adaptive_follows_the_winner() {
     }
     assert_eq!(t.mode(), Mode::Lru, "through the shift");
     let to_lirs = requests_until(&mut t, Mode::Lirs, 400, loop_round, 20);
+    eprintln!("to LIRS after {to_lirs} requests");
     assert!(to_lirs <= 60, "LIRS mode after {to_lirs} loop requests");
 }
 
