@@ -61,7 +61,7 @@ fn a_trace_file_replays_to_the_same_hit_ratios_in_two_processes() {
     assert_eq!(caps.len(), 4);
     for c in caps {
         let min = c["min_hit_ratio"].as_f64().unwrap();
-        for p in ["lirs", "lru", "s3fifo"] {
+        for p in ["adaptive", "lirs", "lru", "s3fifo"] {
             let h = c["policies"][p]["hit_ratio"].as_f64().unwrap();
             assert!(h <= min + 1e-12, "{p} beats MIN: {c}");
         }

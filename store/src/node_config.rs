@@ -54,8 +54,11 @@ pub enum EvictionPolicy {
     /// LIRS: blocks reused within the protected blocks' reuse distance stay;
     /// the rest pass through a small queue (loop- and scan-resistant; see
     /// `policy::lirs`).
-    #[default]
     Lirs,
+    /// LIRS or LRU, whichever leads on the tier's recent lookups (two
+    /// metadata-only shadow caches; see `policy::adaptive`).
+    #[default]
+    Adaptive,
     /// Least recently used first.
     Lru,
     /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
@@ -87,7 +90,8 @@ pub struct NodeConfig {
     pub disk_admission: DiskAdmission,
     /// Disk blocks compressed when it pays (auto) or never (off). Default: auto.
     pub disk_compression: DiskCompression,
-    /// Eviction order of both tiers: lirs, lru or s3fifo. Default: lirs.
+    /// Eviction order of both tiers: adaptive, lirs, lru or s3fifo
+    /// (adaptive runs LIRS on the disk tier). Default: adaptive.
     pub eviction: EvictionPolicy,
     /// lirs: percent of resident blocks kept as HIR (the probation queue). Default: 2.
     pub lirs_hir_percent: f64,
@@ -96,6 +100,13 @@ pub struct NodeConfig {
     /// lirs: a protected block idle for this many times its last reuse
     /// interval is demoted (ended sessions, replaced prompts); 0 = never. Default: 1.2.
     pub lirs_idle_factor: f64,
+    /// adaptive: tiers' worth of looked-up keys the LIRS-vs-LRU score remembers. Default: 2.
+    pub adaptive_window: f64,
+    /// adaptive: lead (in shadow hits, times the tier's blocks) the other
+    /// order needs to take over. Default: 0.04.
+    pub adaptive_margin: f64,
+    /// adaptive: fraction of keys the shadow caches see (0, 1]. Default: 1.
+    pub adaptive_sample_rate: f64,
     /// Capacity planner: fraction of block keys sampled (SHARDS) for the
     /// miss-ratio curves of GET /api/v1/capacity; 0 = off. Default: 0.01.
     pub planner_sample_rate: f64,
@@ -132,10 +143,13 @@ impl Default for NodeConfig {
             write_policy: WritePolicy::WriteBack,
             disk_admission: DiskAdmission::All,
             disk_compression: DiskCompression::Auto,
-            eviction: EvictionPolicy::Lirs,
+            eviction: EvictionPolicy::Adaptive,
             lirs_hir_percent: 2.0,
             lirs_history: 24,
             lirs_idle_factor: 1.2,
+            adaptive_window: 2.0,
+            adaptive_margin: 0.04,
+            adaptive_sample_rate: 1.0,
             planner_sample_rate: 0.01,
             high_watermark: 0.95,
             low_watermark: 0.85,
@@ -183,6 +197,27 @@ impl NodeConfig {
                 key: "lirs_idle_factor",
                 must: ">= 0",
                 got: self.lirs_idle_factor,
+            });
+        }
+        if !(self.adaptive_window > 0.0 && self.adaptive_window.is_finite()) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_window",
+                must: "> 0",
+                got: self.adaptive_window,
+            });
+        }
+        if !(self.adaptive_margin >= 0.0 && self.adaptive_margin.is_finite()) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_margin",
+                must: ">= 0",
+                got: self.adaptive_margin,
+            });
+        }
+        if !(self.adaptive_sample_rate > 0.0 && self.adaptive_sample_rate <= 1.0) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_sample_rate",
+                must: "in (0, 1]",
+                got: self.adaptive_sample_rate,
             });
         }
         if !(0.0..=1.0).contains(&self.planner_sample_rate) {

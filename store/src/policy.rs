@@ -1,4 +1,5 @@
-//! Eviction order of a tier: LIRS (default), LRU or S3-FIFO.
+//! Eviction order of a tier: adaptive (default: LIRS or LRU, whichever
+//! leads on the recent lookups; `adaptive`), LIRS, LRU or S3-FIFO.
 //!
 //! The order only ranks blocks; whether a candidate may go (pins, leases,
 //! in-flight I/O) is the caller's `eligible` predicate, so pinned blocks are
@@ -8,7 +9,7 @@
 //! (`list::Queues`), LIRS its stack and queues as index links through its own
 //! slab (`lirs`), so insert, touch and remove are O(1) (amortized for LIRS'
 //! stack pruning) and a victim costs the candidates it looks at, whatever
-//! the number of blocks in the tier. `lirs` says why it is the default
+//! the number of blocks in the tier. `lirs` says why LIRS, `adaptive` why not LIRS alone
 //! (`bench eviction`'s figures are in docs/BENCHMARKS.md).
 //! `insert` hands back the key's [`Slot`]; the caller keeps it (the store in
 //! the block's record) and names the key by it to `touch` and `remove`, so
@@ -22,6 +23,9 @@
 //! The decisions are those of the earlier `BTreeMap` LRU and `VecDeque`
 //! S3-FIFO; `tests` replays random operations against both and compares.
 
+mod adaptive;
+#[cfg(test)]
+mod adaptive_tests;
 mod lirs;
 #[cfg(test)]
 mod lirs_tests;
@@ -34,6 +38,7 @@ use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::state::Rec;
 
+pub use adaptive::{Adaptive, AdaptiveKnobs, Mode};
 pub use lirs::Lirs;
 pub(crate) use list::Queues;
 pub use list::Slot;
@@ -45,6 +50,7 @@ pub enum EvictionOrder {
     Lru(Lru),
     S3Fifo(S3Fifo),
     Lirs(Lirs),
+    Adaptive(Box<Adaptive>),
 }
 
 impl EvictionOrder {
@@ -58,6 +64,38 @@ impl EvictionOrder {
                 cfg.lirs_history as usize,
                 cfg.lirs_idle_factor,
             )),
+            EvictionPolicy::Adaptive => {
+                EvictionOrder::Adaptive(Box::new(Adaptive::new(AdaptiveKnobs {
+                    hir_percent: cfg.lirs_hir_percent,
+                    history: cfg.lirs_history as usize,
+                    idle_factor: cfg.lirs_idle_factor,
+                    window: cfg.adaptive_window,
+                    margin: cfg.adaptive_margin,
+                    sample_rate: cfg.adaptive_sample_rate,
+                    start: Mode::Lru,
+                })))
+            }
+        }
+    }
+
+    /// The disk tier's order: the configured one, except that `adaptive`
+    /// runs LIRS there (its shadows replay lookups, which the RAM tier sees).
+    pub fn for_disk(cfg: &NodeConfig) -> Self {
+        match cfg.eviction {
+            EvictionPolicy::Adaptive => EvictionOrder::new(&NodeConfig {
+                eviction: EvictionPolicy::Lirs,
+                ..cfg.clone()
+            }),
+            _ => EvictionOrder::new(cfg),
+        }
+    }
+
+    /// The store looked up `keys` (prefix order) and held the first `found`:
+    /// `adaptive` replays it on
+    /// its shadows; the other orders ignore it.
+    pub fn lookup(&mut self, keys: &[BlockKey], found: usize) {
+        if let EvictionOrder::Adaptive(a) = self {
+            a.lookup(keys, found);
         }
     }
 
@@ -68,6 +106,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.queue.push_back(0, key, rec),
             EvictionOrder::S3Fifo(s) => s.insert(key, rec),
             EvictionOrder::Lirs(l) => l.insert(key, rec),
+            EvictionOrder::Adaptive(a) => a.insert(key, rec),
         }
     }
 
@@ -77,6 +116,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.touch(slot, key),
             EvictionOrder::S3Fifo(s) => s.touch(slot, key),
             EvictionOrder::Lirs(l) => l.touch(slot, key),
+            EvictionOrder::Adaptive(a) => a.touch(slot, key),
         }
     }
 
@@ -86,6 +126,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.remove(slot, key),
             EvictionOrder::S3Fifo(s) => s.remove(slot, key),
             EvictionOrder::Lirs(l) => l.remove(slot, key),
+            EvictionOrder::Adaptive(a) => a.remove(slot, key),
         }
     }
 
@@ -97,6 +138,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.queue.prefetch(slot),
             EvictionOrder::S3Fifo(s) => s.prefetch(slot),
             EvictionOrder::Lirs(l) => l.prefetch(slot),
+            EvictionOrder::Adaptive(a) => a.prefetch(slot),
         }
     }
 
@@ -112,6 +154,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.victim(eligible),
             EvictionOrder::S3Fifo(s) => s.victim(eligible),
             EvictionOrder::Lirs(l) => l.victim_at(eligible),
+            EvictionOrder::Adaptive(a) => a.victim_at(eligible),
         }
     }
 
@@ -123,6 +166,7 @@ impl EvictionOrder {
             EvictionOrder::Lru(l) => l.queue.front(0).map(|s| (l.queue.key(s), l.queue.rec(s))),
             EvictionOrder::S3Fifo(s) => s.peek(),
             EvictionOrder::Lirs(_) => None,
+            EvictionOrder::Adaptive(a) => a.peek(),
         }
     }
 }

@@ -94,7 +94,7 @@ impl Inner {
             ram_leases: HashMap::new(),
             ram_doomed: HashMap::new(),
             disk: ExtentAllocator::new(disk_capacity, align),
-            disk_order: EvictionOrder::new(cfg),
+            disk_order: EvictionOrder::for_disk(cfg),
             disk_reads: HashMap::new(),
             disk_doomed: HashMap::new(),
             reservations: HashMap::new(),

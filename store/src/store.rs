@@ -352,7 +352,7 @@ impl Store {
     /// Length of the longest stored prefix of `keys` (prefix order), with the info of each.
     pub fn lookup(&self, keys: &[BlockKey]) -> Vec<BlockInfo> {
         let started = Instant::now();
-        let g = self.shared.inner.lock();
+        let mut g = self.shared.inner.lock();
         let mut found = Vec::new();
         for k in keys {
             let Some(b) = g.blocks.get(k) else { break };
@@ -369,6 +369,7 @@ impl Store {
                 },
             });
         }
+        g.ram_order.lookup(keys, found.len());
         drop(g);
         self.shared.planner.on_lookup(keys);
         let m = &self.shared.metrics;

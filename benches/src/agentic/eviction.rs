@@ -41,7 +41,10 @@ pub(super) fn check(
         "lru" => EvictionPolicy::Lru,
         "s3fifo" => EvictionPolicy::S3fifo,
         "lirs" => EvictionPolicy::Lirs,
-        other => anyhow::bail!("--compare-eviction: {other:?} is not lru, s3fifo or lirs"),
+        "adaptive" => EvictionPolicy::Adaptive,
+        other => {
+            anyhow::bail!("--compare-eviction: {other:?} is not lru, s3fifo, lirs or adaptive")
+        }
     };
     anyhow::ensure!(
         other != NodeConfig::default().eviction,
@@ -64,6 +67,7 @@ fn name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::Lru => "lru",
         EvictionPolicy::S3fifo => "s3fifo",
         EvictionPolicy::Lirs => "lirs",
+        EvictionPolicy::Adaptive => "adaptive",
     }
 }
 

@@ -11,7 +11,8 @@ use super::min::Hits;
 use super::traces::Trace;
 
 /// The policies compared, by their config names.
-pub const POLICIES: [(&str, EvictionPolicy); 3] = [
+pub const POLICIES: [(&str, EvictionPolicy); 4] = [
+    ("adaptive", EvictionPolicy::Adaptive),
     ("lirs", EvictionPolicy::Lirs),
     ("lru", EvictionPolicy::Lru),
     ("s3fifo", EvictionPolicy::S3fifo),

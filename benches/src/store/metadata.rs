@@ -76,6 +76,7 @@ fn policy_name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::Lru => "lru",
         EvictionPolicy::S3fifo => "s3fifo",
         EvictionPolicy::Lirs => "lirs",
+        EvictionPolicy::Adaptive => "adaptive",
     }
 }
 

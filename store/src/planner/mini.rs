@@ -27,6 +27,8 @@ pub(super) struct Mini {
     pub bytes: f64,
     order: EvictionOrder,
     slots: HashMap<BlockKey, Slot>,
+    /// A lookup's keys for an `adaptive` order (kept to reuse its memory).
+    scratch: Vec<BlockKey>,
     /// Sampled lookups of keys this mini-cache did not hold.
     pub misses: u64,
 }
@@ -38,6 +40,7 @@ impl Mini {
             bytes,
             order: EvictionOrder::new(cfg),
             slots: HashMap::new(),
+            scratch: Vec::new(),
             misses: 0,
         }
     }
@@ -46,7 +49,23 @@ impl Mini {
     /// mini-cache. The hit is the longest held prefix: past the first miss,
     /// keys are misses, held ones untouched (the store reads only the
     /// prefix it found, then puts the rest: a put of a held key changes nothing).
-    pub fn lookup<'k>(&mut self, keys: impl Iterator<Item = &'k BlockKey>, blocks_per_byte: f64) {
+    pub fn lookup<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k BlockKey> + Clone,
+        blocks_per_byte: f64,
+    ) {
+        if matches!(self.order, EvictionOrder::Adaptive(_)) {
+            // `adaptive` chooses by replaying lookups (and what was held).
+            self.scratch.clear();
+            self.scratch.extend(keys.clone().copied());
+            let slots = &self.slots;
+            let found = self
+                .scratch
+                .iter()
+                .take_while(|k| slots.contains_key(*k))
+                .count();
+            self.order.lookup(&self.scratch, found);
+        }
         let mut broken = false;
         for key in keys {
             match self.slots.get(key) {

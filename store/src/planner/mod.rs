@@ -158,7 +158,7 @@ struct Shared {
 /// SHARDS' spatial hash: the key's words folded and mixed (murmur3's
 /// finalizer), so keys that are not themselves hashes sample evenly too.
 #[inline]
-fn spot(key: &BlockKey) -> u64 {
+pub(crate) fn spot(key: &BlockKey) -> u64 {
     let mut x = 0u64;
     for (i, c) in key.0.chunks_exact(8).enumerate() {
         let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
@@ -415,6 +415,7 @@ pub fn policy_name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::Lirs => "lirs",
         EvictionPolicy::Lru => "lru",
         EvictionPolicy::S3fifo => "s3fifo",
+        EvictionPolicy::Adaptive => "adaptive",
     }
 }
 

@@ -495,8 +495,10 @@ fn ending_sessions_hits(order: &mut EvictionOrder, tier: usize, active: usize, s
 /// protected.
 #[test]
 fn lirs_default_is_not_below_lru_when_sessions_end() {
-    let lirs_cfg = NodeConfig::default();
-    assert_eq!(lirs_cfg.eviction, EvictionPolicy::Lirs);
+    let lirs_cfg = NodeConfig {
+        eviction: EvictionPolicy::Lirs,
+        ..NodeConfig::default()
+    };
     let lru_cfg = NodeConfig {
         eviction: EvictionPolicy::Lru,
         ..NodeConfig::default()
@@ -517,11 +519,17 @@ fn lirs_default_is_not_below_lru_when_sessions_end() {
     assert!(lirs >= lru, "lirs {lirs} < lru {lru} blocks hit");
 }
 
-/// In a store running the default order (LIRS), a pinned block and a
-/// leased block stay while a loop and a scan push many times the tier
+/// In a store running LIRS or the default order (adaptive), a pinned block
+/// and a leased block stay while a loop and a scan push many times the tier
 /// through it; the rest of the tier turns over.
 #[test]
 fn lirs_store_never_evicts_pinned_or_leased_blocks() {
+    store_never_evicts_pinned_or_leased_blocks(EvictionPolicy::Lirs);
+    assert_eq!(NodeConfig::default().eviction, EvictionPolicy::Adaptive);
+    store_never_evicts_pinned_or_leased_blocks(EvictionPolicy::Adaptive);
+}
+
+fn store_never_evicts_pinned_or_leased_blocks(eviction: EvictionPolicy) {
     use crate::keys::{BlockOrder, DType, KvLayout};
     use crate::{PutOptions, Registry, Store};
     let layout = KvLayout {
@@ -537,9 +545,9 @@ fn lirs_store_never_evicts_pinned_or_leased_blocks() {
         ram_capacity: bytesize::ByteSize::b(32 * layout.block_bytes() as u64),
         high_watermark: 1.0,
         low_watermark: 1.0,
+        eviction,
         ..Default::default()
     };
-    assert_eq!(cfg.eviction, EvictionPolicy::Lirs);
     let s = Store::open(cfg, &mut Registry::default()).unwrap();
     let put = |i: u64| {
         s.put(key(i), layout, &block, PutOptions::default())

@@ -240,7 +240,9 @@ impl Reference {
         match policy {
             EvictionPolicy::Lru => Reference::Lru(RefLru::default()),
             EvictionPolicy::S3fifo => Reference::S3Fifo(RefS3Fifo::default()),
-            EvictionPolicy::Lirs => unreachable!("lirs_tests has its own reference"),
+            EvictionPolicy::Lirs | EvictionPolicy::Adaptive => {
+                unreachable!("lirs_tests and adaptive_tests test these")
+            }
         }
     }
 

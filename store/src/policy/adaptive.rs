@@ -1,0 +1,360 @@
+//! `adaptive`: LIRS or LRU, whichever is winning on the tier's recent
+//! lookups (set dueling, Qureshi et al., ISCA '07, with whole shadow caches
+//! instead of leader sets).
+//!
+//! Why: LIRS is near Belady's MIN on agent traffic (sessions that return in
+//! a cycle longer than the tier, and scans), but where the working set fits
+//! the tier and keeps changing (sessions that end, a Zipf mix whose hot set
+//! drifts) it pays a new session's second turn that LRU keeps, and no single
+//! LIRS setting closed that without losing the agentic trace
+//! (docs/BENCHMARKS.md, #29 sessions 17 and 20). So the tier runs both.
+//!
+//! Two metadata-only shadow caches (`Shadow`: keys and links, no data)
+//! replay the tier's lookups and puts, one ordered by LIRS and one by LRU,
+//! each holding as many keys as the tier holds blocks (its most residents
+//! so far; times the sample rate). A lookup's hit in a shadow is its longest
+//! held prefix, the store's rule (as the capacity planner's mini-caches
+//! count it, `planner::mini`). Their hits feed one score, decayed so it
+//! remembers about `window` tiers' worth of looked-up keys: positive, LIRS
+//! is ahead; negative, LRU. The other order takes over only once ahead by
+//! `margin` times the shadows' size (orders within a few hits of each other
+//! would trade places on noise, and each switch costs: the tier's contents
+//! were chosen by the other order). The tier's own victims come from the
+//! order that leads: LIRS' queue (its stack and queues are kept in step in
+//! every mode), or the least recently used resident (a second list through
+//! the residents, kept in step too). The tier starts with LRU: where LRU is
+//! optimal (a working set that fits and keeps changing), starting with LIRS
+//! paid a loss before the score could turn (`bench eviction`'s `ending`
+//! trace). A tie keeps the mode it has, so a replay of the same operations
+//! makes the same choices.
+//!
+//! A shadow must see what a tier of its order would see. Its size is the
+//! tier's, unknown until the tier first evicts: until then the sampled
+//! lookups and puts wait (`Pending`) and are replayed then. A looked-up key
+//! it lacks is put at once only if the tier held it (no put will come);
+//! one the tier lacks too is put when the tier puts it. (Putting it at
+//! once too put it twice: the first copy churned out of LIRS' probation
+//! queue, the second came back as a ghost hit and was protected.)
+//!
+//! Sampling (`sample_rate` < 1): only keys whose hash falls below the rate
+//! enter the shadows (SHARDS' rule; every access of a sampled key is seen),
+//! and each shadow holds the rate times the tier's blocks: the cost of the
+//! shadows shrinks with the rate, their estimate gets noisier.
+//!
+//! Cost: a lookup hashes each key into both shadows (O(1) each, and O(1)
+//! amortized for LIRS' pruning); a put, the same; touch and remove add one
+//! list operation. The shadows' maps reuse their memory once the tier is
+//! full (no allocation per operation). The RAM tier runs it on the store's
+//! lookups; the disk tier's order runs LIRS (`EvictionOrder::for_disk`).
+
+use hashbrown::HashMap;
+
+use super::{EvictionOrder, Lirs, Lru, Queues, Slot};
+use crate::keys::BlockKey;
+use crate::state::Rec;
+
+/// Which order the tier's victims come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Lirs,
+    Lru,
+}
+
+/// The tunables of an [`Adaptive`] order.
+#[derive(Clone, Copy, Debug)]
+pub struct AdaptiveKnobs {
+    pub hir_percent: f64,
+    pub history: usize,
+    pub idle_factor: f64,
+    /// Tiers' worth of looked-up keys the score remembers.
+    pub window: f64,
+    /// How far ahead (decayed hits, times the shadows' size) the other
+    /// order must be to take over.
+    pub margin: f64,
+    /// The order the tier starts with.
+    pub start: Mode,
+    /// Share of keys the shadows see (0, 1].
+    pub sample_rate: f64,
+}
+
+/// A metadata-only cache of `cap` keys run by one order.
+#[derive(Debug)]
+struct Shadow {
+    order: EvictionOrder,
+    slots: HashMap<BlockKey, Slot>,
+}
+
+impl Shadow {
+    fn new(order: EvictionOrder) -> Self {
+        Shadow {
+            order,
+            slots: HashMap::new(),
+        }
+    }
+
+    /// A lookup of `keys` (sampled, prefix order) whose first `found` the
+    /// tier held: the shadow's held prefix is touched and is the hit. A key
+    /// it lacks among the tier's `found` is put now (the tier holds it, so
+    /// no put follows); one past them is put when the tier puts it.
+    fn lookup(&mut self, keys: &[BlockKey], found: usize, cap: usize) -> usize {
+        let mut hits = 0;
+        let mut broken = false;
+        for (i, key) in keys.iter().enumerate() {
+            match self.slots.get(key) {
+                Some(&slot) if !broken => {
+                    self.order.touch(slot, key);
+                    hits += 1;
+                }
+                Some(_) => {}
+                None if i < found => {
+                    broken = true;
+                    self.insert(*key, cap);
+                }
+                None => broken = true,
+            }
+        }
+        hits
+    }
+
+    /// A put of `key`: held keys are untouched.
+    fn put(&mut self, key: BlockKey, cap: usize) {
+        if !self.slots.contains_key(&key) {
+            self.insert(key, cap);
+        }
+    }
+
+    fn insert(&mut self, key: BlockKey, cap: usize) {
+        while self.slots.len() >= cap.max(1) {
+            let Some(victim) = self.order.victim(|_| true) else {
+                break;
+            };
+            match self.slots.remove(&victim) {
+                Some(slot) => self.order.remove(slot, &victim),
+                None => break,
+            }
+        }
+        let slot = self.order.insert(key, 0);
+        self.slots.insert(key, slot);
+    }
+}
+
+/// Whether `key` is in the shadows' sample (hash below `threshold`).
+fn sampled(threshold: u64, key: &BlockKey) -> bool {
+    threshold == u64::MAX || crate::planner::spot(key) < threshold
+}
+
+/// The sampled lookups and puts of a tier still filling: keys, and per
+/// event its first key, key count and the keys the tier held (lookups) or
+/// [`PUT`].
+#[derive(Debug, Default)]
+struct Pending {
+    keys: Vec<BlockKey>,
+    events: Vec<(u32, u32, u32)>,
+}
+
+/// A `Pending` event that is a put.
+const PUT: u32 = u32::MAX;
+
+/// LIRS and LRU over the tier's blocks, victims from the one that leads.
+#[derive(Debug)]
+pub struct Adaptive {
+    lirs: Lirs,
+    /// The residents, least recently used first.
+    lru: Queues<1>,
+    /// A resident's slot in `lru`, by its LIRS slot (the one the store keeps).
+    lru_slot: Vec<Slot>,
+    /// The LIRS shadow and the LRU shadow.
+    shadows: [Shadow; 2],
+    /// Decayed LIRS hits minus LRU hits on the sampled lookups.
+    score: f64,
+    mode: Mode,
+    /// The most blocks the tier has held: the shadows' size.
+    most: usize,
+    /// What the tier saw before it first evicted (None since).
+    pending: Option<Pending>,
+    window: f64,
+    margin: f64,
+    /// Keys whose hash is below this are sampled (u64::MAX: all).
+    threshold: u64,
+    rate: f64,
+    /// Sampled keys of the lookup at hand (kept to reuse its memory).
+    scratch: Vec<BlockKey>,
+}
+
+impl Adaptive {
+    pub fn new(k: AdaptiveKnobs) -> Self {
+        let lirs = || Lirs::new(k.hir_percent, k.history, k.idle_factor);
+        let rate = k.sample_rate.clamp(f64::MIN_POSITIVE, 1.0);
+        let threshold = if rate >= 1.0 {
+            u64::MAX
+        } else {
+            (rate * 2f64.powi(64)) as u64
+        };
+        Adaptive {
+            lirs: lirs(),
+            lru: Queues::default(),
+            lru_slot: Vec::new(),
+            shadows: [
+                Shadow::new(EvictionOrder::Lirs(lirs())),
+                Shadow::new(EvictionOrder::Lru(Lru::default())),
+            ],
+            score: 0.0,
+            mode: k.start,
+            most: 0,
+            pending: Some(Pending::default()),
+            window: k.window.max(f64::MIN_POSITIVE),
+            margin: k.margin.max(0.0),
+            threshold,
+            rate,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The order the tier's victims come from now (tests).
+    #[cfg(test)]
+    pub(super) fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Keys each shadow holds: the tier's most blocks times the rate.
+    fn shadow_cap(&self) -> usize {
+        ((self.most as f64 * self.rate).round() as usize).max(1)
+    }
+
+    /// The store looked up `keys` (prefix order) and held their first
+    /// `found`: both shadows replay it, the score moves by their hits'
+    /// difference, and the leader leads. Until the tier first evicts, its
+    /// size is unknown: the sampled keys wait in `pending`, replayed then.
+    pub fn lookup(&mut self, keys: &[BlockKey], found: usize) {
+        let mut ks = std::mem::take(&mut self.scratch);
+        ks.clear();
+        let mut found_s = 0;
+        for (i, k) in keys.iter().enumerate() {
+            if sampled(self.threshold, k) {
+                ks.push(*k);
+                if i < found {
+                    found_s += 1;
+                }
+            }
+        }
+        if let Some(p) = &mut self.pending {
+            if !ks.is_empty() {
+                p.events
+                    .push((p.keys.len() as u32, ks.len() as u32, found_s));
+                p.keys.extend_from_slice(&ks);
+            }
+        } else if !ks.is_empty() {
+            self.duel(&ks, found_s);
+        }
+        self.scratch = ks;
+    }
+
+    /// Both shadows look up `keys` (sampled, the tier held the first
+    /// `found`); the score and the mode follow.
+    fn duel(&mut self, keys: &[BlockKey], found: u32) {
+        let cap = self.shadow_cap();
+        let lirs = self.shadows[0].lookup(keys, found as usize, cap) as f64;
+        let lru = self.shadows[1].lookup(keys, found as usize, cap) as f64;
+        // Forget 1/(window * cap) per key looked up.
+        let keep = (1.0 - 1.0 / (self.window * cap as f64)).max(0.0);
+        self.score = self.score * keep.powi(keys.len() as i32) + (lirs - lru);
+        let m = self.margin * cap as f64;
+        if self.score > m {
+            self.mode = Mode::Lirs;
+        } else if self.score < -m {
+            self.mode = Mode::Lru;
+        }
+    }
+
+    /// The tier evicts for the first time: its size is known, the shadows
+    /// replay what it saw so far.
+    fn start_shadows(&mut self) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        let cap = self.shadow_cap();
+        for &(start, len, found) in &p.events {
+            let keys = &p.keys[start as usize..(start + len) as usize];
+            if found == PUT {
+                for s in &mut self.shadows {
+                    s.put(keys[0], cap);
+                }
+            } else {
+                self.duel(keys, found);
+            }
+        }
+    }
+
+    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
+        if sampled(self.threshold, &key) {
+            if let Some(p) = &mut self.pending {
+                p.events.push((p.keys.len() as u32, 1, PUT));
+                p.keys.push(key);
+            } else {
+                let cap = self.shadow_cap();
+                for s in &mut self.shadows {
+                    s.put(key, cap);
+                }
+            }
+        }
+        let slot = self.lirs.insert(key, rec);
+        let q = self.lru.push_back(0, key, rec);
+        let i = slot as usize;
+        if self.lru_slot.len() <= i {
+            self.lru_slot.resize(i + 1, 0);
+        }
+        self.lru_slot[i] = q;
+        self.most = self.most.max(self.lru.total());
+        slot
+    }
+
+    pub(super) fn touch(&mut self, slot: Slot, key: &BlockKey) {
+        self.lirs.touch(slot, key);
+        self.lru.move_to_back(self.lru_slot[slot as usize], 0);
+    }
+
+    pub(super) fn remove(&mut self, slot: Slot, key: &BlockKey) {
+        self.lirs.remove(slot, key);
+        self.lru.remove(self.lru_slot[slot as usize]);
+    }
+
+    pub(super) fn prefetch(&self, slot: Slot) {
+        self.lirs.prefetch(slot);
+    }
+
+    pub(super) fn victim_at(
+        &mut self,
+        mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
+    ) -> Option<BlockKey> {
+        self.start_shadows();
+        if self.mode == Mode::Lirs {
+            return self.lirs.victim_at(eligible);
+        }
+        let mut at = self.lru.front(0);
+        while let Some(s) = at {
+            let key = self.lru.key(s);
+            if eligible(&key, self.lru.rec(s)) {
+                return Some(key);
+            }
+            at = self.lru.next(s);
+        }
+        None
+    }
+
+    /// What `victim_at` looks at first, when it can tell (LRU mode: the
+    /// least recently used resident).
+    pub(super) fn peek(&self) -> Option<(BlockKey, Rec)> {
+        if self.mode == Mode::Lirs {
+            return None;
+        }
+        self.lru
+            .front(0)
+            .map(|s| (self.lru.key(s), self.lru.rec(s)))
+    }
+
+    /// The keys shadow `i` holds (0: LIRS, 1: LRU; tests).
+    #[cfg(test)]
+    pub(super) fn shadow_keys(&self, i: usize) -> impl Iterator<Item = BlockKey> + '_ {
+        self.shadows[i].slots.keys().copied()
+    }
+}
