@@ -30,6 +30,7 @@ mod lirs;
 #[cfg(test)]
 mod lirs_tests;
 mod list;
+mod lru;
 mod s3fifo;
 #[cfg(test)]
 mod tests;
@@ -42,6 +43,7 @@ pub use adaptive::{Adaptive, AdaptiveKnobs, Mode};
 pub use lirs::Lirs;
 pub(crate) use list::Queues;
 pub use list::Slot;
+pub use lru::Lru;
 pub use s3fifo::S3Fifo;
 
 /// Ranking of the blocks of one tier.
@@ -103,7 +105,7 @@ impl EvictionOrder {
     /// store's block index is `rec`); its slot, valid until `remove`.
     pub fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
         match self {
-            EvictionOrder::Lru(l) => l.queue.push_back(0, key, rec),
+            EvictionOrder::Lru(l) => l.insert(key, rec),
             EvictionOrder::S3Fifo(s) => s.insert(key, rec),
             EvictionOrder::Lirs(l) => l.insert(key, rec),
             EvictionOrder::Adaptive(a) => a.insert(key, rec),
@@ -135,7 +137,7 @@ impl EvictionOrder {
     /// DRAM miss that the work between can overlap).
     pub fn prefetch(&self, slot: Slot) {
         match self {
-            EvictionOrder::Lru(l) => l.queue.prefetch(slot),
+            EvictionOrder::Lru(l) => l.prefetch(slot),
             EvictionOrder::S3Fifo(s) => s.prefetch(slot),
             EvictionOrder::Lirs(l) => l.prefetch(slot),
             EvictionOrder::Adaptive(a) => a.prefetch(slot),
@@ -163,40 +165,10 @@ impl EvictionOrder {
     /// it takes from, when that block has not been read; LIRS: none).
     pub fn peek(&self) -> Option<(BlockKey, Rec)> {
         match self {
-            EvictionOrder::Lru(l) => l.queue.front(0).map(|s| (l.queue.key(s), l.queue.rec(s))),
+            EvictionOrder::Lru(l) => l.peek(),
             EvictionOrder::S3Fifo(s) => s.peek(),
             EvictionOrder::Lirs(_) => None,
             EvictionOrder::Adaptive(a) => a.peek(),
         }
-    }
-}
-
-/// Least recently used: one queue, oldest access at the front.
-#[derive(Debug, Default)]
-pub struct Lru {
-    queue: Queues<1>,
-}
-
-impl Lru {
-    fn touch(&mut self, s: Slot, key: &BlockKey) {
-        debug_assert!(self.queue.holds(s, key), "stale slot {s} for {key:?}");
-        self.queue.move_to_back(s, 0);
-    }
-
-    fn remove(&mut self, s: Slot, key: &BlockKey) {
-        debug_assert!(self.queue.holds(s, key), "stale slot {s} for {key:?}");
-        self.queue.remove(s);
-    }
-
-    fn victim(&mut self, mut eligible: impl FnMut(&BlockKey, Rec) -> bool) -> Option<BlockKey> {
-        let mut at = self.queue.front(0);
-        while let Some(s) = at {
-            let key = self.queue.key(s);
-            if eligible(&key, self.queue.rec(s)) {
-                return Some(key);
-            }
-            at = self.queue.next(s);
-        }
-        None
     }
 }

@@ -57,7 +57,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
-use crate::keys::BlockKey;
+use crate::keys::{spot, BlockKey};
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use feed::{Drain, Feeder, Sample, QUEUE};
 use mini::Mini;
@@ -153,22 +153,6 @@ struct Shared {
     dropped: AtomicU64,
     queue: ArrayQueue<Sample>,
     sims: Mutex<Sims>,
-}
-
-/// SHARDS' spatial hash: the key's words folded and mixed (murmur3's
-/// finalizer), so keys that are not themselves hashes sample evenly too.
-#[inline]
-pub(crate) fn spot(key: &BlockKey) -> u64 {
-    let mut x = 0u64;
-    for (i, c) in key.0.chunks_exact(8).enumerate() {
-        let w = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-        x ^= w.rotate_left(i as u32 * 17);
-    }
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    x ^ (x >> 33)
 }
 
 impl Planner {

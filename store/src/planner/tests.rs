@@ -9,7 +9,8 @@ use bytesize::ByteSize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{spot, Planner, MIN_SAMPLES, QUEUE, SCALES};
+use super::{Planner, MIN_SAMPLES, QUEUE, SCALES};
+use crate::keys::spot;
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
 use crate::metrics::encode_text;
 use crate::node_config::{EvictionPolicy, NodeConfig};

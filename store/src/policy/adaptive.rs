@@ -45,11 +45,13 @@
 //! amortized for LIRS' pruning); a put, the same; touch and remove add one
 //! list operation. The shadows' maps reuse their memory once the tier is
 //! full (no allocation per operation). The RAM tier runs it on the store's
-//! lookups; the disk tier's order runs LIRS (`EvictionOrder::for_disk`).
+//! lookups; the disk tier's order runs LIRS (its order never sees lookups).
 
 use hashbrown::HashMap;
 
-use super::{EvictionOrder, Lirs, Lru, Queues, Slot};
+use super::lirs::Lirs;
+use super::list::{Queues, Slot};
+use super::lru::Lru;
 use crate::keys::BlockKey;
 use crate::state::Rec;
 
@@ -77,15 +79,53 @@ pub struct AdaptiveKnobs {
     pub sample_rate: f64,
 }
 
+/// The order a shadow runs.
+#[derive(Debug)]
+enum ShadowOrder {
+    Lirs(Lirs),
+    Lru(Lru),
+}
+
+impl ShadowOrder {
+    fn insert(&mut self, key: BlockKey) -> Slot {
+        match self {
+            ShadowOrder::Lirs(o) => o.insert(key, 0),
+            ShadowOrder::Lru(o) => o.insert(key, 0),
+        }
+    }
+
+    fn touch(&mut self, slot: Slot, key: &BlockKey) {
+        match self {
+            ShadowOrder::Lirs(o) => o.touch(slot, key),
+            ShadowOrder::Lru(o) => o.touch(slot, key),
+        }
+    }
+
+    fn remove(&mut self, slot: Slot, key: &BlockKey) {
+        match self {
+            ShadowOrder::Lirs(o) => o.remove(slot, key),
+            ShadowOrder::Lru(o) => o.remove(slot, key),
+        }
+    }
+
+    /// The next key to drop (every key is eligible in a shadow).
+    fn victim(&mut self) -> Option<BlockKey> {
+        match self {
+            ShadowOrder::Lirs(o) => o.victim_at(|_, _| true),
+            ShadowOrder::Lru(o) => o.victim(|_, _| true),
+        }
+    }
+}
+
 /// A metadata-only cache of `cap` keys run by one order.
 #[derive(Debug)]
 struct Shadow {
-    order: EvictionOrder,
+    order: ShadowOrder,
     slots: HashMap<BlockKey, Slot>,
 }
 
 impl Shadow {
-    fn new(order: EvictionOrder) -> Self {
+    fn new(order: ShadowOrder) -> Self {
         Shadow {
             order,
             slots: HashMap::new(),
@@ -125,7 +165,7 @@ impl Shadow {
 
     fn insert(&mut self, key: BlockKey, cap: usize) {
         while self.slots.len() >= cap.max(1) {
-            let Some(victim) = self.order.victim(|_| true) else {
+            let Some(victim) = self.order.victim() else {
                 break;
             };
             match self.slots.remove(&victim) {
@@ -133,14 +173,14 @@ impl Shadow {
                 None => break,
             }
         }
-        let slot = self.order.insert(key, 0);
+        let slot = self.order.insert(key);
         self.slots.insert(key, slot);
     }
 }
 
 /// Whether `key` is in the shadows' sample (hash below `threshold`).
 fn sampled(threshold: u64, key: &BlockKey) -> bool {
-    threshold == u64::MAX || crate::planner::spot(key) < threshold
+    threshold == u64::MAX || crate::keys::spot(key) < threshold
 }
 
 /// The sampled lookups and puts of a tier still filling: keys, and per
@@ -195,8 +235,8 @@ impl Adaptive {
             lru: Queues::default(),
             lru_slot: Vec::new(),
             shadows: [
-                Shadow::new(EvictionOrder::Lirs(lirs())),
-                Shadow::new(EvictionOrder::Lru(Lru::default())),
+                Shadow::new(ShadowOrder::Lirs(lirs())),
+                Shadow::new(ShadowOrder::Lru(Lru::default())),
             ],
             score: 0.0,
             mode: k.start,
