@@ -85,6 +85,10 @@ pub enum MetadataPolicy {
     Lru,
     S3fifo,
     Lirs,
+    /// The default order (LIRS or LRU by shadow caches). The bench drives
+    /// the order without the store's lookups, so its shadows see the puts
+    /// only: the upkeep of both orders and of the shadows' puts.
+    Adaptive,
 }
 
 impl MetadataPolicy {
@@ -93,6 +97,7 @@ impl MetadataPolicy {
             MetadataPolicy::Lru => kvfabric_store::EvictionPolicy::Lru,
             MetadataPolicy::S3fifo => kvfabric_store::EvictionPolicy::S3fifo,
             MetadataPolicy::Lirs => kvfabric_store::EvictionPolicy::Lirs,
+            MetadataPolicy::Adaptive => kvfabric_store::EvictionPolicy::Adaptive,
         }
     }
 }
