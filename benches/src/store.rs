@@ -108,6 +108,7 @@ impl std::fmt::Display for MetadataPolicy {
             MetadataPolicy::Lru => "lru",
             MetadataPolicy::S3fifo => "s3fifo",
             MetadataPolicy::Lirs => "lirs",
+            MetadataPolicy::Adaptive => "adaptive",
         })
     }
 }
