@@ -15,30 +15,13 @@ use kvfabric_connector::{ConnectorConfig, RemoteConnector};
 use kvfabric_store::cluster::client;
 use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::free_port;
+use kvfabric_testkit::procs::certs_init;
 use kvfabric_testkit::procs::node::{alive, NodeProc};
 use kvfabric_testkit::procs::{http, metric, EngineOptions};
 use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
-
-fn certs_init(dir: &Path, nodes: &str) {
-    let out = Command::new(BIN)
-        .args([
-            "certs",
-            "init",
-            &dir.display().to_string(),
-            "--nodes",
-            nodes,
-        ])
-        .output()
-        .expect("run kvfabric certs init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// `--tls-cert/--tls-key/--tls-ca` for `name`'s files in `dir`.
 fn tls_flags(dir: &Path, name: &str) -> Vec<String> {

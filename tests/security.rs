@@ -15,30 +15,13 @@ use kvfabric_proto::internal::v1::{
 use kvfabric_proto::v1::Holder;
 use kvfabric_store::cluster::client;
 use kvfabric_store::cluster::security::client_tls;
+use kvfabric_testkit::procs::certs_init;
 use kvfabric_testkit::procs::node::*;
 use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{Capability, NodeIdentity, SecurityMode};
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransferError, TransferOp};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
-
-fn certs_init(dir: &Path, nodes: &str) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvfabric"))
-        .args([
-            "certs",
-            "init",
-            &dir.display().to_string(),
-            "--nodes",
-            nodes,
-        ])
-        .output()
-        .expect("run kvfabric certs init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn identity(dir: &Path, node: &str) -> Arc<NodeIdentity> {
     identity_in(dir, node, SecurityMode::Authenticate)

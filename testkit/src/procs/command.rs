@@ -42,3 +42,23 @@ pub fn log_tail(path: &std::path::Path) -> String {
     let tail: Vec<&str> = s.lines().rev().take(40).collect();
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
+
+/// `kvfabric certs init DIR --nodes NODES`: a cluster CA and one certificate
+/// per name, made by the CLI (what a user runs); panics with its stderr if it fails.
+pub fn certs_init(dir: &std::path::Path, nodes: &str) {
+    let out = Command::new(kvfabric_bin())
+        .args([
+            "certs",
+            "init",
+            &dir.display().to_string(),
+            "--nodes",
+            nodes,
+        ])
+        .output()
+        .expect("run kvfabric certs init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
