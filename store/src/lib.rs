@@ -29,6 +29,7 @@ mod node_config;
 mod node_server;
 mod planner;
 mod policy;
+mod probe;
 mod shared;
 mod shares;
 #[cfg(test)]

@@ -26,6 +26,7 @@
 mod adaptive;
 #[cfg(test)]
 mod adaptive_tests;
+mod ghosts;
 mod lirs;
 #[cfg(test)]
 mod lirs_tests;
@@ -144,6 +145,26 @@ impl EvictionOrder {
         }
     }
 
+    /// Start loading what inserting `key` reads first (a hint, given when a
+    /// put of `key` begins; S3-FIFO tests its ghosts, the others read
+    /// nothing of their own).
+    pub fn prefetch_insert(&self, key: &BlockKey) {
+        if let EvictionOrder::S3Fifo(s) = self {
+            s.prefetch_insert(key);
+        }
+    }
+
+    /// Start loading the order's own parts the next `victim` touches (a
+    /// hint, given after a put that leaves the tier full, before `peek`).
+    /// LIRS and adaptive prefetch nothing here.
+    pub fn prefetch_eviction(&self) {
+        match self {
+            EvictionOrder::Lru(l) => l.prefetch_eviction(),
+            EvictionOrder::S3Fifo(s) => s.prefetch_eviction(),
+            EvictionOrder::Lirs(_) | EvictionOrder::Adaptive(_) => {}
+        }
+    }
+
     /// The next block to evict among those `eligible`; it stays in the order until `remove`.
     pub fn victim(&mut self, mut eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
         self.victim_at(|k, _| eligible(k))
@@ -161,8 +182,8 @@ impl EvictionOrder {
     }
 
     /// The key and record `victim` looks at first, if it can tell without
-    /// changing the order (LRU: the oldest; S3-FIFO: the head of the queue
-    /// it takes from, when that block has not been read; LIRS: none).
+    /// changing the order (LRU: the oldest; S3-FIFO: the first block of the
+    /// queue it takes from that has not been read, within a few; LIRS: none).
     pub fn peek(&self) -> Option<(BlockKey, Rec)> {
         match self {
             EvictionOrder::Lru(l) => l.peek(),

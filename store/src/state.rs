@@ -270,10 +270,20 @@ impl Inner {
     /// the index slot of the block the order would look at first (a hint:
     /// the loads overlap with the work until that eviction).
     pub fn prefetch_ram_victim(&self) {
+        self.ram_order.prefetch_eviction();
         if let Some((key, rec)) = self.ram_order.peek() {
             self.blocks.prefetch_rec(rec);
             self.blocks.prefetch_key(&key);
         }
+    }
+
+    /// Where in the arena the block `peek` names lies (its record was
+    /// prefetched by `prefetch_ram_victim` after the previous put, so this
+    /// read is cheap by the time a new put begins): the put that evicts it
+    /// writes that extent, whose first touch is a TLB and a cache miss.
+    pub fn peeked_ram_offset(&self) -> Option<u64> {
+        let (_, rec) = self.ram_order.peek()?;
+        self.blocks.at(rec)?.1.ram.map(|e| e.offset)
     }
 
     /// A disk-resident block whose disk copy may be dropped now.

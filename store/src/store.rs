@@ -161,7 +161,15 @@ impl Store {
         }
         self.reap_zombies();
         self.shared.planner.on_put(&key, len);
-        if self.shared.inner.lock().blocks.contains_key(&key) {
+        let present = {
+            let g = self.shared.inner.lock();
+            g.ram_order.prefetch_insert(&key);
+            if let Some(offset) = g.peeked_ram_offset() {
+                self.shared.prefetch_ram(offset);
+            }
+            g.blocks.contains_key(&key)
+        };
+        if present {
             return self
                 .shared
                 .already_present(&key, durable)

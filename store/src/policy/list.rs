@@ -119,7 +119,6 @@ impl<const Q: usize> Queues<Q> {
     }
 
     /// The queue `s` is in.
-    #[cfg(test)]
     pub fn queue(&self, s: Slot) -> usize {
         self.nodes[s as usize].queue as usize
     }

@@ -28,6 +28,14 @@ impl Lru {
             .map(|s| (self.queue.key(s), self.queue.rec(s)))
     }
 
+    /// Start loading the node after the oldest (evicting the oldest
+    /// unlinks it, which writes that node).
+    pub(super) fn prefetch_eviction(&self) {
+        if let Some(next) = self.queue.front(0).and_then(|s| self.queue.next(s)) {
+            self.queue.prefetch(next);
+        }
+    }
+
     pub(super) fn touch(&mut self, s: Slot, key: &BlockKey) {
         debug_assert!(self.queue.holds(s, key), "stale slot {s} for {key:?}");
         self.queue.move_to_back(s, 0);

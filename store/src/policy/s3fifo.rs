@@ -5,26 +5,19 @@
 //! that comes back goes straight to main. Main reinserts blocks read since
 //! they were last at its head.
 //!
-//! The ghost queue keeps the earlier implementation's exact behaviour (and
-//! with it the same decisions): a returning ghost leaves the ghost set but
-//! its queue entry stays until it ages out, and the queue, stale entries
-//! included, is trimmed to the number of live blocks (at least 64) on every
-//! removal from small, so it stays bounded.
+//! The ghost queue (`ghosts`) remembers fingerprints of the keys that
+//! left small; it says why they are fingerprints in a prefetchable table.
 //!
-//! Ghosts are kept as 64-bit fingerprints of their keys (a keyed hash, seeded
-//! per order), not as the 32-byte keys: at a million blocks the ghost set is
-//! probed on every insert and written twice on every eviction from small,
-//! and with 8-byte entries its table is a quarter of the size (16 MB instead
-//! of 64 MB), so far more of those probes hit the cache. The decisions are
-//! the same unless two keys share a fingerprint (about one pair in 2^64 /
-//! n^2 per set of n ghosts); that would send one new block to main instead
-//! of small: a ranking choice, never a correctness one.
+//! At a million blocks every node the victim search reaches is a DRAM miss,
+//! and unlinking a queue's head writes the node after it (its `prev`): the
+//! store calls `prefetch_eviction` after a put, which starts loading the
+//! node after each queue's head and the ghost slots the next eviction
+//! writes, and `peek` follows the small queue's head past blocks that would
+//! move to main, so the store can prefetch the record of the block that
+//! will actually be evicted.
 
-use std::collections::VecDeque;
-use std::hash::{BuildHasher, RandomState};
-
+use super::ghosts::Ghosts;
 use super::list::{Queues, Slot};
-use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
 use crate::state::Rec;
 
@@ -32,36 +25,20 @@ const SMALL: usize = 0;
 const MAIN: usize = 1;
 
 /// S3-FIFO ranking of one tier's blocks.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct S3Fifo {
     /// Small and main; a node's counter is its read frequency (0..=3).
     queues: Queues<2>,
-    /// Fingerprints of the keys that left small, oldest first.
-    ghost: VecDeque<u64>,
-    /// The fingerprints remembered (on huge pages: up to one per block).
-    ghost_set: hashbrown::HashSet<u64, hashbrown::DefaultHashBuilder, HugeAlloc>,
-    /// The keyed hash giving a key its fingerprint.
-    fingerprint: RandomState,
+    /// The keys that left small.
+    ghosts: Ghosts,
 }
 
-impl Default for S3Fifo {
-    fn default() -> Self {
-        S3Fifo {
-            queues: Queues::default(),
-            ghost: VecDeque::new(),
-            ghost_set: hashbrown::HashSet::with_hasher_in(Default::default(), HugeAlloc),
-            fingerprint: RandomState::new(),
-        }
-    }
-}
+/// How far `peek` follows the small queue past blocks that move to main.
+const PEEK_STEPS: usize = 4;
 
 impl S3Fifo {
     pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
-        let q = if self.ghost_set.remove(&self.fingerprint.hash_one(key)) {
-            MAIN
-        } else {
-            SMALL
-        };
+        let q = if self.ghosts.take(&key) { MAIN } else { SMALL };
         self.queues.push_back(q, key, rec)
     }
 
@@ -75,15 +52,7 @@ impl S3Fifo {
         debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
         let (queue, _) = self.queues.remove(s);
         if queue == SMALL {
-            let fp = self.fingerprint.hash_one(key);
-            self.ghost.push_back(fp);
-            self.ghost_set.insert(fp);
-            let cap = self.queues.total().max(64);
-            while self.ghost.len() > cap {
-                if let Some(old) = self.ghost.pop_front() {
-                    self.ghost_set.remove(&old);
-                }
-            }
+            self.ghosts.remember(key, self.queues.total().max(64));
         }
     }
 
@@ -98,9 +67,8 @@ impl S3Fifo {
         // Bounded: every block is looked at a few times at most.
         let budget = 4 * self.queues.total() + 4;
         for _ in 0..budget {
-            let (small, total) = (self.queues.len(SMALL), self.queues.total());
-            let from_small = small > 0 && (small * 10 >= total || self.queues.len(MAIN) == 0);
-            if from_small {
+            let (small, main) = (self.queues.len(SMALL), self.queues.len(MAIN));
+            if Self::from_small(small, main, self.queues.total()) {
                 let s = self.queues.front(SMALL)?;
                 if self.queues.freq(s) > 0 {
                     self.queues.set_freq(s, 0);
@@ -129,13 +97,73 @@ impl S3Fifo {
         None
     }
 
-    /// The key and record `victim` looks at first, when it would not move
-    /// that block first (its read counter is 0).
+    /// Whether `victim` takes its next candidate from small, with `small`
+    /// of the `total` blocks there and `main` in main.
+    fn from_small(small: usize, main: usize, total: usize) -> bool {
+        small > 0 && (small * 10 >= total || main == 0)
+    }
+
+    /// The key and record `victim` looks at first, when it can tell within
+    /// `PEEK_STEPS` nodes without changing the order (see `peek_slot`).
     pub(super) fn peek(&self) -> Option<(BlockKey, Rec)> {
-        let (small, total) = (self.queues.len(SMALL), self.queues.total());
-        let from_small = small > 0 && (small * 10 >= total || self.queues.len(MAIN) == 0);
-        let s = self.queues.front(if from_small { SMALL } else { MAIN })?;
-        (self.queues.freq(s) == 0).then(|| (self.queues.key(s), self.queues.rec(s)))
+        self.peek_slot()
+            .map(|s| (self.queues.key(s), self.queues.rec(s)))
+    }
+
+    /// The slot `victim` looks at first: it follows small past read blocks
+    /// (which `victim` moves to main) and stops at a read block of main
+    /// (which `victim` moves to main's back).
+    fn peek_slot(&self) -> Option<Slot> {
+        let (mut small, mut main) = (self.queues.len(SMALL), self.queues.len(MAIN));
+        let total = self.queues.total();
+        let mut head = self.queues.front(SMALL);
+        for _ in 0..PEEK_STEPS {
+            let s = if Self::from_small(small, main, total) {
+                head?
+            } else {
+                self.queues.front(MAIN)?
+            };
+            if self.queues.freq(s) == 0 {
+                return Some(s);
+            }
+            // A read block of small moves to main's back (unless main was
+            // empty: then it is main's head, and this walk stops); one of
+            // main would go to main's back: stop.
+            if self.queues.queue(s) != SMALL || main == 0 {
+                return None;
+            }
+            (small, main) = (small - 1, main + 1);
+            head = self.queues.next(s);
+        }
+        None
+    }
+
+    /// Start loading what the next eviction touches first: the nodes after
+    /// each queue's head (unlinking a head writes the node after it; an
+    /// eviction may move a read block of small to main first, so small is
+    /// loaded two deep: the nearer one was loaded by the previous call), and
+    /// the ghost slots an eviction from small writes (the victim's and the
+    /// oldest ghost's, which the trim removes).
+    pub(super) fn prefetch_eviction(&self) {
+        let after = |s: Slot| self.queues.next(s);
+        if let Some(second) = self.queues.front(SMALL).and_then(after) {
+            self.queues.prefetch(second);
+            if let Some(third) = after(second) {
+                self.queues.prefetch(third);
+            }
+        }
+        if let Some(second) = self.queues.front(MAIN).and_then(after) {
+            self.queues.prefetch(second);
+        }
+        if let Some(s) = self.peek_slot().filter(|&s| self.queues.queue(s) == SMALL) {
+            self.ghosts.prefetch(&self.queues.key(s));
+            self.ghosts.prefetch_oldest();
+        }
+    }
+
+    /// Start loading the ghost slot `insert(key)` tests.
+    pub(super) fn prefetch_insert(&self, key: &BlockKey) {
+        self.ghosts.prefetch(key);
     }
 
     /// Whether the key at `s` is in the main queue.

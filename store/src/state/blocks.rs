@@ -6,11 +6,9 @@
 //! there (a [`Rec`]) is stable while its key is stored, and freed entries
 //! are reused last-in first-out (a put that evicts a block writes its
 //! record where the victim's was, which the eviction just read). The index
-//! from key to record is an open-addressing table with linear probing of
-//! 8-byte slots (32 bits of the key's hash, the record's index): at 1M
-//! blocks 2^21 slots, 16 MB, and a probe reads one line (at most 3/4 full;
-//! a probe looks at ~1.5 slots on average). Removal shifts the following
-//! slots back (no tombstones), so the table never needs a cleanup pass.
+//! from key to record is a [`ProbeTable`] (open addressing, linear probing)
+//! of 8-byte slots (32 bits of the key's hash, the record's index): at 1M
+//! blocks 2^21 slots, 16 MB, and a probe reads one line.
 //!
 //! Why not `hashbrown::HashTable<u32>` (what this replaces): its probe
 //! reads a control group, then the bucket, then the record: three dependent
@@ -39,6 +37,7 @@ use allocator_api2::vec::Vec as HugeVec;
 use super::block::Block;
 use crate::huge_alloc::{prefetch, HugeAlloc};
 use crate::keys::BlockKey;
+use crate::probe::ProbeTable;
 
 pub(crate) use super::rec::Rec;
 
@@ -49,30 +48,23 @@ struct Entry {
     block: Option<Block>,
 }
 
-/// An index slot: `hash32 << 32 | rec`, or [`EMPTY`].
-type IndexSlot = u64;
-
-/// A slot holding no key (no record has index `u32::MAX`: see `insert`).
-const EMPTY: IndexSlot = u64::MAX;
-
-/// The smallest table (a power of two).
-const MIN_SLOTS: usize = 16;
-
 /// The upper 32 bits of a key's hash: the table position is its top bits,
 /// and all 32 are compared before a record is read.
 fn hash32(h: u64) -> u32 {
     (h >> 32) as u32
 }
 
+/// The index slot of a record: `hash32 << 32 | rec` (never `probe::EMPTY`:
+/// no record has index `u32::MAX`, see `insert`).
+fn slot(h32: u32, rec: Rec) -> u64 {
+    (u64::from(h32) << 32) | u64::from(rec)
+}
+
 /// The store's block index (see the module doc).
 pub(crate) struct BlockMap {
     hasher: RandomState,
-    /// `slots.len()` is a power of two, at most 3/4 of it used.
-    slots: HugeVec<IndexSlot, HugeAlloc>,
-    /// log2 of `slots.len()`.
-    bits: u32,
-    /// Keys stored.
-    len: usize,
+    /// Key -> record, by `slot`.
+    index: ProbeTable,
     entries: HugeVec<Entry, HugeAlloc>,
     /// Indices of free entries, the last freed on top.
     free: Vec<Rec>,
@@ -85,13 +77,9 @@ impl Default for BlockMap {
         let hasher = RandomState::new();
         let zero = BlockKey([0u8; 32]);
         let memo = Cell::new((zero, hasher.hash_one(zero)));
-        let mut slots = HugeVec::new_in(HugeAlloc);
-        slots.resize(MIN_SLOTS, EMPTY);
         BlockMap {
             hasher,
-            slots,
-            bits: MIN_SLOTS.trailing_zeros(),
-            len: 0,
+            index: ProbeTable::default(),
             entries: HugeVec::new_in(HugeAlloc),
             free: Vec::new(),
             memo,
@@ -111,37 +99,20 @@ impl BlockMap {
         h
     }
 
-    /// The slot a hash starts probing at.
-    fn home(&self, h32: u32) -> usize {
-        (h32 >> (32 - self.bits)) as usize
-    }
-
-    fn mask(&self) -> usize {
-        self.slots.len() - 1
-    }
-
-    /// The slot holding `key` and its record, if it is stored.
+    /// The index position holding `key` and its record, if it is stored.
     fn find(&self, key: &BlockKey) -> Option<(usize, Rec)> {
         let h32 = hash32(self.hash(key));
-        let mut i = self.home(h32);
-        loop {
-            let s = self.slots[i];
-            if s == EMPTY {
-                return None;
-            }
-            let rec = s as Rec;
-            if hash32(s) == h32 && self.entries[rec as usize].key == *key {
-                return Some((i, rec));
-            }
-            i = (i + 1) & self.mask();
-        }
+        self.index
+            .find(slot(h32, 0), |s| {
+                hash32(s) == h32 && self.entries[s as Rec as usize].key == *key
+            })
+            .map(|(i, s)| (i, s as Rec))
     }
 
     /// Start loading the index slot of `key` (a hint: a lookup, insert or
     /// removal of it follows soon). Costs the key's hash, which is memoized.
     pub fn prefetch_key(&self, key: &BlockKey) {
-        let i = self.home(hash32(self.hash(key)));
-        prefetch(&self.slots[i]);
+        self.index.prefetch(slot(hash32(self.hash(key)), 0));
     }
 
     /// Start loading the record `rec` (a hint, like `prefetch_key`).
@@ -194,9 +165,6 @@ impl BlockMap {
         if let Some((_, rec)) = self.find(&key) {
             return (rec, self.entries[rec as usize].block.replace(block));
         }
-        if (self.len + 1) * 4 > self.slots.len() * 3 {
-            self.grow();
-        }
         let entry = Entry {
             key,
             block: Some(block),
@@ -215,58 +183,13 @@ impl BlockMap {
                 rec
             }
         };
-        let h32 = hash32(self.hash(&key));
-        self.place((u64::from(h32) << 32) | u64::from(rec));
-        self.len += 1;
+        self.index.insert(slot(hash32(self.hash(&key)), rec));
         (rec, None)
     }
 
-    /// Put `slot` (a key known to be absent) into the first empty slot from its home.
-    fn place(&mut self, slot: IndexSlot) {
-        let mut i = self.home(hash32(slot));
-        while self.slots[i] != EMPTY {
-            i = (i + 1) & self.mask();
-        }
-        self.slots[i] = slot;
-    }
-
-    /// Twice the slots; every key moves to its new home (no record is read:
-    /// the slot keeps the hash bits the position comes from).
-    fn grow(&mut self) {
-        let mut bigger = HugeVec::new_in(HugeAlloc);
-        bigger.resize(self.slots.len() * 2, EMPTY);
-        let old = std::mem::replace(&mut self.slots, bigger);
-        self.bits += 1;
-        for s in old.into_iter().filter(|&s| s != EMPTY) {
-            self.place(s);
-        }
-    }
-
-    /// Empty slot `i` and shift the run after it back, so that every key
-    /// stays reachable from its home without passing an empty slot.
-    fn vacate(&mut self, mut i: usize) {
-        let mask = self.mask();
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            let s = self.slots[j];
-            if s == EMPTY {
-                break;
-            }
-            // `s` may move back to `i` when `i` lies between its home and `j`.
-            let home = self.home(hash32(s));
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(i) & mask) {
-                self.slots[i] = s;
-                i = j;
-            }
-        }
-        self.slots[i] = EMPTY;
-    }
-
-    /// Free the slot `i` and the record `rec` it names; the block.
+    /// Free the index position `i` and the record `rec` it names; the block.
     fn take(&mut self, i: usize, rec: Rec) -> Option<Block> {
-        self.vacate(i);
-        self.len -= 1;
+        self.index.remove_at(i);
         self.free.push(rec);
         self.entries[rec as usize].block.take()
     }
@@ -293,7 +216,7 @@ impl BlockMap {
     /// Number of stored blocks.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.len
+        self.index.len()
     }
 }
 
@@ -393,10 +316,7 @@ mod tests {
             assert!(m.remove(k).is_some());
         }
         assert_eq!((m.len(), m.keys().count(), m.values().count()), (0, 0, 0));
-        assert!(
-            m.slots.iter().all(|&s| s == EMPTY),
-            "a slot outlived its key"
-        );
+        assert!(m.index.is_clear(), "a slot outlived its key");
     }
 
     /// A freed entry is the next one used: a put after an eviction writes
