@@ -181,6 +181,25 @@ mod tests {
     }
 
     #[test]
+    fn the_node_api_key_comes_from_the_file_or_kvfabric_node_api_key() {
+        use kvfabric_connector::{ApiKey, ConnectorConfig};
+        figment::Jail::expect_with(|jail| {
+            let flags = crate::engine::ConnectorFlags::default();
+            let got: ConnectorConfig = load("connector", None, &flags).unwrap();
+            assert_eq!(got.node_api_key, None, "default: none");
+            jail.create_file("kv.toml", "[connector]\nnode_api_key = \"kvf-file\"\n")?;
+            let path = jail.directory().join("kv.toml");
+            let got: ConnectorConfig = load("connector", Some(&path), &flags).unwrap();
+            assert_eq!(got.node_api_key, Some(ApiKey::new("kvf-file")));
+            jail.set_env("KVFABRIC_NODE_API_KEY", "kvf-env");
+            let got: ConnectorConfig = load("connector", Some(&path), &flags).unwrap();
+            assert_eq!(got.node_api_key, Some(ApiKey::new("kvf-env")));
+            assert!(!format!("{got:?}").contains("kvf-env"), "printed: {got:?}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn missing_file_is_an_error() {
         let err = load::<Demo, _>(
             "demo",

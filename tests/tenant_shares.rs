@@ -4,7 +4,8 @@
 //! tenants; tenant b stores blocks through the gRPC CacheService with its
 //! key, tenant a then writes three times the RAM tier with its own; every
 //! block of b's still reads back bit-identical, and
-//! `kvfabric_tenant_tier_bytes` shows each tenant's bytes.
+//! `kvfabric_tenant_tier_bytes` shows each tenant's bytes. A node restarted
+//! over its disk tier counts the blocks it recovers to the same tenants.
 
 use std::time::Duration;
 
@@ -75,13 +76,17 @@ fn data(tenant: u8, i: u32) -> Vec<u8> {
 }
 
 async fn put(c: &mut Client, tenant: u8, i: u32) {
+    put_with(c, tenant, i, false).await
+}
+
+async fn put_with(c: &mut Client, tenant: u8, i: u32, durable: bool) {
     let msg = PutRequest {
         header: Some(PutHeader {
             key: key(tenant, i).as_bytes().to_vec(),
             layout: Some((&layout()).into()),
             size: BLOCK as u64,
             checksum: None,
-            durable: false,
+            durable,
             tokens: 0,
         }),
         data: data(tenant, i).into(),
@@ -156,4 +161,64 @@ async fn a_tenant_filling_the_cache_leaves_another_its_share() {
         &[("tenant", "b"), ("tier", "Ram")],
     );
     assert_eq!(share, (16 << 20) as f64, "b's default share: half the tier");
+}
+
+/// Each tenant's bytes in `tier` on the node whose HTTP is `http`.
+fn tier_bytes(http: &str, tenant: &str, tier: &str) -> f64 {
+    let text = get_ok(http, "/metrics").expect("metrics");
+    metric_sum(
+        &text,
+        "kvfabric_tenant_tier_bytes",
+        &[("tenant", tenant), ("tier", tier)],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_counts_recovered_blocks_to_their_tenants() {
+    let dir = tempfile::tempdir().expect("dir");
+    let tenants = dir.path().join("tenants.toml");
+    let hash = |k: &str| kvfabric_tenants::KeyHash::of(k).to_string();
+    std::fs::write(
+        &tenants,
+        format!(
+            "[[tenants]]\nname = \"a\"\napi_keys = [\"{}\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"{}\"]\n",
+            hash("key-a"),
+            hash("key-b")
+        ),
+    )
+    .expect("tenants file");
+    let flags = vec!["--tenants-file".to_string(), tenants.display().to_string()];
+    let mut node = NodeProc::start("n", dir.path(), &flags, true);
+    {
+        let (mut a, mut b) = (
+            client(&node.grpc, "key-a").await,
+            client(&node.grpc, "key-b").await,
+        );
+        // Durable: on disk with a synced index entry before the answer.
+        for i in 0..8 {
+            put_with(&mut a, b'a', i, true).await;
+        }
+        for i in 0..4 {
+            put_with(&mut b, b'b', i, true).await;
+        }
+    }
+    let before = (
+        tier_bytes(&node.http, "a", "Disk"),
+        tier_bytes(&node.http, "b", "Disk"),
+    );
+    assert!(before.0 > 0.0 && before.1 > 0.0, "{before:?}");
+    node.restart();
+    let mut b = client(&node.grpc, "key-b").await;
+    let after = (
+        tier_bytes(&node.http, "a", "Disk"),
+        tier_bytes(&node.http, "b", "Disk"),
+    );
+    assert_eq!(after, before, "owners lost in the restart\n{}", node.log());
+    assert_eq!(tier_bytes(&node.http, "default", "Disk"), 0.0);
+    for i in 0..4 {
+        assert!(
+            intact(&mut b, b'b', i).await,
+            "b's block {i} after the restart"
+        );
+    }
 }

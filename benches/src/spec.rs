@@ -301,6 +301,7 @@ async fn generate(
             sampling: SamplingParams::default(),
             stop_token_ids: stop.to_vec(),
             namespace: b"bench-spec".to_vec(),
+            owner: None,
             return_logits: false,
             forks: Vec::new(),
             events: tx,

@@ -30,6 +30,31 @@ pub struct ConnectorConfig {
     pub layerwise: bool,
     /// Longest one forward pass waits for a layer-wise load's layers, in milliseconds; a later load is discarded for that step and finished whole (the scheduler waits on it no more). Default: 250.
     pub layer_wait_ms: u64,
+    /// remote mode: API key sent to the node (`authorization: Bearer`), needed when the node has a tenants file; give a trusted tenant's key, so the owner of each saved block (the request's tenant) is honoured. Env: KVFABRIC_NODE_API_KEY. Default: none.
+    pub node_api_key: Option<ApiKey>,
+}
+
+/// A secret from the config: serialized as it is, never printed
+/// (`Debug` shows `<redacted>`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    pub fn new(key: impl Into<String>) -> Self {
+        ApiKey(key.into())
+    }
+
+    /// The key itself (to put on the wire).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl Default for ConnectorConfig {
@@ -44,6 +69,7 @@ impl Default for ConnectorConfig {
             lookup_timeout_ms: 500,
             layerwise: true,
             layer_wait_ms: 250,
+            node_api_key: None,
         }
     }
 }
@@ -56,6 +82,14 @@ impl ConnectorConfig {
                 "mode {:?}: expected embedded, remote or off",
                 self.mode
             )));
+        }
+        if let Some(k) = &self.node_api_key {
+            let printable = k.0.bytes().all(|b| b.is_ascii_graphic());
+            if k.0.is_empty() || !printable {
+                return Err(ConnectorError::Config(
+                    "node_api_key (KVFABRIC_NODE_API_KEY) must be non-empty printable ASCII".into(),
+                ));
+            }
         }
         if self.max_pending_saves == 0 || self.load_concurrency == 0 {
             return Err(ConnectorError::Config(

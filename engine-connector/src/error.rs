@@ -14,6 +14,19 @@ pub enum ConnectorError {
     #[cfg(feature = "fabric")]
     #[error("transfer: {0}")]
     Transfer(#[from] kvfabric_transfer::TransferError),
+    /// The node at `node` (remote mode) refused the engine's calls: its
+    /// tenants file wants an API key and the engine sent `sent` (`no API
+    /// key`, or `an unknown API key`); `reason` is the node's.
+    #[error(
+        "the fabric node at {node} refused this engine's calls, which carry {sent} ({reason}): \
+         set [connector] node_api_key (env KVFABRIC_NODE_API_KEY) to a key of a trusted tenant \
+         in the node's tenants file; see docs/SECURITY.md"
+    )]
+    NodeApiKey {
+        node: String,
+        sent: &'static str,
+        reason: String,
+    },
     /// Settings the connector cannot run with.
     #[error("connector config: {0}")]
     Config(String),

@@ -5,8 +5,9 @@
 //! block held by a peer is READ straight into its engine block (layer by
 //! layer, see [`crate::stream`]) and a block held here is copied from the
 //! node's RAM tier; saves copy from the pool into the RAM tier, followed by
-//! the block's per-layer checksums, and announce the new holdings to their
-//! owners.
+//! the block's per-layer checksums, counted to the request's tenant in the
+//! node's tier shares (`SaveBlock::owner`), and announce the new holdings to
+//! their directory owners.
 
 use std::sync::Arc;
 
@@ -165,6 +166,10 @@ fn store_block(store: &Store, mem: &KvMemory, b: &SaveBlock) -> Result<bool, Con
     match store.reserve(b.key, mem.layout, total as u64, b.tokens, false)? {
         ReserveOutcome::Present(_) => Ok(false),
         ReserveOutcome::Reserved(mut r) => {
+            // The request's tenant: the block counts to its tier shares.
+            if let Some(owner) = &b.owner {
+                r.set_owner(store.owner(owner));
+            }
             // SAFETY: the engine does not change a block queued for saving
             // until the save is reported finished.
             let bytes = unsafe { mem.region.slice(mem.block_offset(b.block) as usize, len) }?;

@@ -39,6 +39,8 @@ mod error;
 #[cfg(feature = "fabric")]
 mod fabric;
 mod metrics;
+#[cfg(feature = "fabric")]
+mod node_key;
 mod progress;
 #[cfg(feature = "fabric")]
 mod remote;
@@ -52,7 +54,7 @@ use std::time::Duration;
 
 use kvfabric_types::{BlockKey, KvLayout, SharedRegion};
 
-pub use config::ConnectorConfig;
+pub use config::{ApiKey, ConnectorConfig};
 #[cfg(feature = "fabric")]
 pub use connector::{Backend, Connector, LoadBlock, LoadOptions};
 #[cfg(feature = "fabric")]
@@ -90,7 +92,7 @@ impl KvMemory {
 }
 
 /// A computed block handed over for write-behind saving.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SaveBlock {
     pub key: BlockKey,
     pub block: BlockId,
@@ -98,6 +100,12 @@ pub struct SaveBlock {
     pub tokens: u32,
     /// The engine's tag (its sequence id), echoed in [`SaveDone`].
     pub tag: u64,
+    /// Who the stored block counts to in the node's tier shares: the
+    /// request's tenant (its owner name, `kvfabric_tenants::Identity::owner`);
+    /// None: nobody (single-tenant mode). An embedded node stores it with
+    /// the block; a remote one gets it as the `x-kvfabric-owner` metadata
+    /// (honoured for a trusted key).
+    pub owner: Option<Arc<str>>,
 }
 
 /// A save that ended; the block is the engine's again.

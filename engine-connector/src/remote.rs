@@ -14,7 +14,11 @@
 //! over mutual TLS with the identity the engine loaded from its
 //! `[cluster.security]` settings; an engine without one is told at start
 //! (an error log naming the settings) that its node wants a certificate
-//! (and one with a certificate, that its node speaks plaintext).
+//! (and one with a certificate, that its node speaks plaintext). Every call
+//! carries the engine's `[connector] node_api_key` for a node with a tenants
+//! file, and every put the owner of its block (the request's tenant;
+//! `crate::node_key`); a refused key is told at start and on each failed
+//! save as [`ConnectorError::NodeApiKey`], naming the setting.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -23,7 +27,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_store::cluster::client::{
-    check_tls, connect_lazy_with, get_block, put_block, CacheClient,
+    check_tls, connect_lazy_with, connect_with, get_block_with, put_block_with, CacheClient,
 };
 use kvfabric_store::cluster::{HolderEntry, HolderTier};
 use kvfabric_transfer::security::NodeIdentity;
@@ -32,6 +36,7 @@ use kvfabric_types::{BlockKey, KvLayout};
 use crate::connector::{
     checksum_ok, load_each, payload_fits, Backend, Connector, LoadBlock, LoadOptions,
 };
+use crate::node_key::NodeKey;
 use crate::{
     BlockId, ConnectFn, ConnectorConfig, ConnectorError, KvMemory, LoadProgress, SaveBlock,
 };
@@ -50,6 +55,7 @@ pub struct RemoteBackend {
     addr: String,
     node_id: Arc<OnceLock<String>>,
     mem: Arc<KvMemory>,
+    key: NodeKey,
 }
 
 impl Connector<RemoteBackend> {
@@ -62,21 +68,23 @@ impl Connector<RemoteBackend> {
         cfg: ConnectorConfig,
         identity: Option<Arc<NodeIdentity>>,
     ) -> ConnectFn {
+        let key = cfg.node_api_key.clone();
         Connector::connect_fn_with(cfg, move |mem, rt| {
+            let key = NodeKey::new(key.as_ref())?;
             let client = connect_lazy_with(&addr, RPC_TIMEOUT, identity.as_deref())?;
             let node_id = Arc::new(OnceLock::new());
             {
-                let (mut client, node_id) = (client.clone(), node_id.clone());
+                let (mut client, node_id, key) = (client.clone(), node_id.clone(), key.clone());
                 let (addr, tls) = (addr.clone(), identity.is_some());
                 rt.spawn(async move {
-                    match client.stats(StatsRequest {}).await {
-                        Ok(r) => {
-                            let _ = node_id.set(r.into_inner().node_id);
+                    match probe(&mut client, &addr, &key, tls).await {
+                        Ok(id) => {
+                            let _ = node_id.set(id);
                         }
-                        Err(s) => match check_tls(&addr, RPC_TIMEOUT, tls).await {
-                            Err(e) => tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}"),
-                            Ok(()) => tracing::debug!(node = %addr, status = %s, "fabric node not answering yet"),
-                        },
+                        Err(e @ (ConnectorError::NodeApiKey { .. } | ConnectorError::Store(_))) => {
+                            tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}")
+                        }
+                        Err(e) => tracing::debug!(node = %addr, "fabric node not answering yet: {e}"),
                     }
                 });
             }
@@ -85,8 +93,45 @@ impl Connector<RemoteBackend> {
                 addr,
                 node_id,
                 mem: Arc::new(mem),
+                key,
             }))
         })
+    }
+
+    /// Whether an engine with `cfg` (its `node_api_key`) and `identity` can
+    /// use the node at `addr`: the node's id, or why not
+    /// ([`ConnectorError::NodeApiKey`] for a missing or unknown key, a
+    /// `Store` error naming the TLS settings for a TLS mismatch). What an
+    /// engine checks at start (logged there, as its connection is lazy);
+    /// for tools and tests that want the answer.
+    pub async fn check_node(
+        addr: &str,
+        cfg: &ConnectorConfig,
+        identity: Option<&NodeIdentity>,
+    ) -> Result<String, ConnectorError> {
+        let key = NodeKey::new(cfg.node_api_key.as_ref())?;
+        let mut client = connect_with(addr, RPC_TIMEOUT, identity).await?;
+        probe(&mut client, addr, &key, identity.is_some()).await
+    }
+}
+
+/// Ask the node at `addr` for its id with `key`; a refused key or a TLS
+/// mismatch (`tls`: this client has a certificate) is said so.
+async fn probe(
+    client: &mut CacheClient,
+    addr: &str,
+    key: &NodeKey,
+    tls: bool,
+) -> Result<String, ConnectorError> {
+    match client.stats(key.request(StatsRequest {})).await {
+        Ok(r) => Ok(r.into_inner().node_id),
+        Err(s) => {
+            if let Some(e) = key.refused(addr, &s) {
+                return Err(e);
+            }
+            check_tls(addr, RPC_TIMEOUT, tls).await?;
+            Err(ConnectorError::Config(format!("node at {addr}: {s}")))
+        }
     }
 }
 
@@ -95,7 +140,8 @@ impl RemoteBackend {
     /// engine block `block`; true only if it matched its checksum.
     async fn read(self: Arc<Self>, key: BlockKey, block: BlockId) -> bool {
         let mut client = self.client.clone();
-        let (header, data) = match get_block(&mut client, &key).await {
+        let (header, data) = match get_block_with(&mut client, &key, self.key.metadata(None)).await
+        {
             Ok(Some(b)) => b,
             Ok(None) => return false,
             Err(s) => {
@@ -138,7 +184,7 @@ impl Backend for RemoteBackend {
                 keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
                 with_holders: true,
             };
-            match self.client.clone().lookup(req).await {
+            match self.client.clone().lookup(self.key.request(req)).await {
                 Ok(r) => r
                     .into_inner()
                     .holders
@@ -186,7 +232,7 @@ impl Backend for RemoteBackend {
             let req = ExistsRequest {
                 keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
             };
-            match self.client.clone().exists(req).await {
+            match self.client.clone().exists(self.key.request(req)).await {
                 Ok(r) if r.get_ref().present.len() == n => r.into_inner().present,
                 // Unknown: store them; a put of a present key is a no-op.
                 _ => vec![false; n],
@@ -213,11 +259,14 @@ impl Backend for RemoteBackend {
                     Ok(bytes) => {
                         let mut client = self.client.clone();
                         let payload = crate::trailer::with_trailer(&mem.layout, &b.key, bytes);
-                        put_block(&mut client, &b.key, &mem.layout, &payload, false)
+                        let meta = self.key.metadata(b.owner.as_deref());
+                        put_block_with(&mut client, &b.key, &mem.layout, &payload, false, meta)
                             .await
                             .map(|r| !r.already_present)
                             .map_err(|s| {
-                                ConnectorError::Config(format!("put at {}: {s}", self.addr))
+                                self.key.refused(&self.addr, &s).unwrap_or_else(|| {
+                                    ConnectorError::Config(format!("put at {}: {s}", self.addr))
+                                })
                             })
                     }
                     Err(e) => Err(e.into()),

@@ -100,6 +100,7 @@ async fn saves_store_missing_keys_and_loads_verify_into_the_right_blocks() {
         for b in 0..3u32 {
             fill(&mem2, b, 10 + b as u8);
             assert!(c.save(SaveBlock {
+                owner: None,
                 key: key(b as u8),
                 block: b,
                 tokens: 16,
@@ -113,6 +114,7 @@ async fn saves_store_missing_keys_and_loads_verify_into_the_right_blocks() {
 
         // The same key again: the cluster has it, nothing is copied.
         assert!(c.save(SaveBlock {
+            owner: None,
             key: key(1),
             block: 5,
             tokens: 16,
@@ -165,6 +167,7 @@ async fn a_full_save_queue_drops_saves_without_waiting() {
         let queued: usize = (0..BLOCKS as u32)
             .filter(|&b| {
                 c.save(SaveBlock {
+                    owner: None,
                     key: key(100 + b as u8),
                     block: b,
                     tokens: 16,
@@ -195,6 +198,7 @@ async fn a_full_save_queue_drops_saves_without_waiting() {
         },
     );
     assert!(!off.save(SaveBlock {
+        owner: None,
         key: key(200),
         block: 0,
         tokens: 16,
@@ -245,6 +249,7 @@ async fn saved_blocks_stream_layer_by_layer_and_plain_blocks_load_whole() {
                 *x = (i * 7 + b as usize * 13 + i / mem2.layout.layer_bytes()) as u8;
             }
             assert!(c.save(SaveBlock {
+                owner: None,
                 key: key(60 + b as u8),
                 block: b,
                 tokens: 16,

@@ -50,6 +50,10 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
     /// Tenant cache salt: requests in different namespaces never share KV.
     pub namespace: Vec<u8>,
+    /// Who the blocks this request saves into the fabric count to in the
+    /// node's tier shares (the tenant's [`kvfabric_tenants::Identity::owner`]);
+    /// None: nobody (single-tenant mode).
+    pub owner: Option<std::sync::Arc<str>>,
     /// Send the full logits row with every token (logprobs, tests and
     /// bit-exactness checks).
     pub return_logits: bool,

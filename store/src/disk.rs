@@ -8,13 +8,16 @@
 //! extent holds the bytes its checksum describes, and a stale or torn extent
 //! can only show up as a checksum mismatch (a miss), never as wrong bytes.
 //! Space accounting (which extents are free) belongs to the store; this type
-//! only moves bytes and index records. Every I/O goes through a staging
+//! only moves bytes and index records. A record also names the block's
+//! owner in the tiers' shares (issue #21), so a restarted node counts its
+//! recovered blocks to the tenants that stored them. Every I/O goes through a staging
 //! buffer (see `staging` for why), so callers pass any memory.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
+use std::sync::Arc;
 
 use rocksdb::{IteratorMode, Options, WriteOptions, DB};
 
@@ -28,13 +31,18 @@ use crate::{BadArgument, StoreError};
 pub use crate::extent::DISK_ALIGN;
 
 const BLOCK_PREFIX: u8 = b'b';
-/// An index record: extent, length, checksum, tokens, layout, codec.
+/// An index record: extent, length, checksum, tokens, layout, codec; then,
+/// for an owned block, the owner's name (one length byte, then UTF-8).
 const RECORD_LEN: usize = OLD_RECORD_LEN + 1;
 /// Records written before the codec byte existed (raw blocks).
 const OLD_RECORD_LEN: usize = 8 * 4 + 4 + 22;
+/// Longest owner name a record holds (tenant names are at most 64 bytes,
+/// `shared:` + a name 71); a longer one is not recorded (the block is
+/// recovered unowned).
+pub(crate) const MAX_OWNER_LEN: usize = u8::MAX as usize;
 
 /// What the index remembers about one block on disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiskRecord {
     pub extent: Extent,
     pub len: u64,
@@ -44,11 +52,19 @@ pub struct DiskRecord {
     /// How the bytes sit in the extent; `len` and `checksum` are the
     /// decoded block's.
     pub codec: DiskCodec,
+    /// Who the block counts to in the tiers' shares; None: nobody (records
+    /// written before owners were recorded, or unowned blocks).
+    pub owner: Option<Arc<str>>,
 }
 
 impl DiskRecord {
-    fn encode(&self) -> [u8; RECORD_LEN] {
-        let mut b = [0u8; RECORD_LEN];
+    fn encode(&self) -> Vec<u8> {
+        let owner = self
+            .owner
+            .as_deref()
+            .filter(|o| !o.is_empty() && o.len() <= MAX_OWNER_LEN)
+            .map(str::as_bytes);
+        let mut b = vec![0u8; RECORD_LEN + owner.map_or(0, |o| 1 + o.len())];
         b[0..8].copy_from_slice(&self.extent.offset.to_le_bytes());
         b[8..16].copy_from_slice(&self.extent.len.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
@@ -56,13 +72,21 @@ impl DiskRecord {
         b[32..36].copy_from_slice(&self.tokens.to_le_bytes());
         b[36..58].copy_from_slice(&self.layout.to_key_bytes());
         b[58] = self.codec.code();
+        if let Some(o) = owner {
+            b[RECORD_LEN] = o.len() as u8;
+            b[RECORD_LEN + 1..].copy_from_slice(o);
+        }
         b
     }
 
     fn decode(b: &[u8]) -> Option<Self> {
-        let codec = match b.len() {
-            OLD_RECORD_LEN => DiskCodec::Raw,
-            RECORD_LEN => DiskCodec::from_code(b[58])?,
+        let (codec, owner) = match b.len() {
+            OLD_RECORD_LEN => (DiskCodec::Raw, None),
+            RECORD_LEN => (DiskCodec::from_code(b[58])?, None),
+            n if n > RECORD_LEN + 1 && n == RECORD_LEN + 1 + b[RECORD_LEN] as usize => {
+                let name = std::str::from_utf8(&b[RECORD_LEN + 1..]).ok()?;
+                (DiskCodec::from_code(b[58])?, Some(Arc::from(name)))
+            }
             _ => return None,
         };
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
@@ -77,6 +101,7 @@ impl DiskRecord {
             tokens: u32::from_le_bytes(b[32..36].try_into().ok()?),
             layout: KvLayout::from_key_bytes(&layout_bytes)?,
             codec,
+            owner,
         })
     }
 }
@@ -280,13 +305,21 @@ mod tests {
                 order: BlockOrder::LayerKvTokenHead,
             },
             codec: DiskCodec::Planes,
+            owner: None,
+        }
+    }
+
+    fn owned(offset: u64) -> DiskRecord {
+        DiskRecord {
+            owner: Some("acme".into()),
+            ..rec(offset)
         }
     }
 
     #[test]
     fn records_round_trip_and_old_records_read_as_raw() {
         let r = rec(8192);
-        assert_eq!(DiskRecord::decode(&r.encode()), Some(r));
+        assert_eq!(DiskRecord::decode(&r.encode()), Some(r.clone()));
         // A record from before the codec byte: the block is raw.
         let old = DiskRecord::decode(&r.encode()[..OLD_RECORD_LEN]).unwrap();
         assert_eq!(old.codec, DiskCodec::Raw);
@@ -298,6 +331,32 @@ mod tests {
         let mut bad = r.encode();
         bad[58] = 77;
         assert_eq!(DiskRecord::decode(&bad), None);
+    }
+
+    #[test]
+    fn records_keep_their_owner_and_ownerless_records_read_as_unowned() {
+        let owned = DiskRecord {
+            owner: Some("shared:public-assistant".into()),
+            ..rec(8192)
+        };
+        let bytes = owned.encode();
+        assert_eq!(DiskRecord::decode(&bytes), Some(owned.clone()));
+        // A record from before owners were recorded: the block is nobody's.
+        let old = DiskRecord::decode(&bytes[..RECORD_LEN]).unwrap();
+        assert_eq!(old.owner, None);
+        assert_eq!(old.codec, DiskCodec::Planes);
+        // A length byte that disagrees with the record, or a name that is
+        // not UTF-8, is an unreadable record (dropped at open), not a guess.
+        assert_eq!(DiskRecord::decode(&bytes[..bytes.len() - 1]), None);
+        let mut bad = bytes.clone();
+        bad[RECORD_LEN + 1] = 0xff;
+        assert_eq!(DiskRecord::decode(&bad), None);
+        // An empty name is not written (the block is nobody's).
+        let empty = DiskRecord {
+            owner: Some("".into()),
+            ..rec(8192)
+        };
+        assert_eq!(empty.encode().len(), RECORD_LEN);
     }
 
     #[test]
@@ -313,7 +372,7 @@ mod tests {
             assert!(recs.is_empty());
             t.write(rec(4096).extent, data).unwrap();
             t.sync_data().unwrap();
-            t.index_put(&key, &rec(4096), true).unwrap();
+            t.index_put(&key, &owned(4096), true).unwrap();
             // Misaligned extents and oversized data are refused, not mangled.
             let refused =
                 |r: Result<(), StoreError>| matches!(r, Err(StoreError::InvalidArgument(_)));
@@ -330,7 +389,7 @@ mod tests {
             assert!(refused(t.read(odd, |_| ())));
         }
         let (t, recs) = DiskTier::open(&data_path, &idx, 1 << 20).unwrap();
-        assert_eq!(recs, vec![(key, rec(4096))]);
+        assert_eq!(recs, vec![(key, owned(4096))], "the owner survives reopen");
         let back = t.read(rec(4096).extent, |b| b.to_vec()).unwrap();
         assert_eq!(back, data);
         // A short write zero-fills the rest of its extent.

@@ -309,15 +309,17 @@ impl Shared {
             if b.disk.is_some() {
                 if durable {
                     let Some(extent) = b.disk else { return Ok(()) };
-                    let checksum = b.checksum;
-                    let rec = crate::disk::DiskRecord {
+                    let (checksum, owner) = (b.checksum, b.owner);
+                    let mut rec = crate::disk::DiskRecord {
                         extent,
                         len: b.len,
                         checksum,
                         tokens: b.tokens,
                         layout: b.layout,
                         codec: b.disk_codec,
+                        owner: None,
                     };
+                    rec.owner = g.shares.name_of(owner);
                     drop(g);
                     disk.sync_data()?;
                     disk.index_put(key, &rec, true)?;

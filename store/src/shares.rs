@@ -5,9 +5,10 @@
 //!
 //! Owners are the tenants file's ([`kvfabric_tenants::shares`]): a tenant
 //! outside shared namespaces, or a shared namespace. Owner 0 is nobody
-//! (single-tenant mode, trusted callers that name no owner, blocks recovered
-//! from disk: the disk index does not record owners) and has no share, so
-//! its blocks go first when a tenant's would otherwise.
+//! (single-tenant mode, trusted callers that name no owner, blocks the disk
+//! index recorded with no owner) and has no share, so its blocks go first
+//! when a tenant's would otherwise. The disk index records each block's
+//! owner by name ([`Shares::name_of`]), so a restart keeps the counts.
 //!
 //! With a tenants file (`[node] tenants_file`), each owner keeps its blocks
 //! of each tier in a queue of its own (least recently read first), so the
@@ -113,6 +114,14 @@ impl Shares {
         });
         self.by_name.insert(name, o);
         o
+    }
+
+    /// The name of `owner` as the disk index records it; None for nobody.
+    pub fn name_of(&self, owner: Owner) -> Option<Arc<str>> {
+        if owner == Owner::NONE {
+            return None;
+        }
+        self.owners.get(owner.0 as usize).map(|o| o.name.clone())
     }
 
     /// Take the shares of `owners` (the tenants file in force); every other

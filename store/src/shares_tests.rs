@@ -67,8 +67,13 @@ fn store(
 }
 
 fn put(s: &Store, owner: Owner, tenant: u8, i: u32) {
+    put_with(s, owner, tenant, i, false)
+}
+
+fn put_with(s: &Store, owner: Owner, tenant: u8, i: u32, durable: bool) {
     let opts = PutOptions {
         owner,
+        durable,
         ..Default::default()
     };
     s.put(key(tenant, i), layout(), &data(tenant, i), opts)
@@ -160,6 +165,46 @@ fn a_tenant_filling_disk_keeps_off_another_under_its_share() {
     let u = s.tenant_usage();
     let b_use = u.iter().find(|x| &*x.owner == "b").expect("b");
     assert!(b_use.disk_used >= 20 * BLOCK as u64, "{b_use:?}");
+}
+
+#[test]
+fn owners_and_shares_survive_a_restart() {
+    let dir = tempfile::tempdir().expect("dir");
+    let disk_of = |s: &Store, n: &str| {
+        s.tenant_usage()
+            .iter()
+            .find(|x| &*x.owner == n)
+            .map_or(0, |x| x.disk_used)
+    };
+    let before = {
+        // 8 blocks of RAM, 64 of disk: 32 of disk each.
+        let s = store(&dir, EvictionPolicy::Lru, 8, 64, TWO);
+        let (a, b) = (s.owner("a"), s.owner("b"));
+        for i in 0..24 {
+            put_with(&s, b, b'b', i, true);
+        }
+        for i in 0..8 {
+            put_with(&s, a, b'a', i, true);
+        }
+        (disk_of(&s, "a"), disk_of(&s, "b"))
+    };
+    assert!(before.1 > 0 && before.0 > 0, "{before:?}");
+    // The reopened store (the node restarted) counts the recovered blocks
+    // to their owners, not to nobody.
+    let s = store(&dir, EvictionPolicy::Lru, 8, 64, TWO);
+    assert_eq!((disk_of(&s, "a"), disk_of(&s, "b")), before);
+    assert_eq!(disk_of(&s, "default"), 0, "no block recovered unowned");
+    // And the shares hold: a writing three times the disk leaves b's
+    // recovered blocks (under its share) in place.
+    let a = s.owner("a");
+    for i in 8..200 {
+        put(&s, a, b'a', i);
+    }
+    assert_eq!(
+        present(&s, b'b', 24),
+        24,
+        "b's recovered blocks under its disk share were evicted"
+    );
 }
 
 #[test]

@@ -17,7 +17,7 @@ use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
 use crate::policy::EvictionOrder;
-use crate::shares::{Owner, Shares, TierIx};
+use crate::shares::{Shares, TierIx};
 
 mod block;
 mod blocks;
@@ -193,13 +193,14 @@ impl Inner {
     }
 
     /// A block of the disk index found at start (its disk copy claimed):
-    /// indexed and queued in the disk order, counted to nobody (the index
-    /// records no owner).
+    /// indexed and queued in the disk order, counted to the owner its
+    /// record names (`block.owner`; nobody for records without one).
     pub fn recover(&mut self, key: BlockKey, block: Block) {
         let len = block.disk.map_or(0, |e| e.len);
+        let owner = block.owner;
         let (rec, _) = self.blocks.insert(key, block);
         let disk_slot = self.disk_order.insert(key, rec);
-        let owner_slot = self.shares.enter(TierIx::Disk, Owner::NONE, key, rec, len);
+        let owner_slot = self.shares.enter(TierIx::Disk, owner, key, rec, len);
         if let Some(b) = self.blocks.at_mut(rec) {
             b.disk_slot = disk_slot;
             b.disk_owner_slot = owner_slot;

@@ -81,6 +81,10 @@ impl Store {
         let mut recovered = 0usize;
         for (key, rec) in records {
             if inner.disk.claim(rec.extent) {
+                let owner = rec
+                    .owner
+                    .as_deref()
+                    .map_or(Owner::NONE, |name| inner.shares.owner(name));
                 inner.recover(
                     key,
                     Block {
@@ -93,7 +97,7 @@ impl Store {
                         disk_codec: rec.codec,
                         ram_slot: 0,
                         disk_slot: 0,
-                        owner: Owner::NONE,
+                        owner,
                         ram_owner_slot: 0,
                         disk_owner_slot: 0,
                         hard_pin: false,

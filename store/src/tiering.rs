@@ -209,7 +209,7 @@ impl Shared {
             let Some(b) = g.blocks.get(key) else {
                 return Ok(false);
             };
-            let (checksum, tokens) = (b.checksum, b.tokens);
+            let (checksum, tokens, owner) = (b.checksum, b.tokens, b.owner);
             let Some(dext) = self.alloc_disk(&mut g, bytes.len() as u64) else {
                 return Ok(false);
             };
@@ -220,6 +220,7 @@ impl Shared {
                 tokens,
                 layout,
                 codec,
+                owner: g.shares.name_of(owner),
             };
             (dext, rec)
         };

@@ -118,6 +118,7 @@ pub async fn generate(
             sampling: SamplingParams::default(),
             stop_token_ids: Vec::new(),
             namespace: namespace.to_vec(),
+            owner: None,
             return_logits: true,
             forks: Vec::new(),
             events: tx,

@@ -45,6 +45,7 @@ pub async fn generate(
             sampling: SamplingParams::default(),
             stop_token_ids: Vec::new(),
             namespace: Vec::new(),
+            owner: None,
             return_logits,
             forks: Vec::new(),
             events: tx,

@@ -324,6 +324,7 @@ async fn token_times(
             sampling: SamplingParams::default(),
             stop_token_ids: Vec::new(),
             namespace: Vec::new(),
+            owner: None,
             return_logits: false,
             forks: Vec::new(),
             events: tx,

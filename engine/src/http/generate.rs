@@ -144,6 +144,7 @@ impl Generation {
                 sampling: plan.sampling,
                 stop_token_ids: plan.stop_token_ids,
                 namespace: plan.namespace,
+                owner: plan.tenant.as_ref().and_then(|t| t.who.owner().cloned()),
                 // The row the sampler used rides with each token.
                 return_logits: plan.top_logprobs.is_some(),
                 forks,

@@ -58,6 +58,7 @@ pub(super) fn save_block(
         block: pin.id(),
         tokens: block_tokens as u32,
         tag,
+        owner: s.owner.clone(),
     });
     if queued {
         s.fabric[r] = FabricState::Saving;

@@ -63,6 +63,7 @@ impl Scheduler {
                 spec: parent.spec.clone(),
                 drafted: 0,
                 batch: parent.batch,
+                owner: parent.owner.clone(),
             };
             let cached_tokens = child.cached_tokens.unwrap_or(0);
             let _ = child

@@ -219,6 +219,7 @@ impl Scheduler {
             spec: SpecState::new(&r.namespace),
             drafted: 0,
             batch: false,
+            owner: r.owner,
         });
     }
 

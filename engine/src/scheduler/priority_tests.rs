@@ -43,6 +43,7 @@ fn request(
         sampling,
         stop_token_ids: vec![],
         namespace: b"priority".to_vec(),
+        owner: None,
         return_logits: false,
         forks: Vec::new(),
         events,

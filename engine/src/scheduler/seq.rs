@@ -47,6 +47,8 @@ pub(super) struct Seq {
     pub(super) drafted: usize,
     /// A batch-job request (runs below interactive ones; see `priority.rs`).
     pub(super) batch: bool,
+    /// Who its saved blocks count to in the fabric's tier shares.
+    pub(super) owner: Option<std::sync::Arc<str>>,
 }
 
 impl Seq {

@@ -79,6 +79,7 @@ fn run(spec: bool, temperature: f32) -> (Trace, u64, u64) {
             },
             stop_token_ids: vec![],
             namespace: b"trace".to_vec(),
+            owner: None,
             return_logits: false,
             forks: Vec::new(),
             events,

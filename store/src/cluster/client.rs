@@ -1,7 +1,7 @@
 //! A small client of a node's CacheService for tools, the remote connector
 //! and tests (`kvfabric ctl`, the cluster tests and bench): connect with a
 //! timeout (over mutual TLS when given an identity), put a whole block, get
-//! a whole block, and tell a caller without a certificate that the node it
+//! a whole block (with the caller's metadata: API key, owner), and tell a caller without a certificate that the node it
 //! failed to reach wants one, or a client with one that the node speaks
 //! plaintext ([`check_tls`]). Callers need no gRPC
 //! crates of their own.
@@ -11,7 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetHeader, GetRequest, PutHeader, PutRequest, PutResponse};
+use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
+use tonic::{Extensions, Request};
 
 use kvfabric_transfer::security::NodeIdentity;
 
@@ -147,6 +149,20 @@ pub async fn put_block(
     data: &[u8],
     durable: bool,
 ) -> Result<PutResponse, tonic::Status> {
+    put_block_with(client, key, layout, data, durable, MetadataMap::new()).await
+}
+
+/// [`put_block`] with `meta` on the request (a node with a tenants file
+/// wants `authorization`; a trusted caller may name the block's owner in
+/// `x-kvfabric-owner`).
+pub async fn put_block_with(
+    client: &mut CacheClient,
+    key: &BlockKey,
+    layout: &KvLayout,
+    data: &[u8],
+    durable: bool,
+    meta: MetadataMap,
+) -> Result<PutResponse, tonic::Status> {
     let header = PutHeader {
         key: key.as_bytes().to_vec(),
         layout: Some(layout.into()),
@@ -163,7 +179,8 @@ pub async fn put_block(
         data: parts.next().unwrap_or_default(),
     }];
     msgs.extend(parts.map(|data| PutRequest { header: None, data }));
-    Ok(client.put(futures::stream::iter(msgs)).await?.into_inner())
+    let req = Request::from_parts(meta, Extensions::default(), futures::stream::iter(msgs));
+    Ok(client.put(req).await?.into_inner())
 }
 
 /// Get one whole block: None when no node holds it (NOT_FOUND).
@@ -171,11 +188,21 @@ pub async fn get_block(
     client: &mut CacheClient,
     key: &BlockKey,
 ) -> Result<Option<(GetHeader, Vec<u8>)>, tonic::Status> {
-    let req = GetRequest {
+    get_block_with(client, key, MetadataMap::new()).await
+}
+
+/// [`get_block`] with `meta` on the request (`authorization`).
+pub async fn get_block_with(
+    client: &mut CacheClient,
+    key: &BlockKey,
+    meta: MetadataMap,
+) -> Result<Option<(GetHeader, Vec<u8>)>, tonic::Status> {
+    let msg = GetRequest {
         key: key.as_bytes().to_vec(),
         offset: 0,
         length: 0,
     };
+    let req = Request::from_parts(meta, Extensions::default(), msg);
     let mut stream = match client.get(req).await {
         Ok(s) => s.into_inner(),
         Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),

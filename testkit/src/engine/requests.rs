@@ -26,6 +26,7 @@ pub fn request(
         sampling,
         stop_token_ids: vec![],
         namespace: namespace.to_vec(),
+        owner: None,
         return_logits: true,
         forks: Vec::new(),
         events: tx,
