@@ -313,3 +313,42 @@ async fn failed_keys_calls_and_dead_nodes_still_serve_least_loaded() {
     );
     router.shut_down().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefill_hop_goes_to_the_prefill_engine_holding_the_prefix() {
+    let (p0, e0) = start_engine("p0", false).await;
+    let (p1, e1) = start_engine("p1", false).await;
+    let (d0, dec) = start_engine("d0", false).await;
+    let (n0, n1) = (start_node().await, start_node().await);
+    let mut cfg = kvfabric_testkit::router::disaggregated(&[p0.clone(), p1.clone()], &[d0]);
+    cfg.policy = "prefix".into();
+    cfg.engine_nodes = [(p0, n0.addr.to_string()), (p1, n1.addr.to_string())].into();
+    let router = start_router(cfg).await;
+    eventually("both nodes followed", async || {
+        n0.subscribers() == 1 && n1.subscribers() == 1
+    })
+    .await;
+    for k in 1..=4 {
+        n1.send(KvEventKind::Stored, k);
+    }
+    eventually("indexed", async || {
+        metric(router.addr, "kvfabric_router_kv_events_total").await >= 4.0
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(route(router.addr, "1 2 3 4 5").await, "d0");
+    }
+    assert_eq!(e1.served.load(Ordering::SeqCst), 3, "every prefill on p1");
+    assert_eq!(e0.served.load(Ordering::SeqCst), 0);
+    assert_eq!(dec.served.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        dec.keys_calls.load(Ordering::SeqCst),
+        0,
+        "decode is not asked"
+    );
+    assert_eq!(
+        metric(router.addr, "kvfabric_router_prefix_matched_blocks_total").await,
+        12.0
+    );
+    router.shut_down().await;
+}
