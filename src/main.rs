@@ -165,11 +165,7 @@ fn main() -> anyhow::Result<()> {
         Command::Tenants(cmd) => tenants::run(cmd)?,
         Command::Certs(cmd) => certs::run(cmd)?,
         Command::Engine(cmd) => run_engine(*cmd, file)?,
-        Command::Router(flags) => {
-            let cfg: kvfabric_router::RouterConfig = config::load("router", file, &flags)?;
-            cfg.validate()?;
-            tokio::runtime::Runtime::new()?.block_on(router::run(cfg))?;
-        }
+        Command::Router(flags) => router::command(flags, file)?,
         Command::Bench(cmd) => run_bench(cmd.which, file)?,
     }
     Ok(())

@@ -28,6 +28,6 @@ pub use engine::{EngineBuilder, RunningEngine};
 pub use error::EngineError;
 pub use metrics::EngineMetrics;
 pub use request::{
-    EngineHandle, FinishReason, Fork, GenerationEvent, GenerationRequest, SamplingParams,
+    EngineHandle, FinishReason, Fork, GenerationEvent, GenerationRequest, KeyBasis, SamplingParams,
     TransferParams, Usage,
 };

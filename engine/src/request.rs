@@ -6,6 +6,7 @@
 //! (client disconnected, stop sequence seen) cancels the request: the
 //! scheduler notices the closed channel at its next step and frees the blocks.
 
+use kvfabric_types::{KeyChain, KvLayout, ModelFingerprint};
 use tokio::sync::mpsc;
 
 /// How the next token is chosen.
@@ -120,12 +121,31 @@ pub enum GenerationEvent {
     Error(String),
 }
 
+/// What names a prompt's blocks on one engine besides the tokens and the
+/// namespace: the model's fingerprint and the KV pool's layout. The
+/// scheduler keys every sequence with [`KeyBasis::chain`], and
+/// `POST /v1/kvfabric/keys` answers with the same chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyBasis {
+    pub model: ModelFingerprint,
+    pub layout: KvLayout,
+}
+
+impl KeyBasis {
+    /// The key chain of `namespace` (tenant, `cache_salt`) on this engine.
+    pub fn chain(&self, namespace: &[u8]) -> KeyChain {
+        KeyChain::new(namespace, &self.model, &self.layout)
+    }
+}
+
 /// Cloneable handle to submit requests to a running engine.
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
     submit: mpsc::Sender<GenerationRequest>,
     /// The scheduler's low-priority intake (batch jobs), when it has one.
     batch: Option<mpsc::Sender<GenerationRequest>>,
+    /// How the scheduler keys blocks (None: a test's fake engine).
+    keys: Option<KeyBasis>,
 }
 
 impl EngineHandle {
@@ -134,7 +154,19 @@ impl EngineHandle {
         EngineHandle {
             submit,
             batch: None,
+            keys: None,
         }
+    }
+
+    /// The handle of a scheduler that keys blocks by `basis`.
+    pub fn with_keys(mut self, basis: KeyBasis) -> Self {
+        self.keys = Some(basis);
+        self
+    }
+
+    /// How the engine behind this handle keys blocks (None: unknown).
+    pub fn key_basis(&self) -> Option<&KeyBasis> {
+        self.keys.as_ref()
     }
 
     /// Wrap both intakes of a scheduler: `submit` for interactive requests,
@@ -146,6 +178,7 @@ impl EngineHandle {
         EngineHandle {
             submit,
             batch: Some(batch),
+            keys: None,
         }
     }
 
@@ -156,6 +189,7 @@ impl EngineHandle {
         EngineHandle {
             submit: self.batch.clone().unwrap_or_else(|| self.submit.clone()),
             batch: None,
+            keys: self.keys,
         }
     }
 

@@ -22,7 +22,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use rand::Rng;
 
 use crate::metrics::EndpointLabels;
-use crate::pick::{choose, AffinityOutcome, PickInput, PickParams, Policy, SessionMap};
+use crate::pick::{
+    choose, least_loaded, AffinityOutcome, PickInput, PickParams, Policy, SessionMap,
+};
 
 /// One engine and its in-flight tokens.
 #[derive(Debug)]
@@ -56,6 +58,21 @@ struct PickState {
 pub(crate) struct SessionLimits {
     pub capacity: usize,
     pub ttl: Duration,
+}
+
+/// What each endpoint's node holds of one prompt (the `prefix` policy's
+/// inputs, gathered by `prefix.rs`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PrefixHint {
+    /// Leading prompt blocks each endpoint's node holds.
+    pub cached: Vec<usize>,
+    /// Blocks past the shared prefix each holds, counted one by one.
+    pub own_held: Vec<usize>,
+    /// Full blocks of the prompt.
+    pub blocks: usize,
+    /// Leading blocks other prompts share.
+    pub shared: usize,
+    pub block_tokens: usize,
 }
 
 /// Tokens reserved on an endpoint; released when dropped.
@@ -117,31 +134,74 @@ impl EndpointSet {
         self.endpoints.iter().map(|e| e.url.as_str())
     }
 
+    /// Endpoints in the set.
+    pub fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// The policy picks use.
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The least loaded endpoint now, without reserving anything.
+    pub fn least_loaded_url(&self) -> String {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let i = least_loaded(&self.loads(), st.next);
+        self.endpoints[i].url.clone()
+    }
+
+    fn loads(&self) -> Vec<u64> {
+        self.endpoints
+            .iter()
+            .map(|e| e.inflight_tokens.get().max(0) as u64)
+            .collect()
+    }
+
     /// Pick an endpoint by the policy and reserve `tokens` on it; `session`
     /// is the client's `x-session-affinity` (used by the affinity policy).
+    #[cfg(test)]
     pub fn pick(&self, tokens: u64, session: Option<&str>) -> (LoadGuard, AffinityOutcome) {
+        let (guard, affinity, _) = self.pick_with(tokens, session, None);
+        (guard, affinity)
+    }
+
+    /// [`EndpointSet::pick`] with the `prefix` policy's inputs; without
+    /// them (the keys call failed) a `prefix` set picks least-loaded.
+    /// Also returns the chosen endpoint's cached leading blocks (0 without a hint).
+    pub fn pick_with(
+        &self,
+        tokens: u64,
+        session: Option<&str>,
+        prefix: Option<&PrefixHint>,
+    ) -> (LoadGuard, AffinityOutcome, usize) {
         let tokens = i64::try_from(tokens).unwrap_or(i64::MAX / 2);
         // A poisoned lock only means another pick panicked; the state is still usable.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        let loads: Vec<u64> = self
-            .endpoints
-            .iter()
-            .map(|e| e.inflight_tokens.get().max(0) as u64)
-            .collect();
+        let loads = self.loads();
+        let policy = match (self.policy, prefix) {
+            (Policy::Prefix, None) => Policy::LeastLoaded,
+            (p, _) => p,
+        };
+        let hint = prefix.cloned().unwrap_or_default();
         let sticky = match (self.policy, session) {
             (Policy::Affinity, Some(s)) => st.sessions.get(s, now),
             _ => None,
         };
         let mut choice = choose(
-            self.policy,
+            policy,
             &self.params,
             &PickInput {
                 loads: &loads,
                 start: st.next,
                 draw: rand::rng().random(),
                 sticky,
-                ..PickInput::default()
+                cached_blocks: &hint.cached,
+                prompt_blocks: hint.blocks,
+                shared_blocks: Some(hint.shared),
+                own_held: &hint.own_held,
+                block_tokens: hint.block_tokens,
             },
         );
         if self.policy == Policy::Affinity {
@@ -153,7 +213,8 @@ impl EndpointSet {
         st.next = choice.index + 1;
         let endpoint = self.endpoints[choice.index].clone();
         endpoint.inflight_tokens.inc_by(tokens);
-        (LoadGuard { endpoint, tokens }, choice.affinity)
+        let matched = hint.cached.get(choice.index).copied().unwrap_or(0);
+        (LoadGuard { endpoint, tokens }, choice.affinity, matched)
     }
 
     /// Sessions remembered now.
@@ -256,6 +317,31 @@ mod tests {
             .map(|i| load(&gauges, &format!("http://e{i}:1")))
             .sum();
         assert_eq!(total, 0);
+    }
+
+    #[test]
+    fn prefix_follows_the_hint_and_without_one_picks_least_loaded() {
+        let (s, gauges) = set(3, Policy::Prefix);
+        let busy = s.pick_with(100, None, None).0;
+        assert_eq!(busy.url(), "http://e0:1");
+        // Engine 0 holds 8 of the prompt's 10 blocks (16 tokens each): its
+        // 100 tokens in flight cost less than 160 tokens to prefill elsewhere.
+        let hint = PrefixHint {
+            cached: vec![8, 0, 0],
+            own_held: vec![0, 0, 0],
+            blocks: 10,
+            shared: 10,
+            block_tokens: 16,
+        };
+        let (g, _, matched) = s.pick_with(1, None, Some(&hint));
+        assert_eq!((g.url(), matched), ("http://e0:1", 8));
+        drop(g);
+        // Without keys (the call failed): the least loaded, not engine 0.
+        let (g, _, matched) = s.pick_with(1, None, None);
+        assert_ne!(g.url(), "http://e0:1");
+        assert_eq!(matched, 0);
+        drop((g, busy));
+        assert_eq!(load(&gauges, "http://e0:1"), 0);
     }
 
     #[test]

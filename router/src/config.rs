@@ -6,6 +6,7 @@
 //! config cannot name a mode and then forget its endpoints. [`RouterConfig::validate`]
 //! turns the lists into a [`Mode`] or a config error, once, at startup.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::RouterError;
 pub use crate::pick::{PickParams, Policy};
+use crate::pick::{DEFAULT_PREFIX_SESSION_WEIGHT, PREFIX_INDEX_MAX_ENGINES};
 
 /// Settings of `kvfabric router`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -30,8 +32,10 @@ pub struct RouterConfig {
     /// excludes `prefill`/`decode`. Default: [] (none).
     pub engines: Vec<String>,
     /// How an endpoint is picked: `least-loaded` (fewest in-flight tokens),
-    /// `random`, or `affinity` (`x-session-affinity` sticks to the engine that
-    /// last served the session within a load bound). Default: "least-loaded".
+    /// `random`, `affinity` (`x-session-affinity` sticks to the engine that
+    /// last served the session within a load bound) or `prefix` (the engine
+    /// whose node holds the longest prefix of the prompt's blocks, weighed
+    /// against its load; plain engines and the prefill hop). Default: "least-loaded".
     pub policy: String,
     /// Affinity: the session's engine is kept while its in-flight tokens are
     /// <= this x the least-loaded engine's + `affinity_load_slack_tokens`. Default: 1.5.
@@ -42,6 +46,23 @@ pub struct RouterConfig {
     pub affinity_sessions: usize,
     /// Affinity: a session unused this long is forgotten, ms. Default: 600000.
     pub affinity_ttl_ms: u64,
+    /// Prefix: weight of the shared prompt tokens an engine lacks against its
+    /// in-flight tokens (Dynamo's overlap weight). Default: 1.0.
+    pub prefix_overlap_weight: f64,
+    /// Prefix: weight of the prompt's own tokens (past the prefix other
+    /// prompts share: a session's history) an engine lacks. Default: 4.0.
+    pub prefix_session_weight: f64,
+    /// Prefix: limit on the block-keys call to an engine, ms; past it the
+    /// request is routed least-loaded. Default: 2000.
+    pub prefix_keys_timeout_ms: u64,
+    /// Prefix: each engine's fabric node gRPC address (`host:port`), keyed
+    /// by the engine's base URL as listed in `engines` / `prefill`; the
+    /// router follows that node's KV events. An engine without an entry is
+    /// never known to hold anything. Default: {} (none).
+    pub engine_nodes: BTreeMap<String, String>,
+    /// Prefix: API key sent to the nodes' KV event streams (a node with a
+    /// tenants file refuses callers without one). Default: none.
+    pub kv_events_api_key: Option<String>,
     /// Limit on one upstream hop (prefill, decode or plain), from sending the
     /// request to the last byte of the answer, in milliseconds. Default: 600000.
     pub request_timeout_ms: u64,
@@ -67,6 +88,11 @@ impl Default for RouterConfig {
             affinity_load_slack_tokens: 4096,
             affinity_sessions: 100_000,
             affinity_ttl_ms: 600_000,
+            prefix_overlap_weight: 1.0,
+            prefix_session_weight: DEFAULT_PREFIX_SESSION_WEIGHT,
+            prefix_keys_timeout_ms: 2_000,
+            engine_nodes: BTreeMap::new(),
+            kv_events_api_key: None,
             request_timeout_ms: 600_000,
             connect_timeout_ms: 2_000,
             tenants_file: None,
@@ -118,6 +144,7 @@ impl RouterConfig {
         let prefill = normalize_all("prefill", &self.prefill)?;
         let decode = normalize_all("decode", &self.decode)?;
         let engines = normalize_all("engines", &self.engines)?;
+        self.check_prefix(&prefill, &engines)?;
         match (prefill.is_empty(), decode.is_empty(), engines.is_empty()) {
             (false, false, true) => Ok(Mode::Disaggregated { prefill, decode }),
             (true, true, false) => Ok(Mode::Plain { engines }),
@@ -134,18 +161,12 @@ impl RouterConfig {
 
     /// The parsed `policy`.
     pub fn policy(&self) -> Result<Policy, RouterError> {
-        match Policy::parse(&self.policy) {
-            // The live router has no tokenizer nor KV-event subscriptions yet:
-            // prefix-aware routing runs in `kvfabric bench agentic --routing prefix`.
-            Some(Policy::Prefix) => Err(config(
-                "policy \"prefix\" is not available in the router yet (see docs/ROUTER.md)",
-            )),
-            Some(p) => Ok(p),
-            None => Err(config(&format!(
-                "policy must be \"least-loaded\", \"random\" or \"affinity\", not {:?}",
+        Policy::parse(&self.policy).ok_or_else(|| {
+            config(&format!(
+                "policy must be \"least-loaded\", \"random\", \"affinity\" or \"prefix\", not {:?}",
                 self.policy
-            ))),
-        }
+            ))
+        })
     }
 
     /// The affinity / prefix tunables.
@@ -153,8 +174,54 @@ impl RouterConfig {
         PickParams {
             affinity_load_factor: self.affinity_load_factor,
             affinity_load_slack_tokens: self.affinity_load_slack_tokens,
-            ..PickParams::default()
+            prefix_overlap_weight: self.prefix_overlap_weight,
+            prefix_session_weight: self.prefix_session_weight,
         }
+    }
+
+    /// The prefix keys: weights, timeout, and `engine_nodes` naming only
+    /// engines of the prefix-routed set (`engines`, or `prefill`).
+    fn check_prefix(&self, prefill: &[String], engines: &[String]) -> Result<(), RouterError> {
+        for (name, w) in [
+            ("prefix_overlap_weight", self.prefix_overlap_weight),
+            ("prefix_session_weight", self.prefix_session_weight),
+        ] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(config(&format!("{name} must be a number >= 0")));
+            }
+        }
+        if self.prefix_keys_timeout_ms == 0 {
+            return Err(config("prefix_keys_timeout_ms must be > 0"));
+        }
+        let routed = if engines.is_empty() { prefill } else { engines };
+        if self.policy == Policy::Prefix.as_str() && routed.len() > PREFIX_INDEX_MAX_ENGINES {
+            return Err(config(&format!(
+                "policy \"prefix\" routes at most {PREFIX_INDEX_MAX_ENGINES} engines"
+            )));
+        }
+        for (url, node) in &self.engine_nodes {
+            let base =
+                normalize(url).map_err(|why| config(&format!("engine_nodes: {url:?}: {why}")))?;
+            if !routed.contains(&base) {
+                return Err(config(&format!(
+                    "engine_nodes: {url:?} is not one of the engines (plain) or prefill engines"
+                )));
+            }
+            if node.is_empty() || node.contains('/') {
+                return Err(config(&format!(
+                    "engine_nodes: {url:?}: give the node's gRPC address as host:port, not {node:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each engine's node gRPC address, by normalized engine URL.
+    pub fn node_of(&self, engine: &str) -> Option<&str> {
+        self.engine_nodes
+            .iter()
+            .find(|(url, _)| normalize(url).is_ok_and(|u| u == engine))
+            .map(|(_, node)| node.as_str())
     }
 }
 
@@ -247,6 +314,49 @@ mod tests {
             let e = bad.validate().expect_err("refused");
             assert!(matches!(e, RouterError::Config(_)), "{e:?}");
         }
+    }
+
+    #[test]
+    fn prefix_policy_and_its_keys_are_accepted_and_checked() {
+        let mut c = with(&[], &[], &["http://a:1", "http://b:2"]);
+        c.policy = "prefix".into();
+        c.engine_nodes = [("http://a:1/".to_string(), "127.0.0.1:50051".to_string())].into();
+        c.prefix_overlap_weight = 2.0;
+        assert_eq!(c.policy().expect("prefix"), Policy::Prefix);
+        c.validate().expect("valid");
+        assert_eq!(c.node_of("http://a:1"), Some("127.0.0.1:50051"));
+        assert_eq!(c.node_of("http://b:2"), None);
+        let p = c.pick_params();
+        assert_eq!(
+            (p.prefix_overlap_weight, p.prefix_session_weight),
+            (2.0, DEFAULT_PREFIX_SESSION_WEIGHT)
+        );
+        let defaults: RouterConfig =
+            serde_json::from_str(r#"{"engines": ["http://a:1"], "policy": "prefix"}"#).expect("de");
+        assert_eq!(defaults.prefix_overlap_weight, 1.0);
+        assert_eq!(defaults.prefix_session_weight, 4.0);
+        assert_eq!(defaults.prefix_keys_timeout_ms, 2_000);
+        defaults.validate().expect("no engine_nodes is valid");
+        let bad = |f: &dyn Fn(&mut RouterConfig)| {
+            let mut b = c.clone();
+            f(&mut b);
+            assert!(b.validate().is_err(), "{b:?}");
+        };
+        bad(&|b| b.prefix_overlap_weight = -1.0);
+        bad(&|b| b.prefix_session_weight = f64::NAN);
+        bad(&|b| b.prefix_keys_timeout_ms = 0);
+        bad(&|b| b.engine_nodes = [("http://c:3".into(), "127.0.0.1:1".into())].into());
+        bad(&|b| b.engine_nodes = [("http://a:1".into(), "http://127.0.0.1:1".into())].into());
+        // Disaggregated: the prefill engines are the ones prefix-routed.
+        let mut d = with(&["http://p:1"], &["http://d:1"], &[]);
+        d.policy = "prefix".into();
+        d.engine_nodes = [("http://p:1".to_string(), "127.0.0.1:5".to_string())].into();
+        d.validate().expect("prefill engines may have nodes");
+        d.engine_nodes = [("http://d:1".to_string(), "127.0.0.1:5".to_string())].into();
+        assert!(
+            d.validate().is_err(),
+            "decode engines are not prefix-routed"
+        );
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub(crate) async fn two_hop(
         }
         Prefilled::Failed => (None, None, "fallback"),
     };
-    let load = state.pick(decode, req.decode_tokens(), &req);
+    let load = state.pick(decode, req.decode_tokens(), &req).await;
     let endpoint = load.url().to_owned();
     let relay = Relay {
         metrics: state.metrics.clone(),
@@ -82,7 +82,7 @@ pub(crate) async fn two_hop(
 }
 
 async fn prefill_hop(state: &RouterState, prefill: &EndpointSet, req: &ClientRequest) -> Prefilled {
-    let load = state.pick(prefill, req.prompt_tokens, req);
+    let load = state.pick(prefill, req.prompt_tokens, req).await;
     let endpoint = load.url().to_owned();
     let result = prefill_exchange(state, &endpoint, req).await;
     drop(load);

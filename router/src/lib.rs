@@ -19,16 +19,21 @@
 //! tokens and sessions per endpoint set), `state.rs` (shared state),
 //! `proxy.rs` (HTTP client, relaying answers), `rewrite.rs` (cached-token
 //! rewrite, SSE event by event), `disagg.rs` (two hops), `server.rs` (routes),
-//! `metrics.rs`, `error.rs`. docs/ROUTER.md is the user-facing description.
+//! `metrics.rs`, `error.rs`; for `policy = "prefix"`, `prefix.rs` (a
+//! request's block keys from an engine, matched against the index) and
+//! `kv_events.rs` (the nodes' KV event streams feeding that index).
+//! docs/ROUTER.md is the user-facing description.
 
 mod balance;
 mod config;
 mod disagg;
 mod error;
+mod kv_events;
 mod metrics;
 pub mod pick;
 mod pick_params;
 mod pick_prefix;
+mod prefix;
 mod proxy;
 mod request;
 mod rewrite;
@@ -41,6 +46,7 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+pub use tonic::transport::ClientTlsConfig;
 
 pub use config::{Mode, Policy, RouterConfig};
 pub use error::{ApiError, RouterError};
@@ -58,19 +64,35 @@ pub async fn serve(
     let metrics = RouterMetrics::new();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    serve_with_metrics(cfg, listener, metrics, registry, shutdown).await
+    serve_with_metrics(cfg, listener, metrics, registry, None, shutdown).await
 }
 
-/// [`serve`] with metrics the caller holds; `metrics` must already be
-/// registered in `registry`, which `GET /metrics` encodes.
+/// [`serve`] whose KV event subscriptions (`policy = "prefix"`) present
+/// `tls` to the nodes (a secured cluster's client certificate; the binary
+/// builds it from `[cluster.security]` as `kvfabric ctl` does).
+pub async fn serve_secured(
+    cfg: RouterConfig,
+    listener: TcpListener,
+    tls: Option<ClientTlsConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RouterError> {
+    let metrics = RouterMetrics::new();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    serve_with_metrics(cfg, listener, metrics, registry, tls, shutdown).await
+}
+
+/// [`serve_secured`] with metrics the caller holds; `metrics` must already
+/// be registered in `registry`, which `GET /metrics` encodes.
 pub async fn serve_with_metrics(
     cfg: RouterConfig,
     listener: TcpListener,
     metrics: RouterMetrics,
     registry: Registry,
+    tls: Option<ClientTlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RouterError> {
-    let state = state::RouterState::new(&cfg, metrics, registry)?;
+    let state = state::RouterState::new(&cfg, metrics, registry, tls)?;
     let addr = listener.local_addr()?;
     tracing::info!(
         %addr,

@@ -20,6 +20,16 @@
 //! - `affinity_hits_total`, `affinity_fallbacks_total`: affinity-policy picks
 //!   that kept a session on its last engine (its KV is there: no transfer),
 //!   and picks that moved it because that engine was over the load bound.
+//! - `prefix_picks_total`, `prefix_prompt_blocks_total`,
+//!   `prefix_matched_blocks_total`: prefix-policy picks made with the
+//!   request's block keys, their full blocks, and the leading blocks the
+//!   chosen engine's node held (matched / prompt = the prefix hit ratio the
+//!   router saw); `prefix_fallbacks_total`: prefix-policy requests routed
+//!   least-loaded because the keys call failed.
+//! - `kv_event_streams`: KV event subscriptions up now;
+//!   `kv_events_total`: events applied to the prefix index;
+//!   `kv_event_resyncs_total`: times an engine's blocks were forgotten (a
+//!   `RESYNC` event or a lost stream).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -75,6 +85,13 @@ pub struct RouterMetrics {
     pub prefill_fallbacks: Counter,
     pub affinity_hits: Counter,
     pub affinity_fallbacks: Counter,
+    pub prefix_picks: Counter,
+    pub prefix_prompt_blocks: Counter,
+    pub prefix_matched_blocks: Counter,
+    pub prefix_fallbacks: Counter,
+    pub kv_event_streams: Gauge,
+    pub kv_events: Counter,
+    pub kv_event_resyncs: Counter,
     pub request_duration_seconds: Family<RouteLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -95,6 +112,13 @@ impl RouterMetrics {
             prefill_fallbacks: Counter::default(),
             affinity_hits: Counter::default(),
             affinity_fallbacks: Counter::default(),
+            prefix_picks: Counter::default(),
+            prefix_prompt_blocks: Counter::default(),
+            prefix_matched_blocks: Counter::default(),
+            prefix_fallbacks: Counter::default(),
+            kv_event_streams: Gauge::default(),
+            kv_events: Counter::default(),
+            kv_event_resyncs: Counter::default(),
             request_duration_seconds: Family::new_with_constructor(latency_histogram),
         }
     }
@@ -136,6 +160,41 @@ impl RouterMetrics {
             "affinity_fallbacks",
             "Requests whose session's last engine was over the affinity load bound",
             self.affinity_fallbacks.clone(),
+        );
+        r.register(
+            "prefix_picks",
+            "Prefix-policy picks made with the request's block keys",
+            self.prefix_picks.clone(),
+        );
+        r.register(
+            "prefix_prompt_blocks",
+            "Full prompt blocks of the prefix-policy picks",
+            self.prefix_prompt_blocks.clone(),
+        );
+        r.register(
+            "prefix_matched_blocks",
+            "Leading prompt blocks the chosen engine's node held (prefix policy)",
+            self.prefix_matched_blocks.clone(),
+        );
+        r.register(
+            "prefix_fallbacks",
+            "Prefix-policy requests routed least-loaded because the keys call failed",
+            self.prefix_fallbacks.clone(),
+        );
+        r.register(
+            "kv_event_streams",
+            "KV event subscriptions to engines' nodes up now",
+            self.kv_event_streams.clone(),
+        );
+        r.register(
+            "kv_events",
+            "KV events applied to the prefix index",
+            self.kv_events.clone(),
+        );
+        r.register(
+            "kv_event_resyncs",
+            "Times an engine's indexed blocks were forgotten (RESYNC or a lost stream)",
+            self.kv_event_resyncs.clone(),
         );
         r.register(
             "request_duration_seconds",

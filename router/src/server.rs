@@ -98,7 +98,7 @@ async fn plain(
     req: ClientRequest,
     record: RequestRecord,
 ) -> Response {
-    let load = state.pick(engines, req.decode_tokens(), &req);
+    let load = state.pick(engines, req.decode_tokens(), &req).await;
     let endpoint = load.url().to_owned();
     let relay = Relay {
         metrics: state.metrics.clone(),

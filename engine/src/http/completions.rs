@@ -89,24 +89,42 @@ async fn handle(
     }
 }
 
-async fn run(
+/// A request body checked as `run` checks it, before anything is started:
+/// the plan (prompt tokens, namespace) and what shapes the answer. Shared
+/// with `POST /v1/kvfabric/keys` (`keys.rs`), so a body's block keys come
+/// from exactly the prompt and namespace its completion would run with.
+pub(super) struct Checked {
+    pub plan: GenerationPlan,
+    pub samples: Samples,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub echo: Option<String>,
+    pub tools: Option<ToolRequest>,
+    pub wanted: Option<structured::Wanted>,
+}
+
+/// Check `body` for `api` as the completion endpoints do (every rejection
+/// is the same OpenAI-style 4xx), render and tokenize its prompt, and key
+/// it under `who`'s namespace.
+pub(super) fn check(
     state: &HttpState,
-    who: Identity,
+    who: &Identity,
     body: Result<Bytes, BytesRejection>,
-    meta: ResponseMeta,
+    api: Api,
+    request_id: &str,
     arrived: Instant,
-) -> Result<Response, ApiError> {
+) -> Result<Checked, ApiError> {
     let body = body.map_err(|e| {
         ApiError::invalid(format!("could not read the request body: {e}"), None)
             .with_status(e.status())
     })?;
     let value = parse_json(&body)?;
-    params::check(&value, meta.api)?;
+    params::check(&value, api)?;
     let mut req: CompletionBody = from_value(value)?;
     if let Some(params) = &req.kv_transfer_params {
         // A hint from the router: the decode side finds saved blocks by itself.
         let params = Value::Object(params.clone());
-        tracing::debug!(request_id = %meta.id, kv_transfer_params = %params, "kv_transfer_params received");
+        tracing::debug!(request_id, kv_transfer_params = %params, "kv_transfer_params received");
     }
     let stream = req.stream;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -127,11 +145,38 @@ async fn run(
     )?;
     let format = structured::response_format(req.response_format.take())?;
     let wanted = structured::wanted(format, tools.as_ref())?;
-    let mut plan = plan(state, req, meta.api, arrived, tools.as_ref())?;
+    let mut plan = plan(state, req, api, arrived, tools.as_ref())?;
+    plan.namespace = who.namespace(salt.as_deref());
+    Ok(Checked {
+        plan,
+        samples,
+        stream,
+        include_usage,
+        echo,
+        tools,
+        wanted,
+    })
+}
+
+async fn run(
+    state: &HttpState,
+    who: Identity,
+    body: Result<Bytes, BytesRejection>,
+    meta: ResponseMeta,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    let Checked {
+        mut plan,
+        samples,
+        stream,
+        include_usage,
+        echo,
+        tools,
+        wanted,
+    } = check(state, &who, body, meta.api, &meta.id, arrived)?;
     if let Some(w) = wanted {
         plan.sampling.constraint = Some(structured::compile(&state.grammars, w).await?);
     }
-    plan.namespace = who.namespace(salt.as_deref());
     plan.tenant = Some(TenantUsage {
         gate: state.tenants.clone(),
         who,
@@ -244,9 +289,9 @@ fn plan(
 const MAX_SAMPLES: u64 = 16;
 
 /// How many samples to generate (`best_of`, default `n`) and return (`n`).
-struct Samples {
-    n: usize,
-    best_of: usize,
+pub(super) struct Samples {
+    pub n: usize,
+    pub best_of: usize,
 }
 
 fn samples(req: &CompletionBody) -> Result<Samples, ApiError> {

@@ -3,8 +3,10 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (see
 //! [`completions`]), `GET /v1/models`, `GET /health`, `GET /metrics`
-//! (Prometheus text of the registry handed in), and the batch API's
-//! `/v1/files` and `/v1/batches` routes ([`batch`]). Every error is an OpenAI
+//! (Prometheus text of the registry handed in), the batch API's
+//! `/v1/files` and `/v1/batches` routes ([`batch`]), and
+//! `POST /v1/kvfabric/keys/{chat/completions,completions}` (a body's block
+//! keys, for a prefix-aware router; [`keys`]). Every error is an OpenAI
 //! JSON error body, unknown routes included. `/v1/*` passes the tenant gate
 //! first ([`tenancy`]: API key, per-tenant limits); `/health` and
 //! `/metrics` do not.
@@ -13,6 +15,7 @@ mod answer;
 pub(crate) mod batch;
 mod completions;
 pub mod generate;
+mod keys;
 mod logprobs;
 pub mod openai;
 mod params;
@@ -69,8 +72,17 @@ pub fn router(state: HttpState) -> Router {
             state.clone(),
             gate::<HttpState>,
         ));
+    // Block keys of a body (for a prefix-aware router): authenticated, not admitted.
+    let keys = Router::new()
+        .route(keys::CHAT_KEYS_PATH, post(keys::chat_keys))
+        .route(keys::COMPLETION_KEYS_PATH, post(keys::completion_keys))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            keys::authenticate,
+        ));
     Router::new()
         .merge(v1)
+        .merge(keys)
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)

@@ -43,7 +43,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use kvfabric_connector::{KvConnector, PendingLoad};
-use kvfabric_types::KeyChain;
 use tokio::sync::mpsc;
 
 use batch_queue::BatchQueue;
@@ -55,7 +54,7 @@ use crate::kernels::Compute;
 use crate::kv::{BlockPool, KvPool};
 use crate::metrics::EngineMetrics;
 use crate::model::{LlamaModel, RowLogits, SeqChunk};
-use crate::request::{FinishReason, GenerationEvent, GenerationRequest, Usage};
+use crate::request::{FinishReason, GenerationEvent, GenerationRequest, KeyBasis, Usage};
 use crate::sampling::Sampler;
 use crate::spec::shared::SharedContinuations;
 use crate::spec::{SpecConfig, SpecState};
@@ -147,6 +146,14 @@ impl Scheduler {
             && self.batch.waiting.is_empty()
     }
 
+    /// How this scheduler keys blocks: its model and KV layout.
+    pub fn key_basis(&self) -> KeyBasis {
+        KeyBasis {
+            model: self.model.fingerprint(),
+            layout: *self.kv.layout(),
+        }
+    }
+
     fn accept(&mut self, r: GenerationRequest) {
         let ctx = self.model.config.context_length;
         let bt = self.kv.layout().block_tokens as usize;
@@ -186,7 +193,7 @@ impl Scheduler {
             });
             return;
         }
-        let chain = KeyChain::new(&r.namespace, &self.model.fingerprint(), self.kv.layout());
+        let chain = self.key_basis().chain(&r.namespace);
         if let Some(c) = &self.connector {
             // It will wait behind others: pull its prefix into our node meanwhile.
             if self.running.len() + self.loading.len() + self.waiting.len() >= self.cfg.max_seqs {

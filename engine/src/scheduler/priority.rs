@@ -53,10 +53,14 @@ impl Scheduler {
         let (tx, rx) = mpsc::channel(queue.max(1));
         let (batch_tx, batch_rx) = mpsc::channel(queue.max(1));
         self.batch.intake = Some(batch_rx);
+        let keys = self.key_basis();
         let join = std::thread::Builder::new()
             .name("kvf-scheduler".into())
             .spawn(move || self.run(rx))?;
-        Ok((EngineHandle::with_batch_intake(tx, batch_tx), join))
+        Ok((
+            EngineHandle::with_batch_intake(tx, batch_tx).with_keys(keys),
+            join,
+        ))
     }
 
     /// The loop: take requests (both classes), step, repeat.

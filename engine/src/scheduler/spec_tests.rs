@@ -107,7 +107,7 @@ fn run(spec: bool, temperature: f32) -> (Trace, u64, u64) {
     saved.sort_by_key(|x| x.0);
     fabric.end_saves();
     s.poll_fabric(std::time::Duration::ZERO);
-    let chain = KeyChain::new(b"trace", &s.model.fingerprint(), s.kv.layout());
+    let chain = s.key_basis().chain(b"trace");
     let cached = (0..3u32)
         .zip(&tokens)
         .map(|(seed, t)| {

@@ -20,6 +20,7 @@ pub struct EngineOptions {
     dir: PathBuf,
     config: Option<PathBuf>,
     node_http: Option<String>,
+    grpc_listen: Option<String>,
     kv_pool: String,
     ram_capacity: String,
     extra: Vec<String>,
@@ -33,6 +34,7 @@ impl EngineOptions {
             dir: dir.to_path_buf(),
             config: None,
             node_http: None,
+            grpc_listen: None,
             kv_pool: "128MiB".into(),
             ram_capacity: "256MiB".into(),
             extra: Vec::new(),
@@ -49,6 +51,13 @@ impl EngineOptions {
     /// `127.0.0.1:0` otherwise.
     pub fn node_http(mut self, addr: &str) -> Self {
         self.node_http = Some(addr.into());
+        self
+    }
+
+    /// The embedded node's gRPC address (its KV events, CacheService);
+    /// `127.0.0.1:0` otherwise.
+    pub fn grpc_listen(mut self, addr: &str) -> Self {
+        self.grpc_listen = Some(addr.into());
         self
     }
 
@@ -93,6 +102,7 @@ impl EngineProc {
         let addr = format!("127.0.0.1:{}", free_port());
         let log = o.dir.join(format!("{}.log", o.name));
         let node_http = o.node_http.clone().unwrap_or("127.0.0.1:0".into());
+        let grpc = o.grpc_listen.clone().unwrap_or("127.0.0.1:0".into());
         let mut cmd = kvfabric_command("info,kvfabric_connector=debug");
         if let Some(config) = &o.config {
             cmd.arg("--config").arg(config);
@@ -102,7 +112,7 @@ impl EngineProc {
             .arg(model_path())
             .args(["--listen", &addr, "--node-id", &o.name, "--threads", "1"])
             .args(["--kv-pool", &o.kv_pool, "--ram-capacity", &o.ram_capacity])
-            .args(["--grpc-listen", "127.0.0.1:0", "--http-listen", &node_http])
+            .args(["--grpc-listen", &grpc, "--http-listen", &node_http])
             .args(&o.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")));
