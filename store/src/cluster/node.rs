@@ -401,11 +401,17 @@ impl ClusterNode {
 
     /// Longest prefix of `keys` present anywhere, with the best holder of each
     /// of its blocks. Counts the hits and misses in the node's lookup metrics,
-    /// and feeds the keys to the node's capacity planner (a cluster node's
-    /// lookups do not go through `Store::lookup`, its other hook).
+    /// and feeds the keys, with the prefix this node holds, to its store's
+    /// RAM order and capacity planner (a cluster node's lookups do not go
+    /// through `Store::lookup`; without them `adaptive` never left LRU).
     pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
-        self.store.shared.planner.on_lookup(keys);
         let located = self.locate(keys).await;
+        // `locate` lists this node first where it holds a block.
+        let here = located
+            .iter()
+            .take_while(|h| h.first().is_some_and(|h| h.node_id == self.me.node_id))
+            .count();
+        self.store.note_lookup(keys, here);
         let prefix: Vec<HolderEntry> = located
             .into_iter()
             .map_while(|mut h| (!h.is_empty()).then(|| h.swap_remove(0)))

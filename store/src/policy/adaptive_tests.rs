@@ -57,7 +57,7 @@ impl Tier {
         found
     }
 
-    fn mode(&self) -> Mode {
+    fn mode(&self) -> AdaptiveMode {
         match &self.order {
             EvictionOrder::Adaptive(a) => a.mode(),
             _ => unreachable!("an adaptive tier"),
@@ -98,7 +98,7 @@ fn shift_round(t: &mut Tier, first: u64) -> usize {
 /// Requests until `t` runs `mode`, feeding it `round` (at most `limit`).
 fn requests_until(
     t: &mut Tier,
-    mode: Mode,
+    mode: AdaptiveMode,
     limit: usize,
     mut round: impl FnMut(&mut Tier) -> usize,
     per_round: usize,
@@ -137,11 +137,11 @@ fn adaptive_follows_the_winner() {
     for _ in 0..10 {
         loop_round(&mut t);
     }
-    assert_eq!(t.mode(), Mode::Lirs, "after the loop");
+    assert_eq!(t.mode(), AdaptiveMode::Lirs, "after the loop");
     let mut first = 100;
     let to_lru = requests_until(
         &mut t,
-        Mode::Lru,
+        AdaptiveMode::Lru,
         200,
         |t| {
             first += 4;
@@ -155,8 +155,8 @@ fn adaptive_follows_the_winner() {
         first += 4;
         shift_round(&mut t, first);
     }
-    assert_eq!(t.mode(), Mode::Lru, "through the shift");
-    let to_lirs = requests_until(&mut t, Mode::Lirs, 400, loop_round, 20);
+    assert_eq!(t.mode(), AdaptiveMode::Lru, "through the shift");
+    let to_lirs = requests_until(&mut t, AdaptiveMode::Lirs, 400, loop_round, 20);
     eprintln!("to LIRS after {to_lirs} requests");
     assert!(to_lirs <= 60, "LIRS mode after {to_lirs} loop requests");
 }
@@ -176,15 +176,16 @@ fn adaptive_on_a_loop_is_lirs() {
         idle_factor: d.lirs_idle_factor,
         window: d.adaptive_window,
         margin: 1e9,
+        confidence: 0.0,
         sample_rate: 1.0,
-        start: Mode::Lirs,
+        start: AdaptiveMode::Lirs,
     };
     let mut a = Tier::new(EvictionPolicy::Lru, 100);
     a.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
     let mut l = Tier::new(EvictionPolicy::Lirs, 100);
     for r in 0..10 {
         assert_eq!(loop_round(&mut a), loop_round(&mut l), "round {r}");
-        assert_eq!(a.mode(), Mode::Lirs);
+        assert_eq!(a.mode(), AdaptiveMode::Lirs);
     }
     let EvictionOrder::Adaptive(ad) = &a.order else {
         unreachable!()
@@ -203,7 +204,7 @@ fn adaptive_never_picks_an_ineligible_block() {
     for _ in 0..10 {
         loop_round(&mut t);
     }
-    assert_eq!(t.mode(), Mode::Lirs);
+    assert_eq!(t.mode(), AdaptiveMode::Lirs);
     let mut first = 100;
     let mut checked = [0usize; 2];
     for _ in 0..30 {
@@ -221,7 +222,7 @@ fn adaptive_never_picks_an_ineligible_block() {
         );
         // Refusing everything else too: nothing.
         assert_eq!(t.order.victim(|_| false), None);
-        checked[(t.mode() == Mode::Lru) as usize] += 1;
+        checked[(t.mode() == AdaptiveMode::Lru) as usize] += 1;
         first += 4;
         shift_round(&mut t, first);
     }
