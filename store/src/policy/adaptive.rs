@@ -19,14 +19,18 @@
 //! is ahead; negative, LRU. The other order takes over only once ahead by
 //! `margin` times the shadows' size (orders within a few hits of each other
 //! would trade places on noise, and each switch costs: the tier's contents
-//! were chosen by the other order). The tier's own victims come from the
-//! order that leads: LIRS' queue (its stack and queues are kept in step in
-//! every mode), or the least recently used resident (a second list through
-//! the residents, kept in step too). The tier starts with LRU: where LRU is
-//! optimal (a working set that fits and keeps changing), starting with LIRS
-//! paid a loss before the score could turn (`bench eviction`'s `ending`
-//! trace). A tie keeps the mode it has, so a replay of the same operations
-//! makes the same choices.
+//! were chosen by the other order), or, with `confidence` > 0, once ahead by
+//! `confidence` times the square root of the decayed sum of the squared
+//! per-lookup differences (a sign-flip test: were the orders even, each
+//! difference's sign would be a coin flip), whichever is less. The tier's
+//! own victims come from the order that leads: LIRS' queue (its stack and
+//! queues are kept in step in every mode), or the least recently used
+//! resident (an [`Lru`] over the residents, kept in step too). The tier
+//! starts with `start`, LRU by default: where LRU is optimal (a working set
+//! that fits and keeps changing), starting with LIRS paid a loss before the
+//! score could turn (`bench eviction`'s `ending` trace; docs/BENCHMARKS.md,
+//! #29 sessions 21 and 22). A tie keeps the mode it has, so a replay of the
+//! same operations makes the same choices.
 //!
 //! A shadow must see what a tier of its order would see. Its size is the
 //! tier's, unknown until the tier first evicts: until then the sampled
@@ -45,7 +49,9 @@
 //! amortized for LIRS' pruning); a put, the same; touch and remove add one
 //! list operation. The shadows' maps reuse their memory once the tier is
 //! full (no allocation per operation). The RAM tier runs it on the store's
-//! lookups; the disk tier's order runs LIRS (its order never sees lookups).
+//! lookups (`Store::lookup`, and a cluster node's through
+//! `Store::note_lookup`: without them the order never leaves `start`); the
+//! disk tier's order runs LIRS (its order never sees lookups).
 
 use hashbrown::HashMap;
 
@@ -318,10 +324,14 @@ impl Adaptive {
             // flip: the score's spread is then sqrt(spread).
             m = m.min(self.confidence * self.spread.sqrt());
         }
+        let was = self.mode;
         if self.score > m {
             self.mode = AdaptiveMode::Lirs;
         } else if self.score < -m {
             self.mode = AdaptiveMode::Lru;
+        }
+        if self.mode != was {
+            tracing::debug!(mode = ?self.mode, score = self.score, bar = m, "adaptive eviction order switched");
         }
     }
 
