@@ -1,6 +1,7 @@
 //! `adaptive`: it follows the order that wins on the recent lookups (a loop,
 //! where LIRS wins, and a shifting working set, where LRU wins, in turn),
-//! its shadows replay the tier exactly while it runs LIRS, and a pinned or
+//! its shadows replay the tier exactly while it runs LIRS, the sign-flip
+//! test (`confidence`) switches below the margin, and a pinned or
 //! leased block is never its victim in either mode.
 
 use std::collections::{HashMap, HashSet};
@@ -193,6 +194,45 @@ fn adaptive_on_a_loop_is_lirs() {
     let shadow: HashSet<BlockKey> = ad.shadow_keys(0).collect();
     let real: HashSet<BlockKey> = a.slots.keys().copied().collect();
     assert_eq!(shadow, real, "the LIRS shadow holds what the tier holds");
+}
+
+/// With a margin no lead reaches, the order keeps its starting LRU mode
+/// on the loop; with `confidence` 2 it switches to LIRS once LIRS' lead
+/// passes twice the spread an even duel would give, within a few rounds,
+/// and the loop's blocks then hit.
+#[test]
+fn confidence_switches_on_consistent_evidence_below_the_margin() {
+    let d = NodeConfig::default();
+    let tier = |confidence: f64| {
+        let knobs = AdaptiveKnobs {
+            hir_percent: d.lirs_hir_percent,
+            history: d.lirs_history as usize,
+            idle_factor: d.lirs_idle_factor,
+            window: d.adaptive_window,
+            margin: 1e9,
+            confidence,
+            sample_rate: 1.0,
+            start: AdaptiveMode::Lru,
+        };
+        let mut t = Tier::new(EvictionPolicy::Lru, 100);
+        t.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
+        t
+    };
+    let mut fixed = tier(0.0);
+    let mut tested = tier(2.0);
+    let (mut hits_fixed, mut hits_tested) = (0, 0);
+    for r in 0..10 {
+        let (f, t) = (loop_round(&mut fixed), loop_round(&mut tested));
+        if r >= 5 {
+            (hits_fixed, hits_tested) = (hits_fixed + f, hits_tested + t);
+        }
+    }
+    assert_eq!(fixed.mode(), AdaptiveMode::Lru, "the margin alone");
+    assert_eq!(tested.mode(), AdaptiveMode::Lirs, "with the test");
+    assert!(
+        hits_tested > hits_fixed * 3 / 2,
+        "LIRS' hits on the loop: {hits_tested} vs {hits_fixed}"
+    );
 }
 
 /// In LRU mode and in LIRS mode, blocks the caller refuses (pinned,
