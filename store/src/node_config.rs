@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytesize::ByteSize;
 use serde::{Deserialize, Serialize};
 
-use crate::{BadConfig, StoreError};
+use crate::{AdaptiveMode, BadConfig, StoreError};
 
 /// When a block stored in RAM also goes to disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -105,6 +105,13 @@ pub struct NodeConfig {
     /// adaptive: lead (in shadow hits, times the tier's blocks) the other
     /// order needs to take over. Default: 0.04.
     pub adaptive_margin: f64,
+    /// adaptive: the other order also takes over once its lead passes this
+    /// many standard deviations of the lead were the two orders even (a
+    /// sign-flip test on the per-lookup hit differences); 0 = the margin
+    /// alone. Default: 0.
+    pub adaptive_confidence: f64,
+    /// adaptive: the order the RAM tier evicts by until the shadows decide. Default: lru.
+    pub adaptive_start: AdaptiveMode,
     /// adaptive: fraction of keys the shadow caches see (0, 1]. Default: 1.
     pub adaptive_sample_rate: f64,
     /// Capacity planner: fraction of block keys sampled (SHARDS) for the
@@ -149,6 +156,8 @@ impl Default for NodeConfig {
             lirs_idle_factor: 1.2,
             adaptive_window: 2.0,
             adaptive_margin: 0.04,
+            adaptive_confidence: 0.0,
+            adaptive_start: AdaptiveMode::Lru,
             adaptive_sample_rate: 1.0,
             planner_sample_rate: 0.01,
             high_watermark: 0.95,
@@ -211,6 +220,13 @@ impl NodeConfig {
                 key: "adaptive_margin",
                 must: ">= 0",
                 got: self.adaptive_margin,
+            });
+        }
+        if !(self.adaptive_confidence >= 0.0 && self.adaptive_confidence.is_finite()) {
+            return bad(BadConfig::OutOfRange {
+                key: "adaptive_confidence",
+                must: ">= 0",
+                got: self.adaptive_confidence,
             });
         }
         if !(self.adaptive_sample_rate > 0.0 && self.adaptive_sample_rate <= 1.0) {

@@ -40,7 +40,7 @@ use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::state::Rec;
 
-pub use adaptive::{Adaptive, AdaptiveKnobs, Mode};
+pub use adaptive::{Adaptive, AdaptiveKnobs, AdaptiveMode};
 pub use lirs::Lirs;
 pub(crate) use list::Queues;
 pub use list::Slot;
@@ -75,7 +75,8 @@ impl EvictionOrder {
                     window: cfg.adaptive_window,
                     margin: cfg.adaptive_margin,
                     sample_rate: cfg.adaptive_sample_rate,
-                    start: Mode::Lru,
+                    confidence: cfg.adaptive_confidence,
+                    start: cfg.adaptive_start,
                 })))
             }
         }

@@ -396,6 +396,15 @@ impl Store {
         found
     }
 
+    /// A lookup of `keys` answered outside [`Store::lookup`] (a cluster
+    /// node's, across the cluster), of which this store held the first
+    /// `found`: the RAM tier's order (`adaptive`'s shadows) and the
+    /// capacity planner see it as they see `lookup`'s.
+    pub fn note_lookup(&self, keys: &[BlockKey], found: usize) {
+        self.shared.inner.lock().ram_order.lookup(keys, found);
+        self.shared.planner.on_lookup(keys);
+    }
+
     /// Drop `keys` from every tier; returns how many were stored.
     pub fn remove(&self, keys: &[BlockKey]) -> Result<usize, StoreError> {
         let started = Instant::now();

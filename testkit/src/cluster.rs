@@ -56,6 +56,8 @@ pub struct Options {
     pub refresh_chunks_per_period: usize,
     /// Nodes (by index) whose transfer port peers reach through a [`Proxy`].
     pub proxied: Vec<usize>,
+    /// The stores' RAM watermarks (high, low); None: the config's defaults.
+    pub watermarks: Option<(f64, f64)>,
 }
 
 impl Default for Options {
@@ -68,6 +70,7 @@ impl Default for Options {
             refresh_chunk_blocks: 4096,
             refresh_chunks_per_period: 16,
             proxied: Vec::new(),
+            watermarks: None,
         }
     }
 }
@@ -176,10 +179,16 @@ async fn start_node(
     transfer: String,
     opts: &Options,
 ) -> (Arc<ClusterNode>, tokio::sync::oneshot::Sender<()>) {
+    let d = NodeConfig::default();
+    let (high_watermark, low_watermark) = opts
+        .watermarks
+        .unwrap_or((d.high_watermark, d.low_watermark));
     let cfg = NodeConfig {
         node_id: format!("n{i}"),
         ram_capacity: bytesize::ByteSize::b(opts.ram),
-        ..NodeConfig::default()
+        high_watermark,
+        low_watermark,
+        ..d
     };
     let mut registry = Registry::default();
     let store = Store::open(cfg, &mut registry).expect("store opens");

@@ -28,7 +28,9 @@ use anyhow::Context;
 use clap::Args;
 use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::tokenizer::Tokenizer;
-use kvfabric_store::{EvictionPolicy, KeyChain, KvLayout, ModelFingerprint, NodeConfig};
+use kvfabric_store::{
+    AdaptiveMode, EvictionPolicy, KeyChain, KvLayout, ModelFingerprint, NodeConfig,
+};
 use serde_json::{json, Value};
 
 use replay::small_layout;
@@ -81,6 +83,20 @@ pub struct EvictionArgs {
     /// lirs: idle factor after which a protected block is demoted (config `lirs_idle_factor`).
     #[arg(long, default_value_t = NodeConfig::default().lirs_idle_factor)]
     pub lirs_idle_factor: f64,
+    /// adaptive: tiers' worth of lookups the score remembers (config `adaptive_window`).
+    #[arg(long, default_value_t = NodeConfig::default().adaptive_window)]
+    pub adaptive_window: f64,
+    /// adaptive: the lead, times the tier's blocks, that switches (config `adaptive_margin`).
+    #[arg(long, default_value_t = NodeConfig::default().adaptive_margin)]
+    pub adaptive_margin: f64,
+    /// adaptive: the lead, in standard deviations of an even duel, that
+    /// switches too (config `adaptive_confidence`; 0 = the margin alone).
+    #[arg(long, default_value_t = NodeConfig::default().adaptive_confidence)]
+    pub adaptive_confidence: f64,
+    /// adaptive: the order it starts with, lirs or lru (config
+    /// `adaptive_start`; default: the config's default).
+    #[arg(long, value_parser = parse_mode)]
+    pub adaptive_start: Option<AdaptiveMode>,
     /// Also check the capacity planner: its curve (sampling at
     /// --planner-rate) against exact replays, on the agentic trace with this
     /// many sessions (~37 distinct blocks each; 0 = skip).
@@ -98,8 +114,23 @@ impl EvictionArgs {
             lirs_hir_percent: self.lirs_hir_percent,
             lirs_history: self.lirs_history,
             lirs_idle_factor: self.lirs_idle_factor,
+            adaptive_window: self.adaptive_window,
+            adaptive_margin: self.adaptive_margin,
+            adaptive_confidence: self.adaptive_confidence,
+            adaptive_start: self
+                .adaptive_start
+                .unwrap_or(NodeConfig::default().adaptive_start),
             ..Default::default()
         }
+    }
+}
+
+/// `--adaptive-start`: lirs or lru.
+fn parse_mode(s: &str) -> Result<AdaptiveMode, String> {
+    match s {
+        "lirs" => Ok(AdaptiveMode::Lirs),
+        "lru" => Ok(AdaptiveMode::Lru),
+        _ => Err(format!("{s:?} is not lirs or lru")),
     }
 }
 
@@ -204,8 +235,9 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
     let layout = small_layout(args.block_tokens);
     let traces = load_traces(args, &layout)?;
     let mut out = Vec::new();
+    let cfg = args.node_config();
     for t in &traces {
-        out.push(measure_trace(t, layout, &args.node_config())?);
+        out.push(measure_trace(t, layout, &cfg)?);
     }
     let scan = scan_summary(&out);
     let planner = if args.planner_sessions > 0 && args.trace.is_none() {
@@ -219,6 +251,12 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
             "hir_percent": args.lirs_hir_percent,
             "history": args.lirs_history,
             "idle_factor": args.lirs_idle_factor,
+        },
+        "adaptive": {
+            "window": cfg.adaptive_window,
+            "margin": cfg.adaptive_margin,
+            "confidence": cfg.adaptive_confidence,
+            "start": cfg.adaptive_start,
         },
         "policies": POLICIES.iter().map(|p| p.0).collect::<Vec<_>>(),
         "traces": out,

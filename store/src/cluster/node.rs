@@ -401,11 +401,13 @@ impl ClusterNode {
 
     /// Longest prefix of `keys` present anywhere, with the best holder of each
     /// of its blocks. Counts the hits and misses in the node's lookup metrics,
-    /// and feeds the keys to the node's capacity planner (a cluster node's
-    /// lookups do not go through `Store::lookup`, its other hook).
+    /// and feeds this node's part of the lookup to its store's RAM order and
+    /// capacity planner (a cluster node's lookups do not go through
+    /// `Store::lookup`; without them `adaptive` never left LRU).
     pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
-        self.store.shared.planner.on_lookup(keys);
         let located = self.locate(keys).await;
+        let (mine, here) = self.own_part(keys, &located);
+        self.store.note_lookup(&mine, here);
         let prefix: Vec<HolderEntry> = located
             .into_iter()
             .map_while(|mut h| (!h.is_empty()).then(|| h.swap_remove(0)))
@@ -415,6 +417,35 @@ impl ClusterNode {
         m.lookup_miss_blocks
             .inc_by((keys.len() - prefix.len()) as u64);
         prefix
+    }
+
+    /// What this node's tier has to do with a lookup of `keys` (`located`):
+    /// the blocks of the found prefix it holds, and every key from the first
+    /// one missing everywhere on (the engine computes those and puts them
+    /// here), in order; and how many of them lead the found prefix. A block
+    /// only other nodes hold is theirs to keep: counted here it would break
+    /// this node's prefix (a shared system prompt saved on another node
+    /// left every shadow hit at 0).
+    fn own_part(&self, keys: &[BlockKey], located: &[Vec<HolderEntry>]) -> (Vec<BlockKey>, usize) {
+        let mut mine = Vec::with_capacity(keys.len());
+        let mut here = 0;
+        let mut found = true;
+        for (k, holders) in keys.iter().zip(located) {
+            // `locate` lists this node first where it holds a block.
+            match holders.first() {
+                _ if !found => mine.push(*k),
+                Some(h) if h.node_id == self.me.node_id => {
+                    mine.push(*k);
+                    here += 1;
+                }
+                Some(_) => {}
+                None => {
+                    found = false;
+                    mine.push(*k);
+                }
+            }
+        }
+        (mine, here)
     }
 
     /// Presence of each key anywhere in the cluster.

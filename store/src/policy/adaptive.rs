@@ -19,14 +19,18 @@
 //! is ahead; negative, LRU. The other order takes over only once ahead by
 //! `margin` times the shadows' size (orders within a few hits of each other
 //! would trade places on noise, and each switch costs: the tier's contents
-//! were chosen by the other order). The tier's own victims come from the
-//! order that leads: LIRS' queue (its stack and queues are kept in step in
-//! every mode), or the least recently used resident (a second list through
-//! the residents, kept in step too). The tier starts with LRU: where LRU is
-//! optimal (a working set that fits and keeps changing), starting with LIRS
-//! paid a loss before the score could turn (`bench eviction`'s `ending`
-//! trace). A tie keeps the mode it has, so a replay of the same operations
-//! makes the same choices.
+//! were chosen by the other order), or, with `confidence` > 0, once ahead by
+//! `confidence` times the square root of the decayed sum of the squared
+//! per-lookup differences (a sign-flip test: were the orders even, each
+//! difference's sign would be a coin flip), whichever is less. The tier's
+//! own victims come from the order that leads: LIRS' queue (its stack and
+//! queues are kept in step in every mode), or the least recently used
+//! resident (an [`Lru`] over the residents, kept in step too). The tier
+//! starts with `start`, LRU by default: where LRU is optimal (a working set
+//! that fits and keeps changing), starting with LIRS paid a loss before the
+//! score could turn (`bench eviction`'s `ending` trace; docs/BENCHMARKS.md,
+//! #29 sessions 21 and 22). A tie keeps the mode it has, so a replay of the
+//! same operations makes the same choices.
 //!
 //! A shadow must see what a tier of its order would see. Its size is the
 //! tier's, unknown until the tier first evicts: until then the sampled
@@ -45,19 +49,22 @@
 //! amortized for LIRS' pruning); a put, the same; touch and remove add one
 //! list operation. The shadows' maps reuse their memory once the tier is
 //! full (no allocation per operation). The RAM tier runs it on the store's
-//! lookups; the disk tier's order runs LIRS (its order never sees lookups).
+//! lookups (`Store::lookup`, and a cluster node's through
+//! `Store::note_lookup`: without them the order never leaves `start`); the
+//! disk tier's order runs LIRS (its order never sees lookups).
 
 use hashbrown::HashMap;
 
 use super::lirs::Lirs;
-use super::list::{Queues, Slot};
+use super::list::Slot;
 use super::lru::Lru;
 use crate::keys::BlockKey;
 use crate::state::Rec;
 
 /// Which order the tier's victims come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AdaptiveMode {
     Lirs,
     Lru,
 }
@@ -73,8 +80,12 @@ pub struct AdaptiveKnobs {
     /// How far ahead (decayed hits, times the shadows' size) the other
     /// order must be to take over.
     pub margin: f64,
+    /// Sign-flip test: the other order also takes over once its lead is
+    /// this many times the square root of the decayed sum of squared
+    /// per-lookup differences (0: the fixed margin alone).
+    pub confidence: f64,
     /// The order the tier starts with.
-    pub start: Mode,
+    pub start: AdaptiveMode,
     /// Share of keys the shadows see (0, 1].
     pub sample_rate: f64,
 }
@@ -200,20 +211,24 @@ const PUT: u32 = u32::MAX;
 pub struct Adaptive {
     lirs: Lirs,
     /// The residents, least recently used first.
-    lru: Queues<1>,
+    lru: Lru,
     /// A resident's slot in `lru`, by its LIRS slot (the one the store keeps).
     lru_slot: Vec<Slot>,
     /// The LIRS shadow and the LRU shadow.
     shadows: [Shadow; 2],
     /// Decayed LIRS hits minus LRU hits on the sampled lookups.
     score: f64,
-    mode: Mode,
+    /// Decayed sum of the squared per-lookup differences (the score's
+    /// spread were the two orders even).
+    spread: f64,
+    mode: AdaptiveMode,
     /// The most blocks the tier has held: the shadows' size.
     most: usize,
     /// What the tier saw before it first evicted (None since).
     pending: Option<Pending>,
     window: f64,
     margin: f64,
+    confidence: f64,
     /// Keys whose hash is below this are sampled (u64::MAX: all).
     threshold: u64,
     rate: f64,
@@ -232,18 +247,20 @@ impl Adaptive {
         };
         Adaptive {
             lirs: lirs(),
-            lru: Queues::default(),
+            lru: Lru::default(),
             lru_slot: Vec::new(),
             shadows: [
                 Shadow::new(ShadowOrder::Lirs(lirs())),
                 Shadow::new(ShadowOrder::Lru(Lru::default())),
             ],
             score: 0.0,
+            spread: 0.0,
             mode: k.start,
             most: 0,
             pending: Some(Pending::default()),
             window: k.window.max(f64::MIN_POSITIVE),
             margin: k.margin.max(0.0),
+            confidence: k.confidence.max(0.0),
             threshold,
             rate,
             scratch: Vec::new(),
@@ -252,7 +269,7 @@ impl Adaptive {
 
     /// The order the tier's victims come from now (tests).
     #[cfg(test)]
-    pub(super) fn mode(&self) -> Mode {
+    pub(super) fn mode(&self) -> AdaptiveMode {
         self.mode
     }
 
@@ -297,12 +314,24 @@ impl Adaptive {
         let lru = self.shadows[1].lookup(keys, found as usize, cap) as f64;
         // Forget 1/(window * cap) per key looked up.
         let keep = (1.0 - 1.0 / (self.window * cap as f64)).max(0.0);
-        self.score = self.score * keep.powi(keys.len() as i32) + (lirs - lru);
-        let m = self.margin * cap as f64;
+        let decay = keep.powi(keys.len() as i32);
+        let d = lirs - lru;
+        self.score = self.score * decay + d;
+        self.spread = self.spread * decay + d * d;
+        let mut m = self.margin * cap as f64;
+        if self.confidence > 0.0 {
+            // Were the orders even, each difference's sign would be a coin
+            // flip: the score's spread is then sqrt(spread).
+            m = m.min(self.confidence * self.spread.sqrt());
+        }
+        let was = self.mode;
         if self.score > m {
-            self.mode = Mode::Lirs;
+            self.mode = AdaptiveMode::Lirs;
         } else if self.score < -m {
-            self.mode = Mode::Lru;
+            self.mode = AdaptiveMode::Lru;
+        }
+        if self.mode != was {
+            tracing::debug!(mode = ?self.mode, score = self.score, bar = m, "adaptive eviction order switched");
         }
     }
 
@@ -338,24 +367,24 @@ impl Adaptive {
             }
         }
         let slot = self.lirs.insert(key, rec);
-        let q = self.lru.push_back(0, key, rec);
+        let q = self.lru.insert(key, rec);
         let i = slot as usize;
         if self.lru_slot.len() <= i {
             self.lru_slot.resize(i + 1, 0);
         }
         self.lru_slot[i] = q;
-        self.most = self.most.max(self.lru.total());
+        self.most = self.most.max(self.lru.len());
         slot
     }
 
     pub(super) fn touch(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.touch(slot, key);
-        self.lru.move_to_back(self.lru_slot[slot as usize], 0);
+        self.lru.touch(self.lru_slot[slot as usize], key);
     }
 
     pub(super) fn remove(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.remove(slot, key);
-        self.lru.remove(self.lru_slot[slot as usize]);
+        self.lru.remove(self.lru_slot[slot as usize], key);
     }
 
     pub(super) fn prefetch(&self, slot: Slot) {
@@ -364,32 +393,22 @@ impl Adaptive {
 
     pub(super) fn victim_at(
         &mut self,
-        mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
+        eligible: impl FnMut(&BlockKey, Rec) -> bool,
     ) -> Option<BlockKey> {
         self.start_shadows();
-        if self.mode == Mode::Lirs {
-            return self.lirs.victim_at(eligible);
+        match self.mode {
+            AdaptiveMode::Lirs => self.lirs.victim_at(eligible),
+            AdaptiveMode::Lru => self.lru.victim(eligible),
         }
-        let mut at = self.lru.front(0);
-        while let Some(s) = at {
-            let key = self.lru.key(s);
-            if eligible(&key, self.lru.rec(s)) {
-                return Some(key);
-            }
-            at = self.lru.next(s);
-        }
-        None
     }
 
     /// What `victim_at` looks at first, when it can tell (LRU mode: the
     /// least recently used resident).
     pub(super) fn peek(&self) -> Option<(BlockKey, Rec)> {
-        if self.mode == Mode::Lirs {
-            return None;
+        match self.mode {
+            AdaptiveMode::Lirs => None,
+            AdaptiveMode::Lru => self.lru.peek(),
         }
-        self.lru
-            .front(0)
-            .map(|s| (self.lru.key(s), self.lru.rec(s)))
     }
 
     /// The keys shadow `i` holds (0: LIRS, 1: LRU; tests).

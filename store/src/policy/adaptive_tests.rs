@@ -1,6 +1,7 @@
 //! `adaptive`: it follows the order that wins on the recent lookups (a loop,
 //! where LIRS wins, and a shifting working set, where LRU wins, in turn),
-//! its shadows replay the tier exactly while it runs LIRS, and a pinned or
+//! its shadows replay the tier exactly while it runs LIRS, the sign-flip
+//! test (`confidence`) switches below the margin, and a pinned or
 //! leased block is never its victim in either mode.
 
 use std::collections::{HashMap, HashSet};
@@ -57,7 +58,7 @@ impl Tier {
         found
     }
 
-    fn mode(&self) -> Mode {
+    fn mode(&self) -> AdaptiveMode {
         match &self.order {
             EvictionOrder::Adaptive(a) => a.mode(),
             _ => unreachable!("an adaptive tier"),
@@ -98,7 +99,7 @@ fn shift_round(t: &mut Tier, first: u64) -> usize {
 /// Requests until `t` runs `mode`, feeding it `round` (at most `limit`).
 fn requests_until(
     t: &mut Tier,
-    mode: Mode,
+    mode: AdaptiveMode,
     limit: usize,
     mut round: impl FnMut(&mut Tier) -> usize,
     per_round: usize,
@@ -137,11 +138,11 @@ fn adaptive_follows_the_winner() {
     for _ in 0..10 {
         loop_round(&mut t);
     }
-    assert_eq!(t.mode(), Mode::Lirs, "after the loop");
+    assert_eq!(t.mode(), AdaptiveMode::Lirs, "after the loop");
     let mut first = 100;
     let to_lru = requests_until(
         &mut t,
-        Mode::Lru,
+        AdaptiveMode::Lru,
         200,
         |t| {
             first += 4;
@@ -155,8 +156,8 @@ fn adaptive_follows_the_winner() {
         first += 4;
         shift_round(&mut t, first);
     }
-    assert_eq!(t.mode(), Mode::Lru, "through the shift");
-    let to_lirs = requests_until(&mut t, Mode::Lirs, 400, loop_round, 20);
+    assert_eq!(t.mode(), AdaptiveMode::Lru, "through the shift");
+    let to_lirs = requests_until(&mut t, AdaptiveMode::Lirs, 400, loop_round, 20);
     eprintln!("to LIRS after {to_lirs} requests");
     assert!(to_lirs <= 60, "LIRS mode after {to_lirs} loop requests");
 }
@@ -176,15 +177,16 @@ fn adaptive_on_a_loop_is_lirs() {
         idle_factor: d.lirs_idle_factor,
         window: d.adaptive_window,
         margin: 1e9,
+        confidence: 0.0,
         sample_rate: 1.0,
-        start: Mode::Lirs,
+        start: AdaptiveMode::Lirs,
     };
     let mut a = Tier::new(EvictionPolicy::Lru, 100);
     a.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
     let mut l = Tier::new(EvictionPolicy::Lirs, 100);
     for r in 0..10 {
         assert_eq!(loop_round(&mut a), loop_round(&mut l), "round {r}");
-        assert_eq!(a.mode(), Mode::Lirs);
+        assert_eq!(a.mode(), AdaptiveMode::Lirs);
     }
     let EvictionOrder::Adaptive(ad) = &a.order else {
         unreachable!()
@@ -192,6 +194,45 @@ fn adaptive_on_a_loop_is_lirs() {
     let shadow: HashSet<BlockKey> = ad.shadow_keys(0).collect();
     let real: HashSet<BlockKey> = a.slots.keys().copied().collect();
     assert_eq!(shadow, real, "the LIRS shadow holds what the tier holds");
+}
+
+/// With a margin no lead reaches, the order keeps its starting LRU mode
+/// on the loop; with `confidence` 2 it switches to LIRS once LIRS' lead
+/// passes twice the spread an even duel would give, within a few rounds,
+/// and the loop's blocks then hit.
+#[test]
+fn confidence_switches_on_consistent_evidence_below_the_margin() {
+    let d = NodeConfig::default();
+    let tier = |confidence: f64| {
+        let knobs = AdaptiveKnobs {
+            hir_percent: d.lirs_hir_percent,
+            history: d.lirs_history as usize,
+            idle_factor: d.lirs_idle_factor,
+            window: d.adaptive_window,
+            margin: 1e9,
+            confidence,
+            sample_rate: 1.0,
+            start: AdaptiveMode::Lru,
+        };
+        let mut t = Tier::new(EvictionPolicy::Lru, 100);
+        t.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
+        t
+    };
+    let mut fixed = tier(0.0);
+    let mut tested = tier(2.0);
+    let (mut hits_fixed, mut hits_tested) = (0, 0);
+    for r in 0..10 {
+        let (f, t) = (loop_round(&mut fixed), loop_round(&mut tested));
+        if r >= 5 {
+            (hits_fixed, hits_tested) = (hits_fixed + f, hits_tested + t);
+        }
+    }
+    assert_eq!(fixed.mode(), AdaptiveMode::Lru, "the margin alone");
+    assert_eq!(tested.mode(), AdaptiveMode::Lirs, "with the test");
+    assert!(
+        hits_tested > hits_fixed * 3 / 2,
+        "LIRS' hits on the loop: {hits_tested} vs {hits_fixed}"
+    );
 }
 
 /// In LRU mode and in LIRS mode, blocks the caller refuses (pinned,
@@ -203,7 +244,7 @@ fn adaptive_never_picks_an_ineligible_block() {
     for _ in 0..10 {
         loop_round(&mut t);
     }
-    assert_eq!(t.mode(), Mode::Lirs);
+    assert_eq!(t.mode(), AdaptiveMode::Lirs);
     let mut first = 100;
     let mut checked = [0usize; 2];
     for _ in 0..30 {
@@ -221,7 +262,7 @@ fn adaptive_never_picks_an_ineligible_block() {
         );
         // Refusing everything else too: nothing.
         assert_eq!(t.order.victim(|_| false), None);
-        checked[(t.mode() == Mode::Lru) as usize] += 1;
+        checked[(t.mode() == AdaptiveMode::Lru) as usize] += 1;
         first += 4;
         shift_round(&mut t, first);
     }

@@ -17,6 +17,11 @@ impl Lru {
         self.queue.push_back(0, key, rec)
     }
 
+    /// Blocks queued.
+    pub(super) fn len(&self) -> usize {
+        self.queue.total()
+    }
+
     pub(super) fn prefetch(&self, s: Slot) {
         self.queue.prefetch(s);
     }
