@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use kvfabric_store::cluster::client;
 use kvfabric_store::BlockKey;
 use kvfabric_testkit::free_port;
-use kvfabric_testkit::procs::{http, kvfabric_command, log_tail, metric, node, EngineOptions};
+use kvfabric_testkit::procs::{
+    http, kvfabric_command, log_tail, metric, node, EngineOptions, EngineProc,
+};
 use serde_json::{json, Value};
 
 const MODEL: &str = "smollm2";
@@ -100,14 +102,14 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn prefix_router_sends_a_shared_prefix_to_the_engine_that_holds_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// Three engines with their own nodes (engine, node gRPC address) and a
+/// prefix router following their KV event streams.
+fn prefix_fleet(dir: &std::path::Path) -> (Vec<(EngineProc, String)>, RouterProc) {
     let engines: Vec<_> = ["pa", "pb", "pc"]
         .iter()
         .map(|name| {
             let grpc = format!("127.0.0.1:{}", free_port());
-            let e = EngineOptions::new(name, dir.path())
+            let e = EngineOptions::new(name, dir)
                 .memory("64MiB", "64MiB")
                 .grpc_listen(&grpc)
                 .start();
@@ -124,7 +126,7 @@ fn prefix_router_sends_a_shared_prefix_to_the_engine_that_holds_it() {
         .map(|((_, grpc), url)| format!("{url}={grpc}"))
         .collect();
     let router = start_router(
-        dir.path(),
+        dir,
         &[
             "--engines".into(),
             urls.join(","),
@@ -134,10 +136,30 @@ fn prefix_router_sends_a_shared_prefix_to_the_engine_that_holds_it() {
             nodes.join(","),
         ],
     );
-    let logs = || log_tail(&router.log);
     wait_for("three KV event streams", || {
         metric(&router.addr, "kvfabric_router_kv_event_streams") == 3.0
     });
+    (engines, router)
+}
+
+/// The router's prefix metrics after 4 prefix picks whose last 3 each
+/// matched at least `blocks - 1` blocks, with no fallback.
+fn assert_prefix_metrics(router: &str, blocks: u64) {
+    assert_eq!(metric(router, "kvfabric_router_prefix_picks_total"), 4.0);
+    assert!(
+        metric(router, "kvfabric_router_prefix_matched_blocks_total") >= 3.0 * (blocks - 1) as f64
+    );
+    assert_eq!(
+        metric(router, "kvfabric_router_prefix_fallbacks_total"),
+        0.0
+    );
+}
+
+#[test]
+fn prefix_router_sends_a_shared_prefix_to_the_engine_that_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (engines, router) = prefix_fleet(dir.path());
+    let logs = || log_tail(&router.log);
 
     // About 600 tokens shared, then a different question each time.
     let system = "You are a careful assistant for a fabric of attention caches. ".repeat(50);
@@ -185,18 +207,7 @@ fn prefix_router_sends_a_shared_prefix_to_the_engine_that_holds_it() {
         1,
         "{served:?}"
     );
-    assert_eq!(
-        metric(&router.addr, "kvfabric_router_prefix_picks_total"),
-        4.0
-    );
-    assert!(
-        metric(&router.addr, "kvfabric_router_prefix_matched_blocks_total")
-            >= 3.0 * (blocks - 1) as f64
-    );
-    assert_eq!(
-        metric(&router.addr, "kvfabric_router_prefix_fallbacks_total"),
-        0.0
-    );
+    assert_prefix_metrics(&router.addr, blocks);
     // The outputs are what an engine answers directly (one that held nothing).
     let cold = served
         .iter()

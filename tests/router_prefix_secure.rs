@@ -9,23 +9,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvfabric_testkit::procs::{certs_init, http, log_tail, metric, EngineOptions};
+use kvfabric_testkit::procs::{certs_init, http, log_tail, metric, tls_flags, EngineOptions};
 use kvfabric_testkit::{free_port, EtcdProcess};
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
-
-fn tls_flags(dir: &Path, name: &str) -> Vec<String> {
-    let p = |f: String| dir.join(f).display().to_string();
-    vec![
-        "--tls-cert".into(),
-        p(format!("{name}.crt")),
-        "--tls-key".into(),
-        p(format!("{name}.key")),
-        "--tls-ca".into(),
-        p("ca.crt".into()),
-    ]
-}
 
 struct Router {
     addr: String,

@@ -17,24 +17,11 @@ use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::free_port;
 use kvfabric_testkit::procs::certs_init;
 use kvfabric_testkit::procs::node::{alive, NodeProc};
-use kvfabric_testkit::procs::{http, metric, EngineOptions};
+use kvfabric_testkit::procs::{http, metric, tls_flags, EngineOptions};
 use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
-
-/// `--tls-cert/--tls-key/--tls-ca` for `name`'s files in `dir`.
-fn tls_flags(dir: &Path, name: &str) -> Vec<String> {
-    let p = |f: String| dir.join(f).display().to_string();
-    vec![
-        "--tls-cert".into(),
-        p(format!("{name}.crt")),
-        "--tls-key".into(),
-        p(format!("{name}.key")),
-        "--tls-ca".into(),
-        p("ca.crt".into()),
-    ]
-}
 
 /// Secured `kvfabric node`s `ids` on one etcd prefix (tcp transfers).
 fn secured_nodes(etcd: &EtcdProcess, dir: &Path, certs: &Path, ids: &[&str]) -> Vec<NodeProc> {

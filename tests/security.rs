@@ -40,18 +40,11 @@ fn identity_in(dir: &Path, node: &str, mode: SecurityMode) -> Arc<NodeIdentity> 
     )
 }
 
+/// `node`'s TLS flags (testkit's) with the tcp transport.
 fn tls_flags(dir: &Path, node: &str) -> Vec<String> {
-    let p = |f: String| dir.join(f).display().to_string();
-    vec![
-        "--tls-cert".into(),
-        p(format!("{node}.crt")),
-        "--tls-key".into(),
-        p(format!("{node}.key")),
-        "--tls-ca".into(),
-        p("ca.crt".into()),
-        "--transfer-transport".into(),
-        "tcp".into(),
-    ]
+    let mut flags = kvfabric_testkit::procs::tls_flags(dir, node);
+    flags.extend(["--transfer-transport".into(), "tcp".into()]);
+    flags
 }
 
 /// An in-process transfer engine with `id` (None: no certificate at all).

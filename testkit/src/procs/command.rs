@@ -43,6 +43,20 @@ pub fn log_tail(path: &std::path::Path) -> String {
     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
 }
 
+/// `--tls-cert/--tls-key/--tls-ca` for `name`'s files in `dir` (as
+/// [`certs_init`] writes them).
+pub fn tls_flags(dir: &std::path::Path, name: &str) -> Vec<String> {
+    let p = |f: String| dir.join(f).display().to_string();
+    vec![
+        "--tls-cert".into(),
+        p(format!("{name}.crt")),
+        "--tls-key".into(),
+        p(format!("{name}.key")),
+        "--tls-ca".into(),
+        p("ca.crt".into()),
+    ]
+}
+
 /// `kvfabric certs init DIR --nodes NODES`: a cluster CA and one certificate
 /// per name, made by the CLI (what a user runs); panics with its stderr if it fails.
 pub fn certs_init(dir: &std::path::Path, nodes: &str) {
