@@ -12,6 +12,9 @@
 //! a ratio to the `none` figure of the same run.
 //!
 //! Bandwidths are in GB/s (1e9 bytes/s); iperf3's bits are converted.
+//!
+//! With `--wire-links 1,2.5,10` it measures wire compression instead, over
+//! shaped links between two test-bed hosts ([`wire`]).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -29,6 +32,7 @@ use serde_json::{json, Value};
 mod args;
 mod peer;
 mod security;
+mod wire;
 
 use args::config;
 pub use args::TransferArgs;
@@ -37,6 +41,10 @@ use peer::{ratio, read_throughput, serve_peer, spawn_peer, PeerProcess, PING_REP
 /// Run the bench (or, with `--peer-listen`, serve as its peer until stdin closes).
 pub fn run(args: &TransferArgs) -> anyhow::Result<()> {
     let args = args.clone();
+    if !args.wire_links.is_empty() {
+        let report = wire::measure(&args)?;
+        return crate::print_report(args.json, &report, wire::print_table);
+    }
     crate::on_own_runtime(move |rt| match args.peer_listen.clone() {
         Some(addr) => rt.block_on(serve_peer(&args, &addr)),
         None => {

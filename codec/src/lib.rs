@@ -33,6 +33,7 @@ mod estimate;
 mod header;
 mod huffman;
 mod planes;
+pub mod sample;
 
 pub use error::CodecError;
 pub use header::{Header, CODEC_PLANES, HEADER_LEN, VERSION};

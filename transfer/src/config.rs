@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::security::NodeIdentity;
 
@@ -25,6 +25,21 @@ pub enum TransportChoice {
     /// Always rdma; batches fail with `Unsupported` when this build lacks the
     /// `rdma` feature, either end has no device, or the queue-pair exchange fails.
     Rdma,
+}
+
+/// Whether READ replies of KV blocks travel encoded with the block codec
+/// (tcp only; shm and rdma always move raw bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum WireCompression {
+    /// Per peer, when the measured link is slow enough that encoding,
+    /// sending fewer bytes and decoding beats sending raw bytes.
+    #[default]
+    Auto,
+    /// Never.
+    Off,
+    /// Always (for ops that name their element width, to peers that support it).
+    Always,
 }
 
 /// Configuration of a [`crate::TransferEngine`].
@@ -58,6 +73,10 @@ pub struct TransferConfig {
     pub op_timeout_ms: u64,
     /// Transport override: `auto`, `tcp`, `shm` or `rdma`. Default `auto`.
     pub transport: TransportChoice,
+    /// Lossless compression of KV blocks on the tcp wire: `auto`, `off` or
+    /// `always`. Default `auto`. Only READs whose op names an element width
+    /// (`TransferOp::with_element_width`) are ever compressed.
+    pub wire_compression: WireCompression,
     /// Node name reported in segment metadata. Default: the listen address
     /// actually bound.
     pub node_name: Option<String>,
@@ -78,6 +97,7 @@ impl Default for TransferConfig {
             pipeline_depth: 4,
             op_timeout_ms: 5000,
             transport: TransportChoice::Auto,
+            wire_compression: WireCompression::Auto,
             node_name: None,
             identity: None,
         }
@@ -106,6 +126,17 @@ mod tests {
         assert_eq!(c.slice_bytes, 65536);
         let c: TransferConfig = serde_json::from_str(r#"{"transport":"rdma"}"#).unwrap();
         assert_eq!(c.transport, TransportChoice::Rdma);
+        assert_eq!(c.wire_compression, WireCompression::Auto);
+        for (text, want) in [
+            ("off", WireCompression::Off),
+            ("always", WireCompression::Always),
+            ("auto", WireCompression::Auto),
+        ] {
+            let json = format!(r#"{{"wire_compression":"{text}"}}"#);
+            let c: TransferConfig = serde_json::from_str(&json).unwrap();
+            assert_eq!(c.wire_compression, want);
+        }
+        assert!(serde_json::from_str::<TransferConfig>(r#"{"wire_compression":"gzip"}"#).is_err());
         assert!(serde_json::from_str::<TransferConfig>(r#"{"bogus":1}"#).is_err());
     }
 }

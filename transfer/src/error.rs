@@ -34,6 +34,16 @@ pub enum TransferError {
     /// A payload did not match the checksum its sender computed.
     #[error("checksum mismatch on {segment}@{offset}+{len}")]
     Checksum { segment: u64, offset: u64, len: u64 },
+    /// A slice that arrived encoded with the block codec (wire compression)
+    /// and intact did not decode into its `len` bytes at local
+    /// `segment@offset` (a peer's codec bug, or a lying peer).
+    #[error("encoded slice for {segment}@{offset}+{len} does not decode: {error}")]
+    Decode {
+        segment: u64,
+        offset: u64,
+        len: u64,
+        error: kvfabric_codec::CodecError,
+    },
     /// The peer did not answer within the op timeout.
     #[error("peer {peer} timed out after {timeout_ms} ms")]
     Timeout { peer: String, timeout_ms: u64 },
@@ -103,6 +113,9 @@ pub enum BadInput {
     /// A response status byte this protocol does not have.
     #[error("unknown response status {status}")]
     UnknownStatus { status: u8 },
+    /// A response encoding byte this protocol does not have.
+    #[error("unknown payload encoding {encoding}")]
+    UnknownEncoding { encoding: u8 },
     /// A request a transport's server cannot serve (`transport`: `shm`,
     /// `rdma`; `kind` its kind byte, `len` its size field).
     #[error("bad {transport} request kind {kind} / size {len}")]

@@ -51,6 +51,7 @@ impl TransferEngine {
             boot_id: boot_id(),
             shm_socket: listeners.shm_socket.clone(),
             rdma: listeners.nic.present(),
+            wire_codec: true,
         };
         let node = config
             .node_name

@@ -19,6 +19,9 @@ const SOCKET_BYTES: usize = 64;
 pub const HELLO_BYTES: usize = 12 + BOOT_ID_BYTES + SOCKET_BYTES;
 /// Hello flag: this engine has an RDMA device and accepts queue pairs.
 const HELLO_RDMA: u8 = 1;
+/// Hello flag: this engine's tcp server answers `FLAG_ENCODE` READs (wire
+/// compression). A peer without it is never sent the flag.
+const HELLO_WIRE_CODEC: u8 = 2;
 
 /// Identity exchanged when a connection opens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,9 @@ pub struct Hello {
     pub shm_socket: String,
     /// The engine has an RDMA device (older peers send 0: no).
     pub rdma: bool,
+    /// The engine serves READs encoded with the block codec when asked
+    /// (older peers send 0: no).
+    pub wire_codec: bool,
 }
 
 impl Hello {
@@ -35,7 +41,8 @@ impl Hello {
         let mut b = [0u8; HELLO_BYTES];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..6].copy_from_slice(&VERSION.to_le_bytes());
-        b[6] = if self.rdma { HELLO_RDMA } else { 0 };
+        b[6] = if self.rdma { HELLO_RDMA } else { 0 }
+            | if self.wire_codec { HELLO_WIRE_CODEC } else { 0 };
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
         put_str(&mut b[12..12 + BOOT_ID_BYTES], &self.boot_id);
         put_str(&mut b[12 + BOOT_ID_BYTES..], &self.shm_socket);
@@ -56,6 +63,7 @@ impl Hello {
             boot_id: get_str(&b[12..12 + BOOT_ID_BYTES]),
             shm_socket: get_str(&b[12 + BOOT_ID_BYTES..]),
             rdma: b[6] & HELLO_RDMA != 0,
+            wire_codec: b[6] & HELLO_WIRE_CODEC != 0,
         })
     }
 
@@ -93,8 +101,18 @@ mod tests {
             boot_id: "abc".into(),
             shm_socket: "kvfabric-1".into(),
             rdma: false,
+            wire_codec: false,
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        let old = h.encode();
+        assert_eq!(old[6], 0, "a hello without features sets no flag bit");
+        let with_codec = Hello {
+            wire_codec: true,
+            ..h.clone()
+        };
+        let b = with_codec.encode();
+        assert_eq!(Hello::decode(&b).unwrap(), with_codec);
+        assert!(!Hello::decode(&b).unwrap().rdma);
         let with_nic = Hello {
             rdma: true,
             ..h.clone()

@@ -30,11 +30,11 @@ mod transport;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use config::{TransferConfig, TransportChoice};
+pub use config::{TransferConfig, TransportChoice, WireCompression};
 pub use error::{vocabulary_message, BadInput, Missing, TransferError};
 pub use fabric::TransferEngine;
 pub use memory::SharedRegion;
-pub use metrics::TransferMetrics;
+pub use metrics::{TransferMetrics, WireFlow, WireTotals};
 pub use op::{BatchReport, Notification, OpKind, TransferOp};
 pub use segment::{RdmaKey, SegmentId, SegmentMeta, TransportKeys};
 /// The rdma verbs layer (feature `rdma`); without the feature only

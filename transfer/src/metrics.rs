@@ -50,6 +50,36 @@ pub struct TransportLabels {
     pub transport: TransportLabel,
 }
 
+/// Labels of the wire-compression counters: `Read` (replies this node
+/// received) or `ServedRead` (replies it sent).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WireLabels {
+    pub direction: DirectionLabel,
+}
+
+/// Encoded READ slices one way ([`TransferMetrics::wire_totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireFlow {
+    /// Their bytes on the wire.
+    pub wire_bytes: u64,
+    /// The bytes they stand for.
+    pub raw_bytes: u64,
+    pub slices: u64,
+}
+
+/// Encoded READ slices this node received (`read`) and sent (`served`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireTotals {
+    pub read: WireFlow,
+    pub served: WireFlow,
+}
+
+/// Labels of a per-peer series (the peer's transfer address).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    pub peer: String,
+}
+
 /// The engine's metric handles (cheap to clone: all are shared atomics).
 #[derive(Debug, Clone, Default)]
 pub struct TransferMetrics {
@@ -63,6 +93,14 @@ pub struct TransferMetrics {
     /// Incoming connections refused before any op (no, a wrong or an
     /// unverifiable certificate; a bad hello).
     pub handshakes_refused: Counter,
+    /// READ slices carried encoded with the block codec (tcp): their bytes
+    /// on the wire, the bytes they stand for, and how many.
+    pub wire_encoded_bytes: Family<WireLabels, Counter>,
+    pub wire_raw_bytes: Family<WireLabels, Counter>,
+    pub wire_encoded_slices: Family<WireLabels, Counter>,
+    /// Per peer: 1 while its READs are asked for encoded (`auto` chose it,
+    /// or `always`), 0 while raw.
+    pub wire_compressing: Family<PeerLabels, Gauge>,
 }
 
 impl TransferMetrics {
@@ -94,6 +132,12 @@ impl TransferMetrics {
             let _ = m.errors.get_or_create(&TransportLabels { transport });
             let _ = m.links_opened.get_or_create(&TransportLabels { transport });
         }
+        for direction in [DirectionLabel::Read, DirectionLabel::ServedRead] {
+            let l = WireLabels { direction };
+            let _ = m.wire_encoded_bytes.get_or_create(&l);
+            let _ = m.wire_raw_bytes.get_or_create(&l);
+            let _ = m.wire_encoded_slices.get_or_create(&l);
+        }
         let sub = registry.sub_registry_with_prefix("kvfabric_transfer");
         sub.register(
             "bytes",
@@ -121,7 +165,52 @@ impl TransferMetrics {
             "Incoming transfer connections refused at the handshake (certificate, hello)",
             m.handshakes_refused.clone(),
         );
+        sub.register(
+            "wire_encoded_bytes",
+            "Bytes of READ slices sent encoded with the block codec (tcp), as they were on the wire",
+            m.wire_encoded_bytes.clone(),
+        );
+        sub.register(
+            "wire_raw_bytes",
+            "Bytes the READ slices sent encoded (tcp) stand for, decoded",
+            m.wire_raw_bytes.clone(),
+        );
+        sub.register(
+            "wire_encoded_slices",
+            "READ slices sent encoded with the block codec (tcp)",
+            m.wire_encoded_slices.clone(),
+        );
+        sub.register(
+            "wire_compressing",
+            "Per peer: 1 while this node asks for its READ replies encoded, 0 while raw",
+            m.wire_compressing.clone(),
+        );
         m
+    }
+
+    /// Count one READ slice carried encoded: `wire` bytes standing for `raw`.
+    pub fn wire_encoded(&self, direction: DirectionLabel, wire: u64, raw: u64) {
+        let l = WireLabels { direction };
+        self.wire_encoded_bytes.get_or_create(&l).inc_by(wire);
+        self.wire_raw_bytes.get_or_create(&l).inc_by(raw);
+        self.wire_encoded_slices.get_or_create(&l).inc();
+    }
+
+    /// The READ slices carried encoded so far, received and served.
+    pub fn wire_totals(&self) -> WireTotals {
+        let of = |direction| {
+            let l = WireLabels { direction };
+            let get = |f: &Family<WireLabels, Counter>| f.get(&l).map_or(0, |c| c.get());
+            WireFlow {
+                wire_bytes: get(&self.wire_encoded_bytes),
+                raw_bytes: get(&self.wire_raw_bytes),
+                slices: get(&self.wire_encoded_slices),
+            }
+        };
+        WireTotals {
+            read: of(DirectionLabel::Read),
+            served: of(DirectionLabel::ServedRead),
+        }
     }
 
     /// (bytes in, bytes out) over every transport so far: in = reads this

@@ -28,6 +28,10 @@ pub struct TransferOp {
     /// READ in a secured mode: the holder's grant for the remote range,
     /// shown with every slice.
     pub capability: Option<Capability>,
+    /// Bytes per element of the data (2 for f16/bf16 KV blocks, 4 for f32),
+    /// or 0 when unknown. Only a READ that names its width may travel
+    /// encoded with the block codec on tcp (`wire_compression`).
+    pub element_width: u8,
 }
 
 impl TransferOp {
@@ -49,6 +53,7 @@ impl TransferOp {
             len,
             checksum: false,
             capability: None,
+            element_width: 0,
         }
     }
 
@@ -71,6 +76,15 @@ impl TransferOp {
     pub fn with_capability(self, capability: Capability) -> Self {
         TransferOp {
             capability: Some(capability),
+            ..self
+        }
+    }
+
+    /// The same op naming its data's element width (2 or 4 bytes; other
+    /// widths are never compressed), so tcp may carry it encoded.
+    pub fn with_element_width(self, width: u8) -> Self {
+        TransferOp {
+            element_width: width,
             ..self
         }
     }

@@ -43,6 +43,16 @@ pub struct TransferArgs {
     /// Also measure tcp throughput in this security mode: none, authenticate or encrypt.
     #[arg(long, default_value = "none")]
     pub security: String,
+    /// Measure wire compression instead of the loopback figures: tcp READs
+    /// of f16 KV blocks between two test-bed hosts whose links are shaped to
+    /// each of these Gbit/s in turn, with `wire_compression` off, auto and
+    /// always (needs root: network namespaces and tc).
+    #[arg(long, value_delimiter = ',')]
+    pub wire_links: Vec<f64>,
+    /// With `--wire-links`: the f16 blocks to read, a `bench kv --dump-dir`
+    /// file (`f16.bin`); default: the codec's synthetic KV-like f16 sample.
+    #[arg(long)]
+    pub kv_blocks: Option<std::path::PathBuf>,
     /// Act as the bench's remote peer, listening here (used by the bench itself).
     #[arg(long, hide = true)]
     pub peer_listen: Option<String>,

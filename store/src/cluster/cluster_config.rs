@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytesize::ByteSize;
 use kvfabric_transfer::security::{NodeIdentity, SecurityConfig};
-use kvfabric_transfer::TransferConfig;
+use kvfabric_transfer::{TransferConfig, WireCompression};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::membership::{MembershipSource, NodeInfo};
@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     pub transfer_slice_bytes: ByteSize,
     /// Transfer slices in flight per connection. Default: 4.
     pub transfer_pipeline_depth: usize,
+    /// Lossless compression of KV blocks on the tcp wire: auto (per peer,
+    /// where the measured link is slower than the codec), off or always.
+    /// Never on shm or rdma. Default: auto.
+    pub transfer_wire_compression: WireCompression,
     /// gRPC address peers use for this node. Default: the bound gRPC address.
     pub advertise_grpc: Option<String>,
     /// Transfer address peers use for this node. Default: the bound transfer address.
@@ -87,6 +91,7 @@ impl Default for ClusterConfig {
             transfer_idle_timeout_ms: 30_000,
             transfer_slice_bytes: ByteSize::mib(1),
             transfer_pipeline_depth: 4,
+            transfer_wire_compression: WireCompression::Auto,
             advertise_grpc: None,
             advertise_transfer: None,
             rpc_timeout_ms: 1000,
@@ -185,6 +190,7 @@ impl ClusterConfig {
             idle_timeout_ms: self.transfer_idle_timeout_ms,
             slice_bytes: self.transfer_slice_bytes.as_u64() as usize,
             pipeline_depth: self.transfer_pipeline_depth,
+            wire_compression: self.transfer_wire_compression,
             identity,
         })
     }
@@ -297,6 +303,7 @@ mod tests {
             engine.idle_connections_per_peer
         );
         assert_eq!(t.idle_timeout_ms, engine.idle_timeout_ms);
+        assert_eq!(t.wire_compression, engine.wire_compression);
         assert_eq!(t.node_name.as_deref(), Some("n1"));
         let c: ClusterConfig = serde_json::from_str(
             r#"{"transfer_connections_per_peer":8,"transfer_slice_bytes":"256KiB","transfer_pipeline_depth":2}"#,
@@ -306,6 +313,14 @@ mod tests {
         assert_eq!(
             (t.connections_per_peer, t.slice_bytes, t.pipeline_depth),
             (8, 256 << 10, 2)
+        );
+        let c: ClusterConfig =
+            serde_json::from_str(r#"{"transfer_wire_compression":"off"}"#).unwrap();
+        let t = c.transfer_config("n1", None).unwrap();
+        assert_eq!(t.wire_compression, WireCompression::Off);
+        assert!(
+            serde_json::from_str::<ClusterConfig>(r#"{"transfer_wire_compression":"zstd"}"#)
+                .is_err()
         );
         for zero in [
             r#"{"transfer_connections_per_peer":0}"#,

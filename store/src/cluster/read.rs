@@ -234,13 +234,18 @@ impl ClusterNode {
                         .entry(l.transfer_addr.as_str())
                         .or_insert_with(|| (r.block.holder(), Vec::new(), Vec::new()));
                     g.1.push(i);
+                    // The block's element width lets tcp carry it encoded
+                    // with the block codec where the link is slow enough
+                    // (transfer `wire_compression`).
+                    let width = r.block.layout().dtype.size() as u8;
                     let op = TransferOp::read(
                         r.target.segment,
                         r.target.offset,
                         l.segment,
                         l.offset + r.offset,
                         r.len,
-                    );
+                    )
+                    .with_element_width(width);
                     g.2.push(match l.capability {
                         Some(cap) => op.with_capability(cap),
                         None => op,

@@ -21,7 +21,7 @@ use super::contract::{BatchTransport, Transport};
 use super::idle::IdleLimits;
 use super::rdma::{Nic, RdmaPeer};
 use super::shm::{self, ShmPeer};
-use super::tcp::{self, client, TcpPeer};
+use super::tcp::{self, client, CodecSpeeds, TcpPeer};
 use crate::config::TransportChoice;
 use crate::core::{lock, BatchResults, Inner, OpResult, PreparedOp};
 use crate::error::Missing;
@@ -65,6 +65,9 @@ pub(crate) struct Transports {
     nic: Arc<Nic>,
     peers: Mutex<HashMap<String, Arc<PeerLinks>>>,
     servers: Vec<JoinHandle<()>>,
+    /// The block codec's speeds on this machine, which every peer's
+    /// wire-compression choice weighs (tcp).
+    speeds: Arc<CodecSpeeds>,
     /// When idle links were last swept ([`Transports::sweep_idle`]).
     swept: Mutex<Instant>,
 }
@@ -85,6 +88,7 @@ impl Transports {
             nic,
             peers: Mutex::new(HashMap::new()),
             servers,
+            speeds: Arc::default(),
             swept: Mutex::new(Instant::now()),
         }
     }
@@ -172,7 +176,7 @@ impl Transports {
     fn peer(&self, peer: &str) -> Arc<PeerLinks> {
         lock(&self.peers)
             .entry(peer.to_string())
-            .or_insert_with(|| Arc::new(PeerLinks::new(self.nic.clone())))
+            .or_insert_with(|| Arc::new(PeerLinks::new(self.nic.clone(), self.speeds.clone())))
             .clone()
     }
 }
@@ -195,10 +199,10 @@ struct PeerLinks {
 }
 
 impl PeerLinks {
-    fn new(nic: Arc<Nic>) -> Self {
+    fn new(nic: Arc<Nic>, speeds: Arc<CodecSpeeds>) -> Self {
         PeerLinks {
             chosen: Mutex::new(None),
-            tcp: TcpPeer::default(),
+            tcp: TcpPeer::new(speeds),
             shm: ShmPeer::default(),
             rdma: RdmaPeer::new(nic),
         }

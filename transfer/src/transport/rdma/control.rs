@@ -40,6 +40,7 @@ pub(super) async fn ranges(
         let req = Request {
             kind: RequestKind::RdmaRange,
             flags: if sum { FLAG_CHECKSUM } else { 0 },
+            width: 0,
             segment: op.remote.0,
             op_offset: op.remote_offset,
             op_len: op.len,

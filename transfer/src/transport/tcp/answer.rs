@@ -37,6 +37,7 @@ impl Refusal {
         let msg = &self.reason.as_bytes()[..self.reason.len().min(MAX_REASON_BYTES)];
         let head = Response {
             status: self.status,
+            encoded: false,
             message_len: msg.len() as u32,
             checksum: self.aux,
             payload_len: 0,
@@ -107,6 +108,7 @@ mod tests {
         Request {
             kind: RequestKind::Read,
             flags: 0,
+            width: 0,
             segment,
             op_offset: op.0,
             op_len: op.1,

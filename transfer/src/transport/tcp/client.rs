@@ -1,25 +1,29 @@
 //! The tcp transport's initiating side: opens pooled connections to a peer,
 //! cuts ops into slices, sprays them over several connections with a few
 //! slices in flight on each, and receives READ payloads straight into the
-//! destination segment. Any connection failure fails every unfinished op.
+//! destination segment (an encoded one, `wire.rs`, is checked whole, then
+//! decoded into it). Any connection failure fails every unfinished op.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::choice::{asks_encoded, Plan};
 use super::conn::{frame_ok, open, recv_payload, send_frame, send_payload, Link};
 use super::protocol::{
-    Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM, RESPONSE_BYTES,
+    Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM, FLAG_ENCODE,
+    RESPONSE_BYTES,
 };
+use super::wire::decode_slice;
 use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
 use crate::error::Missing;
 use crate::hello::Hello;
-use crate::metrics::TransportLabel;
+use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{OpKind, TransferOp};
 use crate::security::ConnMac;
 use crate::transport::io::{bounded, read_message};
@@ -50,6 +54,57 @@ struct Tally {
     error: Option<TransferError>,
 }
 
+/// What a batch's READ replies measured, for the wire-compression chooser
+/// and the codec's speeds (`choice.rs`, `wire.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct WireReport {
+    /// READ payload bytes on the wire, and the bytes they stood for.
+    pub wire: u64,
+    pub raw: u64,
+    /// Of those, the slices that asked for encoding (encoded or not).
+    pub asked_wire: u64,
+    pub asked_raw: u64,
+    /// Slices that arrived encoded; bytes decoded and the time it took.
+    pub encoded_slices: u64,
+    pub decoded: u64,
+    pub decode_time: Duration,
+}
+
+#[derive(Default)]
+struct WireTally {
+    wire: AtomicU64,
+    raw: AtomicU64,
+    asked_wire: AtomicU64,
+    asked_raw: AtomicU64,
+    encoded_slices: AtomicU64,
+    decoded: AtomicU64,
+    decode_ns: AtomicU64,
+}
+
+impl WireTally {
+    fn add(&self, asked: bool, wire: u64, raw: u64) {
+        self.wire.fetch_add(wire, Ordering::Relaxed);
+        self.raw.fetch_add(raw, Ordering::Relaxed);
+        if asked {
+            self.asked_wire.fetch_add(wire, Ordering::Relaxed);
+            self.asked_raw.fetch_add(raw, Ordering::Relaxed);
+        }
+    }
+
+    fn report(&self) -> WireReport {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WireReport {
+            wire: get(&self.wire),
+            raw: get(&self.raw),
+            asked_wire: get(&self.asked_wire),
+            asked_raw: get(&self.asked_raw),
+            encoded_slices: get(&self.encoded_slices),
+            decoded: get(&self.decoded),
+            decode_time: Duration::from_nanos(get(&self.decode_ns)),
+        }
+    }
+}
+
 /// What the connections of one batch share.
 struct BatchShared {
     inner: Arc<Inner>,
@@ -59,16 +114,22 @@ struct BatchShared {
     next_job: AtomicUsize,
     abort: AtomicBool,
     tallies: Mutex<Vec<Tally>>,
+    /// Whether hinted READs ask for encoded replies (on links whose peer
+    /// supports it).
+    plan: Plan,
+    wire: WireTally,
 }
 
-/// Run `ops` over `conns` (at least one). Returns per-op results and the
-/// connections that are still healthy (to go back to the pool).
+/// Run `ops` over `conns` (at least one) as `plan` says. Returns per-op
+/// results, the connections that are still healthy (to go back to the
+/// pool) and what the READ replies measured.
 pub(crate) async fn run_batch(
     inner: &Arc<Inner>,
     peer: &str,
     ops: Vec<PreparedOp>,
     mut conns: Vec<Link>,
-) -> (Vec<OpResult>, Vec<Link>) {
+    plan: Plan,
+) -> (Vec<OpResult>, Vec<Link>, WireReport) {
     let (jobs, tallies) = slice_jobs(&ops, inner.config.slice_bytes.max(4096) as u64);
     conns.truncate(jobs.len().max(1));
     let shared = Arc::new(BatchShared {
@@ -79,6 +140,8 @@ pub(crate) async fn run_batch(
         next_job: AtomicUsize::new(0),
         abort: AtomicBool::new(false),
         tallies: Mutex::new(tallies),
+        plan,
+        wire: WireTally::default(),
     });
     let (mut healthy, conn_error) = drive_all(&shared, conns).await;
     let tallies = std::mem::take(&mut *lock(&shared.tallies));
@@ -98,7 +161,7 @@ pub(crate) async fn run_batch(
     if conn_error.is_some() {
         healthy.clear();
     }
-    (results, healthy)
+    (results, healthy, shared.wire.report())
 }
 
 /// Cut every op into slices of at most `slice` bytes; one tally per op.
@@ -136,10 +199,19 @@ async fn drive_all(
         for mut c in conns {
             let timeout = shared.inner.config.op_timeout();
             let mac = c.mac.clone();
+            let encode = shared.plan.encode && c.peer_codec;
             let (mut rd, mut wr) = c.conn.split();
             let mac = mac.as_deref();
-            let outcome = match send_request(shared, &mut wr, mac, 0, timeout).await {
-                Ok(()) => receive_reply(shared, &mut rd, mac, 0, timeout).await,
+            let mut scratch = Vec::new();
+            let outcome = match send_request(shared, &mut wr, mac, 0, encode, timeout).await {
+                Ok(()) => {
+                    let ends = Ends {
+                        mac,
+                        encode,
+                        timeout,
+                    };
+                    receive_reply(shared, &mut rd, &ends, 0, &mut scratch).await
+                }
                 Err(e) => Err(e),
             };
             match outcome {
@@ -184,6 +256,7 @@ async fn drive_connection(shared: &BatchShared, link: &mut Link) -> Result<(), T
     let timeout = shared.inner.config.op_timeout();
     let mac = link.mac.clone();
     let mac = mac.as_deref();
+    let encode = shared.plan.encode && link.peer_codec;
     let (mut rd, mut wr) = link.conn.split();
     let (tx, mut rx) = mpsc::channel::<usize>(depth);
     let writer = async {
@@ -198,7 +271,7 @@ async fn drive_connection(shared: &BatchShared, link: &mut Link) -> Result<(), T
             if i >= shared.jobs.len() {
                 break;
             }
-            if let Err(e) = send_request(shared, &mut wr, mac, i, timeout).await {
+            if let Err(e) = send_request(shared, &mut wr, mac, i, encode, timeout).await {
                 shared.abort.store(true, Ordering::Relaxed);
                 return Err(e);
             }
@@ -208,8 +281,15 @@ async fn drive_connection(shared: &BatchShared, link: &mut Link) -> Result<(), T
         Ok(())
     };
     let reader = async {
+        let ends = Ends {
+            mac,
+            encode,
+            timeout,
+        };
+        // Encoded replies land here, are checked whole, then decoded.
+        let mut scratch = Vec::new();
         while let Some(i) = rx.recv().await {
-            if let Err(e) = receive_reply(shared, &mut rd, mac, i, timeout).await {
+            if let Err(e) = receive_reply(shared, &mut rd, &ends, i, &mut scratch).await {
                 shared.abort.store(true, Ordering::Relaxed);
                 return Err(e);
             }
@@ -219,11 +299,14 @@ async fn drive_connection(shared: &BatchShared, link: &mut Link) -> Result<(), T
     tokio::try_join!(writer, reader).map(|_| ())
 }
 
+/// Send slice `i`'s request (a WRITE's payload with it); `encode`: the
+/// batch's plan asks, and this link's peer supports, encoded READ replies.
 async fn send_request<W: AsyncWrite + Unpin>(
     shared: &BatchShared,
     wr: &mut W,
     mac: Option<&ConnMac>,
     i: usize,
+    encode: bool,
     timeout: Duration,
 ) -> Result<(), TransferError> {
     let job = &shared.jobs[i];
@@ -233,11 +316,14 @@ async fn send_request<W: AsyncWrite + Unpin>(
         OpKind::Write => RequestKind::Write,
     };
     let cap = p.op.capability.map(|c| c.encode());
+    let asked = asks_encoded(p, encode);
     let flags = if p.op.checksum { FLAG_CHECKSUM } else { 0 }
-        | if cap.is_some() { FLAG_CAPABILITY } else { 0 };
+        | if cap.is_some() { FLAG_CAPABILITY } else { 0 }
+        | if asked { FLAG_ENCODE } else { 0 };
     let mut req = Request {
         kind,
         flags,
+        width: if asked { p.op.element_width } else { 0 },
         segment: p.op.remote.0,
         op_offset: p.op.remote_offset,
         op_len: p.op.len,
@@ -274,13 +360,22 @@ async fn send_request<W: AsyncWrite + Unpin>(
     }
 }
 
+/// A connection's receiving side: its MAC, whether its READs ask for
+/// encoded replies, the op timeout.
+struct Ends<'a> {
+    mac: Option<&'a ConnMac>,
+    encode: bool,
+    timeout: Duration,
+}
+
 async fn receive_reply<R: AsyncRead + Unpin>(
     shared: &BatchShared,
     rd: &mut R,
-    mac: Option<&ConnMac>,
+    ends: &Ends<'_>,
     i: usize,
-    timeout: Duration,
+    scratch: &mut Vec<u8>,
 ) -> Result<(), TransferError> {
+    let (mac, timeout) = (ends.mac, ends.timeout);
     let job = &shared.jobs[i];
     let p = &shared.ops[job.op];
     let peer = &shared.peer;
@@ -289,32 +384,7 @@ async fn receive_reply<R: AsyncRead + Unpin>(
     let resp = Response::decode(&head)?;
     let outcome = match resp.status {
         Status::Ok => match p.op.kind {
-            OpKind::Read => {
-                if resp.payload_len != job.len {
-                    return Err(TransferError::Connection {
-                        peer: peer.clone(),
-                        reason: format!(
-                            "peer sent {} bytes for a {}-byte slice",
-                            resp.payload_len, job.len
-                        ),
-                    });
-                }
-                // SAFETY: local range checked at prepare; received in place.
-                let dst = unsafe {
-                    p.local
-                        .slice_mut((p.op.local_offset + job.at) as usize, job.len as usize)?
-                };
-                let sum = p.op.checksum.then_some(resp.checksum);
-                if !bounded(peer, timeout, recv_payload(rd, mac, &head, dst, sum)).await? {
-                    Err(TransferError::Checksum {
-                        segment: p.op.local.0,
-                        offset: p.op.local_offset + job.at,
-                        len: job.len,
-                    })
-                } else {
-                    Ok(())
-                }
-            }
+            OpKind::Read => receive_read(shared, rd, ends, &head, &resp, i, scratch).await?,
             OpKind::Write => {
                 if bounded(peer, timeout, frame_ok(rd, mac, &head, &[])).await? {
                     Ok(())
@@ -338,6 +408,81 @@ async fn receive_reply<R: AsyncRead + Unpin>(
         t.error.get_or_insert(e);
     }
     Ok(())
+}
+
+/// A successful READ reply's payload into the op's destination. Raw: read
+/// in place and checked. Encoded (only when asked, and smaller than the
+/// slice): read whole into `scratch` and checked (checksum or MAC over the
+/// bytes on the wire, as sent) before a byte is decoded into the
+/// destination, so a payload corrupted in flight never lands there. Err:
+/// the connection is out of step; Ok(Err): this op failed.
+async fn receive_read<R: AsyncRead + Unpin>(
+    shared: &BatchShared,
+    rd: &mut R,
+    ends: &Ends<'_>,
+    head: &[u8],
+    resp: &Response,
+    i: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<OpResult, TransferError> {
+    let job = &shared.jobs[i];
+    let p = &shared.ops[job.op];
+    let peer = &shared.peer;
+    let asked = asks_encoded(p, ends.encode);
+    let fits = match resp.encoded {
+        true => asked && resp.payload_len < job.len,
+        false => resp.payload_len == job.len,
+    };
+    if !fits {
+        let how = match (resp.encoded, asked) {
+            (true, false) => "encoded (not asked)",
+            (true, true) => "encoded",
+            (false, _) => "raw",
+        };
+        return Err(TransferError::Connection {
+            peer: peer.clone(),
+            reason: format!(
+                "peer sent {} {how} bytes for a {}-byte slice",
+                resp.payload_len, job.len
+            ),
+        });
+    }
+    let at = p.op.local_offset + job.at;
+    // SAFETY: local range checked at prepare; received (or decoded) in place.
+    let dst = unsafe { p.local.slice_mut(at as usize, job.len as usize)? };
+    let sum = p.op.checksum.then_some(resp.checksum);
+    let (mac, timeout) = (ends.mac, ends.timeout);
+    let corrupt = TransferError::Checksum {
+        segment: p.op.local.0,
+        offset: at,
+        len: job.len,
+    };
+    if !resp.encoded {
+        let intact = bounded(peer, timeout, recv_payload(rd, mac, head, dst, sum)).await?;
+        shared.wire.add(asked, job.len, job.len);
+        return Ok(if intact { Ok(()) } else { Err(corrupt) });
+    }
+    scratch.resize(resp.payload_len as usize, 0);
+    let intact = bounded(peer, timeout, recv_payload(rd, mac, head, scratch, sum)).await?;
+    shared.wire.add(true, resp.payload_len, job.len);
+    if !intact {
+        return Ok(Err(corrupt));
+    }
+    let started = Instant::now();
+    let decoded = decode_slice(scratch, dst);
+    let w = &shared.wire;
+    w.decode_ns
+        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    w.decoded.fetch_add(job.len, Ordering::Relaxed);
+    w.encoded_slices.fetch_add(1, Ordering::Relaxed);
+    let m = &shared.inner.metrics;
+    m.wire_encoded(DirectionLabel::Read, resp.payload_len, job.len);
+    Ok(decoded.map_err(|error| TransferError::Decode {
+        segment: p.op.local.0,
+        offset: at,
+        len: job.len,
+        error,
+    }))
 }
 
 /// The error a peer's non-OK response means for (the slice at `at`, `len`

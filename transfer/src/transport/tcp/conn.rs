@@ -35,6 +35,9 @@ pub(crate) struct Link {
     pub conn: Conn,
     pub mac: Option<Arc<ConnMac>>,
     pub peer_id: Option<String>,
+    /// The peer's hello announced wire compression: READs on this link may
+    /// carry `FLAG_ENCODE` (never on a link to an older peer).
+    pub peer_codec: bool,
 }
 
 /// Reading half of a [`Conn`].
@@ -286,7 +289,7 @@ pub(crate) async fn open(
 ) -> Result<(Link, Hello), TransferError> {
     let Some(id) = secured(inner) else {
         let hello = hellos(inner, peer, &mut tcp, true).await?;
-        return Ok((Link::plain(tcp), hello));
+        return Ok((Link::plain(tcp, &hello), hello));
     };
     let connector = TlsConnector::from(id.client.clone());
     let timeout = inner.config.op_timeout();
@@ -307,7 +310,7 @@ pub(crate) async fn accept(
 ) -> Result<(Link, Hello), TransferError> {
     let Some(id) = secured(inner) else {
         let hello = hellos(inner, peer, &mut tcp, false).await?;
-        return Ok((Link::plain(tcp), hello));
+        return Ok((Link::plain(tcp, &hello), hello));
     };
     let acceptor = TlsAcceptor::from(id.server.clone());
     let timeout = inner.config.op_timeout();
@@ -316,12 +319,14 @@ pub(crate) async fn accept(
 }
 
 impl Link {
-    /// A link with no security: the bare TCP stream.
-    fn plain(tcp: TcpStream) -> Link {
+    /// A link with no security: the bare TCP stream, to the peer that
+    /// said `hello`.
+    fn plain(tcp: TcpStream, hello: &Hello) -> Link {
         Link {
             conn: Conn::Plain(tcp),
             mac: None,
             peer_id: None,
+            peer_codec: hello.wire_codec,
         }
     }
 }
@@ -380,6 +385,7 @@ async fn secured_link<T: TlsEnd>(
             conn: Conn::Tls(Box::new(tls.into_tls())),
             mac: None,
             peer_id,
+            peer_codec: hello.wire_codec,
         }
     } else {
         let mac = ConnMac::export(tls.session(), T::INITIATOR)?;
@@ -387,6 +393,7 @@ async fn secured_link<T: TlsEnd>(
             conn: Conn::Plain(tls.into_tcp()),
             mac: Some(Arc::new(mac)),
             peer_id,
+            peer_codec: hello.wire_codec,
         }
     };
     Ok((link, hello))

@@ -3,26 +3,40 @@
 //! healthy ones to, so concurrent batches to one peer run in parallel.
 //!
 //! Idle connections are kept within [`IdleLimits`] (a cap and an idle
-//! timeout, `transport/idle.rs` says why both).
+//! timeout, `transport/idle.rs` says why both). The peer's wire-compression
+//! state lives here too: each batch is planned from it and measured into it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::choice::{PeerWire, Sample};
 use super::client;
 use super::conn::Link;
+use super::wire::CodecSpeeds;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
 use crate::transport::idle::{Idle, IdleLimits};
 use crate::TransferError;
 
-/// The idle tcp connections to one peer.
-#[derive(Default)]
+/// The idle tcp connections to one peer, and whether its READs go encoded.
 pub(crate) struct TcpPeer {
     idle: Mutex<Idle<Link>>,
+    wire: PeerWire,
+    /// The engine's codec speeds (shared by every peer).
+    speeds: Arc<CodecSpeeds>,
 }
 
 impl TcpPeer {
+    /// No connections yet; the codec's speeds are the engine's.
+    pub fn new(speeds: Arc<CodecSpeeds>) -> Self {
+        TcpPeer {
+            idle: Mutex::default(),
+            wire: PeerWire::default(),
+            speeds,
+        }
+    }
+
     /// Take `want` connections from the pool, opening what is missing.
     pub async fn checkout(
         &self,
@@ -96,13 +110,36 @@ impl TcpPeer {
             inner.config.slice_bytes as u64,
             inner.config.connections_per_peer,
         );
+        let cfg = &inner.config;
+        let plan = self.wire.plan(
+            cfg.wire_compression,
+            &self.speeds,
+            &ops,
+            cfg.slice_bytes.max(4096) as u64,
+            peer,
+            &inner.metrics,
+        );
         let conns = match self.checkout(inner, peer, want).await {
             Ok(c) => c,
             Err(e) => return vec![Err(e); n],
         };
-        let (results, healthy) = client::run_batch(inner, peer, ops, conns).await;
+        let started = Instant::now();
+        let (results, healthy, wire) = client::run_batch(inner, peer, ops, conns, plan).await;
+        let elapsed = started.elapsed();
         let one_broke = healthy.len() < want;
         self.put_back(healthy, one_broke, IdleLimits::of(&inner.config));
+        if !one_broke {
+            self.wire.observe(Sample {
+                wire: wire.wire,
+                raw: wire.raw,
+                encoded: wire.encoded_slices > 0,
+                elapsed,
+            });
+            let (raw, sent) = (wire.asked_raw, wire.asked_wire);
+            let decode = wire.decode_time;
+            self.speeds
+                .observe(plan.width, raw, sent, wire.decoded, decode);
+        }
         results
     }
 }

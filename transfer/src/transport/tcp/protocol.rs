@@ -47,6 +47,11 @@ pub const FLAG_CHECKSUM: u8 = 1;
 /// Request flag (READ): a [`crate::security::Capability`] of
 /// `CAPABILITY_BYTES` follows the header.
 pub const FLAG_CAPABILITY: u8 = 2;
+/// Request flag (READ): send the slice encoded with the block codec
+/// (elements of [`Request::width`] bytes) when that saves bytes. Sent only
+/// to peers whose hello announces it (`Hello::wire_codec`); the response's
+/// [`Response::encoded`] says what came.
+pub const FLAG_ENCODE: u8 = 4;
 
 /// One slice of an op. The whole op range travels with every slice, so the
 /// server refuses an op whose tail is out of bounds before its first slice lands.
@@ -54,6 +59,8 @@ pub const FLAG_CAPABILITY: u8 = 2;
 pub struct Request {
     pub kind: RequestKind,
     pub flags: u8,
+    /// Element width of the data (with [`FLAG_ENCODE`]), else 0.
+    pub width: u8,
     pub segment: u64,
     pub op_offset: u64,
     pub op_len: u64,
@@ -67,6 +74,7 @@ impl Request {
         let mut b = [0u8; REQUEST_BYTES];
         b[0] = self.kind as u8;
         b[1] = self.flags;
+        b[2] = self.width;
         for (i, v) in [
             self.segment,
             self.op_offset,
@@ -100,6 +108,7 @@ impl Request {
         Ok(Request {
             kind,
             flags: b[1],
+            width: b[2],
             segment: w(0),
             op_offset: w(1),
             op_len: w(2),
@@ -117,6 +126,7 @@ impl Request {
         Request {
             kind,
             flags: 0,
+            width: 0,
             segment: 0,
             op_offset: 0,
             op_len: len,
@@ -152,11 +162,19 @@ pub enum Status {
     Forbidden = 6,
 }
 
+/// Response encoding byte of a payload sent encoded (the codec's id).
+pub const ENCODING_PLANES: u8 = kvfabric_codec::CODEC_PLANES;
+
 /// Response header; an error status is followed by `message_len` bytes of
-/// UTF-8 reason, a successful READ by `payload_len` bytes of data.
+/// UTF-8 reason, a successful READ by `payload_len` bytes of data (encoded
+/// with the block codec when `encoded`: a self-describing codec block that
+/// decodes to the slice).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Response {
     pub status: Status,
+    /// The payload is a codec block ([`ENCODING_PLANES`] on the wire), not
+    /// the slice's raw bytes.
+    pub encoded: bool,
     pub message_len: u32,
     pub checksum: u64,
     pub payload_len: u64,
@@ -168,6 +186,7 @@ impl Response {
     pub fn ok(checksum: u64, payload_len: u64) -> Self {
         Response {
             status: Status::Ok,
+            encoded: false,
             message_len: 0,
             checksum,
             payload_len,
@@ -177,6 +196,7 @@ impl Response {
     pub fn encode(&self) -> [u8; RESPONSE_BYTES] {
         let mut b = [0u8; RESPONSE_BYTES];
         b[0] = self.status as u8;
+        b[1] = if self.encoded { ENCODING_PLANES } else { 0 };
         b[4..8].copy_from_slice(&self.message_len.to_le_bytes());
         b[8..16].copy_from_slice(&self.checksum.to_le_bytes());
         b[16..24].copy_from_slice(&self.payload_len.to_le_bytes());
@@ -198,8 +218,18 @@ impl Response {
                 }))
             }
         };
+        let encoded = match b[1] {
+            0 => false,
+            ENCODING_PLANES => true,
+            e => {
+                return Err(TransferError::InvalidArgument(BadInput::UnknownEncoding {
+                    encoding: e,
+                }))
+            }
+        };
         Ok(Response {
             status,
+            encoded,
             message_len: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
             checksum: u64_at(b, 8),
             payload_len: u64_at(b, 16),
@@ -281,8 +311,9 @@ mod tests {
     #[test]
     fn headers_round_trip_and_garbage_is_refused() {
         let r = Request {
-            kind: RequestKind::Write,
-            flags: FLAG_CHECKSUM,
+            kind: RequestKind::Read,
+            flags: FLAG_CHECKSUM | FLAG_ENCODE,
+            width: 2,
             segment: 3,
             op_offset: 4,
             op_len: 5,
@@ -294,11 +325,27 @@ mod tests {
         assert!(Request::decode(&[9u8; REQUEST_BYTES]).is_err());
         let s = Response {
             status: Status::Checksum,
+            encoded: false,
             message_len: 9,
             checksum: 10,
             payload_len: 11,
         };
         assert_eq!(Response::decode(&s.encode()).unwrap(), s);
+        let enc = Response {
+            encoded: true,
+            ..Response::ok(12, 13)
+        };
+        let b = enc.encode();
+        assert_eq!(b[1], ENCODING_PLANES);
+        assert_eq!(Response::decode(&b).unwrap(), enc);
+        let mut unknown = b;
+        unknown[1] = 77;
+        assert_eq!(
+            Response::decode(&unknown),
+            Err(TransferError::InvalidArgument(BadInput::UnknownEncoding {
+                encoding: 77
+            }))
+        );
     }
 
     #[test]
@@ -344,6 +391,7 @@ mod tests {
             let r = Request {
                 kind,
                 flags: FLAG_CHECKSUM,
+                width: 0,
                 segment: 1,
                 op_offset: 2,
                 op_len: 3,
@@ -355,6 +403,7 @@ mod tests {
         }
         let s = Response {
             status: Status::Unsupported,
+            encoded: false,
             message_len: 3,
             checksum: 0,
             payload_len: 0,

@@ -15,8 +15,9 @@ use super::answer::{authorize, check, Refusal};
 use super::conn::{accept, recv_payload, send_frame, send_payload, Link};
 use super::protocol::{
     RdmaEndpoint, Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM,
-    RDMA_ENDPOINT_BYTES, RDMA_KEY_BYTES, REQUEST_BYTES,
+    FLAG_ENCODE, RDMA_ENDPOINT_BYTES, RDMA_KEY_BYTES, REQUEST_BYTES,
 };
+use super::wire::encode_slice;
 use crate::checksum::checksum;
 use crate::core::Inner;
 use crate::error::BadInput;
@@ -73,6 +74,7 @@ async fn serve_connection(
         mut conn,
         mac,
         peer_id,
+        ..
     } = link;
     let (mut rd, mut wr) = conn.split();
     let conn = Served {
@@ -87,6 +89,8 @@ async fn serve_connection(
     // Queue pairs this connection set up: the peer's one-sided ops land
     // through them until the connection closes.
     let mut qps = ServedQps::new();
+    // READ slices asked for encoded are encoded here.
+    let mut scratch = Vec::new();
     loop {
         let mut head = [0u8; REQUEST_BYTES];
         // An idle pooled connection may wait for its next request forever.
@@ -95,7 +99,10 @@ async fn serve_connection(
         }
         let req = Request::decode(&head)?;
         match req.kind {
-            RequestKind::Read => conn.read(&req, &head, &mut rd, &mut wr).await?,
+            RequestKind::Read => {
+                conn.read(&req, &head, &mut rd, &mut wr, &mut scratch)
+                    .await?
+            }
             RequestKind::Write => conn.write(&req, &head, &mut rd, &mut wr).await?,
             RequestKind::Notify => conn.notify(&req, &head, &mut rd, &mut wr).await?,
             _ if conn.peer_id.is_some() => conn.no_rdma(&req, &head, &mut rd, &mut wr).await?,
@@ -145,13 +152,16 @@ impl Served<'_> {
     }
 
     /// READ: the slice's bytes, straight from the segment (secured modes:
-    /// only inside the capability the request shows).
+    /// only inside the capability the request shows); with `FLAG_ENCODE`,
+    /// encoded into `scratch` with the block codec when that saves bytes.
+    /// The checksum (or the MAC) covers the payload as sent.
     async fn read<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         &self,
         req: &Request,
         head: &[u8],
         rd: &mut R,
         wr: &mut W,
+        scratch: &mut Vec<u8>,
     ) -> Result<(), TransferError> {
         let mut cap = [0u8; CAPABILITY_BYTES];
         let cap = if req.flags & FLAG_CAPABILITY != 0 {
@@ -170,19 +180,28 @@ impl Served<'_> {
         // SAFETY: range checked; concurrent writers of the same range are
         // excluded by the segment owner's leases.
         let data = unsafe { region.slice(req.slice_offset as usize, req.slice_len as usize)? };
+        let encoded = req.flags & FLAG_ENCODE != 0 && encode_slice(data, req.width, scratch);
+        let data = if encoded { &scratch[..] } else { data };
         // With a MAC the tag covers the payload; the checksum would only cost.
         let sum = if req.flags & FLAG_CHECKSUM != 0 && self.mac.is_none() {
             checksum(data)
         } else {
             0
         };
-        let head = Response::ok(sum, req.slice_len).encode();
+        let head = Response {
+            encoded,
+            ..Response::ok(sum, data.len() as u64)
+        }
+        .encode();
         // Fault injection: corrupted in flight, under the sender's tag.
         let corrupt = self.inner.take_corruption();
         let sent = send_payload(wr, self.mac, &head, data, corrupt);
         bounded(&self.peer, self.timeout, sent).await?;
+        let m = &self.inner.metrics;
+        if encoded {
+            m.wire_encoded(DirectionLabel::ServedRead, data.len() as u64, req.slice_len);
+        }
         if req.ends_op() {
-            let m = &self.inner.metrics;
             m.op_done(TransportLabel::Tcp, DirectionLabel::ServedRead, req.op_len);
         }
         Ok(())
@@ -433,6 +452,7 @@ mod tests {
         Request {
             kind: RequestKind::RdmaRange,
             flags: FLAG_CHECKSUM,
+            width: 0,
             segment,
             op_offset: offset,
             op_len: len,
@@ -461,6 +481,7 @@ mod tests {
             boot_id: String::new(),
             shm_socket: String::new(),
             rdma: true,
+            wire_codec: false,
         };
         s.write_all(&hello.encode()).await.unwrap();
         let mut theirs = [0u8; HELLO_BYTES];
