@@ -74,7 +74,10 @@ fn three_minute_soak_loses_no_request_and_changes_no_output() {
     // machine a turn (router + no-cache reference) took 26 s and the run
     // sent 14 requests, all verified; the old `> 20` failed it.
     let sessions = r["sessions"].as_u64().unwrap_or(0);
-    assert!(r["requests_sent"].as_u64().unwrap_or(0) >= 3 * sessions, "{r}");
+    assert!(
+        r["requests_sent"].as_u64().unwrap_or(0) >= 3 * sessions,
+        "{r}"
+    );
     let windows = r["hit_ratio_over_time"].as_array().map_or(0, |w| w.len());
     assert!(windows >= 3, "requests started in {windows} windows: {r}");
     assert_eq!(r["requests_failed"], 0, "{r}");
