@@ -4,23 +4,23 @@
 //! run time (the transfer engine's wire-compression chooser) and for
 //! benches that have no engine blocks at hand.
 
-/// xorshift64*: deterministic, dependency-free.
-struct Rng(u64);
+/// xorshift64*: deterministic, dependency-free (also the codec tests' data).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 
     /// Standard normal (Box-Muller).
-    fn normal(&mut self) -> f32 {
+    pub(crate) fn normal(&mut self) -> f32 {
         let (u, v) = (self.unit(), self.unit());
         ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
     }

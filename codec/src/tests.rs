@@ -3,25 +3,7 @@
 
 use super::*;
 
-/// xorshift64*: deterministic test data.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f64 {
-        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-    }
-    /// Normal, with a per-channel scale (as K and V are).
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-    }
-}
+use crate::sample::Rng;
 
 /// f32 values like a KV block's: per-channel scales over 64 channels.
 fn kv_like(n: usize, seed: u64) -> Vec<f32> {
