@@ -63,61 +63,43 @@ impl Listeners {
 pub(crate) struct Transports {
     inner: Arc<Inner>,
     nic: Arc<Nic>,
-    peers: Mutex<HashMap<String, Arc<PeerLinks>>>,
+    peers: Peers,
+    /// The accept loops and the idle sweeper ([`sweep_idle`]), aborted on
+    /// drop.
     servers: Vec<JoinHandle<()>>,
     /// The block codec's speeds on this machine, which every peer's
     /// wire-compression choice weighs (tcp).
     speeds: Arc<CodecSpeeds>,
-    /// When idle links were last swept ([`Transports::sweep_idle`]).
-    swept: Mutex<Instant>,
 }
 
-/// How often a batch sweeps every peer's idle links.
+/// Every peer's links, shared with the idle sweeper.
+type Peers = Arc<Mutex<HashMap<String, Arc<PeerLinks>>>>;
+
+/// How often the idle links of every peer are swept.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 impl Transports {
     /// Serve peers on `listeners` until dropped.
     pub fn serve(inner: Arc<Inner>, listeners: Listeners) -> Self {
         let nic = Arc::new(listeners.nic);
+        let peers = Peers::default();
         let servers = vec![
             tokio::spawn(tcp::accept_loop(listeners.tcp, inner.clone(), nic.clone())),
             tokio::spawn(shm::accept_loop(listeners.shm, inner.clone())),
+            tokio::spawn(sweep_idle(peers.clone(), IdleLimits::of(&inner.config))),
         ];
         Transports {
             inner,
             nic,
-            peers: Mutex::new(HashMap::new()),
+            peers,
             servers,
             speeds: Arc::default(),
-            swept: Mutex::new(Instant::now()),
         }
     }
 
     /// The engine's NIC (segments register with it).
     pub fn nic(&self) -> &Nic {
         &self.nic
-    }
-
-    /// At most once per [`SWEEP_EVERY`] (a batch pays it, not a timer): close
-    /// the idle tcp connections to every peer that the peer has closed or
-    /// that sat idle past `idle_timeout_ms`. A killed peer's connections
-    /// otherwise stayed in CLOSE_WAIT until the next batch to that peer,
-    /// which may never come (the soak found them, issue #23); once a second
-    /// keeps the peek syscalls off the per-batch path at hundreds of peers.
-    fn sweep_idle(&self) {
-        let now = Instant::now();
-        {
-            let mut swept = lock(&self.swept);
-            if now.duration_since(*swept) < SWEEP_EVERY {
-                return;
-            }
-            *swept = now;
-        }
-        let all: Vec<Arc<PeerLinks>> = lock(&self.peers).values().cloned().collect();
-        let limits = IdleLimits::of(&self.inner.config);
-        for l in all {
-            l.tcp.sweep(limits, now);
-        }
     }
 
     /// The transport chosen for `peer`, while its links work.
@@ -128,7 +110,6 @@ impl Transports {
 
     /// Run prepared ops against `peer` over its transport; one result per op.
     pub async fn run(&self, peer: &str, ops: Vec<PreparedOp>) -> Vec<OpResult> {
-        self.sweep_idle();
         let links = self.peer(peer);
         let t = match links.choose(&self.inner, peer).await {
             Ok(t) => t,
@@ -185,6 +166,27 @@ impl Drop for Transports {
     fn drop(&mut self) {
         for s in &self.servers {
             s.abort();
+        }
+    }
+}
+
+/// Every [`SWEEP_EVERY`], on a timer: close the idle tcp connections to
+/// every peer that the peer has closed or that sat idle past
+/// `idle_timeout_ms`. A killed peer's connections otherwise stayed in
+/// CLOSE_WAIT until something swept them. A sweep run by the next batch
+/// (the old way) left them there for good when no batch came: the soak
+/// under load ended with 3-8 such sockets to a restarted engine on both
+/// other engines (issue #23, and the CI run of stop 36). One peek per idle
+/// connection per second costs nothing at hundreds of peers.
+async fn sweep_idle(peers: Peers, limits: IdleLimits) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let now = Instant::now();
+        let all: Vec<Arc<PeerLinks>> = lock(&peers).values().cloned().collect();
+        for l in all {
+            l.tcp.sweep(limits, now);
         }
     }
 }
