@@ -321,6 +321,7 @@ mod tests {
             link_gbit: None,
             compare_eviction: None,
             ram_fraction: 0.5,
+            adaptive_node_feed: false,
             dtype: dtype::DtypeArgs::default(),
         }
     }

@@ -52,7 +52,7 @@ pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
 pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};
 pub use node_server::NodeServer;
 pub use planner::{CapacityReport, CurvePoint, TierCurve, SCALES as PLANNER_SCALES};
-pub use policy::AdaptiveMode;
+pub use policy::{AdaptiveMode, AdaptiveStats};
 pub use shares::{Owner, TierUsage};
 pub use store::{PutOptions, ReserveOutcome, Store};
 

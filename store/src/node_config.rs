@@ -112,6 +112,11 @@ pub struct NodeConfig {
     pub adaptive_confidence: f64,
     /// adaptive: the order the RAM tier evicts by until the shadows decide. Default: lru.
     pub adaptive_start: AdaptiveMode,
+    /// adaptive on a cluster node: the shadows replay the cluster's lookups
+    /// and puts of the keys this node's directory shard owns (true), or
+    /// this node's own lookups and puts (false, the order before #29's
+    /// cluster feed). Default: true.
+    pub adaptive_cluster_feed: bool,
     /// adaptive: fraction of keys the shadow caches see (0, 1]. Default: 1.
     pub adaptive_sample_rate: f64,
     /// Capacity planner: fraction of block keys sampled (SHARDS) for the
@@ -158,6 +163,7 @@ impl Default for NodeConfig {
             adaptive_margin: 0.04,
             adaptive_confidence: 0.0,
             adaptive_start: AdaptiveMode::Lru,
+            adaptive_cluster_feed: true,
             adaptive_sample_rate: 1.0,
             planner_sample_rate: 0.01,
             high_watermark: 0.95,

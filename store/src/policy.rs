@@ -40,7 +40,7 @@ use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::state::Rec;
 
-pub use adaptive::{Adaptive, AdaptiveKnobs, AdaptiveMode};
+pub use adaptive::{Adaptive, AdaptiveKnobs, AdaptiveMode, AdaptiveStats};
 pub use lirs::Lirs;
 pub(crate) use list::Queues;
 pub use list::Slot;
@@ -100,6 +100,38 @@ impl EvictionOrder {
     pub fn lookup(&mut self, keys: &[BlockKey], found: usize) {
         if let EvictionOrder::Adaptive(a) = self {
             a.lookup(keys, found);
+        }
+    }
+
+    /// A cluster node's directory shard feeds `adaptive`'s shadows from now
+    /// on (see `adaptive`); the other orders have none.
+    pub fn feed_from_cluster(&mut self) {
+        if let EvictionOrder::Adaptive(a) = self {
+            a.feed_from_cluster();
+        }
+    }
+
+    /// A cluster lookup of the shard's `keys` (chain order), the first
+    /// `found` held in the cluster: `adaptive` fed by the cluster replays it.
+    pub fn cluster_lookup(&mut self, keys: &[BlockKey], found: usize) {
+        if let EvictionOrder::Adaptive(a) = self {
+            a.cluster_lookup(keys, found);
+        }
+    }
+
+    /// The shard's `keys` entered the cluster, `held` of its keys are held
+    /// now: `adaptive` fed by the cluster puts them in its shadows.
+    pub fn cluster_put(&mut self, keys: &[BlockKey], held: usize) {
+        if let EvictionOrder::Adaptive(a) = self {
+            a.cluster_put(keys, held);
+        }
+    }
+
+    /// `adaptive`'s mode and shadow hits (None for the other orders).
+    pub fn adaptive_stats(&self) -> Option<AdaptiveStats> {
+        match self {
+            EvictionOrder::Adaptive(a) => Some(a.stats()),
+            _ => None,
         }
     }
 

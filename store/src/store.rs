@@ -405,6 +405,36 @@ impl Store {
         self.shared.planner.on_lookup(keys);
     }
 
+    /// This store is a cluster node's: from now on its directory shard feeds
+    /// the RAM tier's `adaptive` shadows ([`Store::note_cluster_lookup`],
+    /// [`Store::note_cluster_put`]), its own lookups and puts do not.
+    pub fn feed_order_from_cluster(&self) {
+        self.shared.inner.lock().ram_order.feed_from_cluster();
+    }
+
+    /// A cluster lookup of `keys` (the keys of a looked-up chain this
+    /// node's directory shard owns, chain order), the first `found` held
+    /// somewhere in the cluster: the RAM tier's `adaptive` shadows replay it.
+    pub fn note_cluster_lookup(&self, keys: &[BlockKey], found: usize) {
+        self.shared
+            .inner
+            .lock()
+            .ram_order
+            .cluster_lookup(keys, found);
+    }
+
+    /// Keys of this node's directory shard entered the cluster (announced
+    /// by a first holder); `held` keys of the shard are held now.
+    pub fn note_cluster_put(&self, keys: &[BlockKey], held: usize) {
+        self.shared.inner.lock().ram_order.cluster_put(keys, held);
+    }
+
+    /// The RAM tier's `adaptive` order: its mode and its shadows' hits
+    /// (None under another order).
+    pub fn adaptive_stats(&self) -> Option<crate::policy::AdaptiveStats> {
+        self.shared.inner.lock().ram_order.adaptive_stats()
+    }
+
     /// Drop `keys` from every tier; returns how many were stored.
     pub fn remove(&self, keys: &[BlockKey]) -> Result<usize, StoreError> {
         let started = Instant::now();

@@ -96,6 +96,11 @@ pub struct AgenticArgs {
     /// fraction of the trace's distinct blocks.
     #[arg(long, default_value_t = 0.5)]
     pub ram_fraction: f64,
+    /// With --compare-eviction: run the default order with
+    /// `adaptive_cluster_feed = false` (its shadows fed by each node's own
+    /// lookups and puts, as before #29's cluster feed).
+    #[arg(long)]
+    pub adaptive_node_feed: bool,
     /// KV dtype, and the dtype comparison (`--compare-dtype`, see `dtype.rs`).
     #[command(flatten)]
     pub dtype: DtypeArgs,

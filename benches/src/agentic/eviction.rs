@@ -86,6 +86,14 @@ pub fn distinct_blocks(workload: &Workload, answer_tokens: usize, block_tokens: 
     super::dtype::distinct_blocks(seqs, block_tokens)
 }
 
+/// What a run's nodes held at its end: RAM blocks and evictions (all
+/// nodes), and each node's `adaptive` order (mode, shadow hits).
+struct Held {
+    blocks: u64,
+    evictions: u64,
+    adaptive: Vec<Option<kvfabric_store::AdaptiveStats>>,
+}
+
 /// One order's run on its own cluster of `per_node` blocks per node.
 async fn run_order(
     args: &AgenticArgs,
@@ -93,12 +101,13 @@ async fn run_order(
     workload: &Workload,
     routing: Policy,
     (eviction, per_node, slot): (EvictionPolicy, u64, u64),
-) -> anyhow::Result<(ConfigRun, (u64, u64))> {
+) -> anyhow::Result<(ConfigRun, Held)> {
     let cluster = FabricCluster::start_with(args.engines, None, |n: &mut NodeConfig| {
         n.ram_capacity = bytesize::ByteSize::b(per_node * slot);
         n.eviction = eviction;
         n.high_watermark = 1.0;
         n.low_watermark = 1.0;
+        n.adaptive_cluster_feed = !args.adaptive_node_feed;
     })
     .await?;
     let measured = async {
@@ -111,7 +120,13 @@ async fn run_order(
             routing,
         )
         .await?;
-        anyhow::Ok((run, cluster.ram_blocks_and_evictions()))
+        let (blocks, evictions) = cluster.ram_blocks_and_evictions();
+        let held = Held {
+            blocks,
+            evictions,
+            adaptive: cluster.adaptive_stats(),
+        };
+        anyhow::Ok((run, held))
     }
     .await;
     cluster.stop().await;
@@ -154,10 +169,11 @@ pub(super) async fn measure_eviction(
         runs.push((policy, run, held));
     }
     let mut orders = Map::new();
-    for (p, run, (blocks, evictions)) in &runs {
+    for (p, run, held) in &runs {
         let mut m = run.summary.to_json();
-        m["ram_blocks_at_end"] = json!(blocks);
-        m["ram_evictions"] = json!(evictions);
+        m["ram_blocks_at_end"] = json!(held.blocks);
+        m["ram_evictions"] = json!(held.evictions);
+        m["adaptive_per_node"] = json!(held.adaptive);
         orders.insert(name(*p).to_owned(), m);
     }
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
@@ -174,6 +190,7 @@ pub(super) async fn measure_eviction(
         "block_tokens": cfg.block_tokens,
         "distinct_blocks": distinct,
         "ram_fraction": args.ram_fraction,
+        "adaptive_cluster_feed": !args.adaptive_node_feed,
         "ram_blocks_per_node": per_node,
         "ram_bytes_per_node": per_node * slot,
         "default_eviction": name(default),
@@ -199,12 +216,19 @@ pub(super) fn print_table(report: &Value) {
         report["ram_blocks_per_node"]
     );
     for (name, m) in report["eviction"].as_object().into_iter().flatten() {
+        let modes: Vec<&str> = m["adaptive_per_node"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| s["mode"].as_str().unwrap_or("-"))
+            .collect();
         println!(
-            "  {name:<7} hit ratio {:.3}  TTFT p50 {:.1} ms  p90 {:.1} ms  evictions {}",
+            "  {name:<7} hit ratio {:.3}  TTFT p50 {:.1} ms  p90 {:.1} ms  evictions {}  adaptive modes [{}]",
             f(&m["hit_ratio"]),
             f(&m["ttft_p50_ms"]),
             f(&m["ttft_p90_ms"]),
-            m["ram_evictions"]
+            m["ram_evictions"],
+            modes.join(", ")
         );
     }
     println!(

@@ -229,6 +229,15 @@ impl FabricCluster {
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
+    /// Each node's `adaptive` order (mode, its shadows' hits), null under
+    /// another order.
+    pub fn adaptive_stats(&self) -> Vec<Option<kvfabric_store::AdaptiveStats>> {
+        self.nodes
+            .iter()
+            .map(|n| n.node().store().adaptive_stats())
+            .collect()
+    }
+
     /// Stop every node, then etcd, then the hosts.
     pub async fn stop(self) {
         let FabricCluster {

@@ -50,8 +50,7 @@ pub struct ClusterConfig {
     pub transfer_pipeline_depth: usize,
     /// Lossless compression of KV blocks on the tcp wire: auto (per peer,
     /// where the measured link is slower than the codec), off or always.
-    /// Never on shm or rdma. Default: off (auto has not yet run under the
-    /// whole test suite; docs/CONFIG.md).
+    /// Never on shm or rdma. Default: auto (docs/CONFIG.md).
     pub transfer_wire_compression: WireCompression,
     /// gRPC address peers use for this node. Default: the bound gRPC address.
     pub advertise_grpc: Option<String>,
@@ -92,7 +91,7 @@ impl Default for ClusterConfig {
             transfer_idle_timeout_ms: 30_000,
             transfer_slice_bytes: ByteSize::mib(1),
             transfer_pipeline_depth: 4,
-            transfer_wire_compression: WireCompression::Off,
+            transfer_wire_compression: WireCompression::Auto,
             advertise_grpc: None,
             advertise_transfer: None,
             rpc_timeout_ms: 1000,

@@ -31,15 +31,27 @@ pub struct HolderEntry {
 #[derive(Default, Debug)]
 pub struct DirectoryShard {
     entries: HashMap<BlockKey, Vec<HolderEntry>>,
+    /// Keys with a holder in RAM (or VRAM).
+    in_ram: usize,
+}
+
+/// Whether some holder in `holders` (best first) has the block in RAM or VRAM.
+pub fn in_ram(holders: &[HolderEntry]) -> bool {
+    holders.first().is_some_and(|h| h.tier <= HolderTier::Ram)
 }
 
 impl DirectoryShard {
-    /// Record that `entry.node_id` holds `key` (replacing its previous entry for the key).
-    pub fn announce(&mut self, key: BlockKey, entry: HolderEntry) {
+    /// Record that `entry.node_id` holds `key` (replacing its previous entry
+    /// for the key); true when the key had no holder in RAM and has one now.
+    pub fn announce(&mut self, key: BlockKey, entry: HolderEntry) -> bool {
         let holders = self.entries.entry(key).or_default();
+        let was = in_ram(holders);
         holders.retain(|h| h.node_id != entry.node_id);
         holders.push(entry);
         holders.sort_by(|a, b| a.tier.cmp(&b.tier).then_with(|| a.node_id.cmp(&b.node_id)));
+        let now = in_ram(holders);
+        self.in_ram = self.in_ram + usize::from(now) - usize::from(was);
+        now && !was
     }
 
     /// Forget that `node_id` holds `key`; true when an entry was removed.
@@ -48,12 +60,19 @@ impl DirectoryShard {
             return false;
         };
         let before = holders.len();
+        let was = in_ram(holders);
         holders.retain(|h| h.node_id != node_id);
         let removed = holders.len() != before;
+        self.in_ram = self.in_ram + usize::from(in_ram(holders)) - usize::from(was);
         if holders.is_empty() {
             self.entries.remove(key);
         }
         removed
+    }
+
+    /// Number of keys with a holder in RAM (or VRAM).
+    pub fn in_ram_len(&self) -> usize {
+        self.in_ram
     }
 
     /// Holders of `key`, best first (empty when none).
@@ -70,7 +89,12 @@ impl DirectoryShard {
             dropped += before - holders.len();
             !holders.is_empty()
         });
+        self.recount();
         dropped
+    }
+
+    fn recount(&mut self) {
+        self.in_ram = self.entries.values().filter(|h| in_ram(h)).count();
     }
 
     /// Drop the entries of keys this node no longer owns (their new owner gets
@@ -78,6 +102,7 @@ impl DirectoryShard {
     pub fn retain_owned(&mut self, mut owns: impl FnMut(&BlockKey) -> bool) -> usize {
         let before = self.entries.len();
         self.entries.retain(|k, _| owns(k));
+        self.recount();
         before - self.entries.len()
     }
 
@@ -136,5 +161,31 @@ mod tests {
         d.announce(k(3), e("c", HolderTier::Disk));
         assert_eq!(d.retain_owned(|key| *key == k(3)), 1);
         assert_eq!(d.len(), 1);
+    }
+
+    /// Keys held in RAM are counted, and an announce says when a key
+    /// enters RAM (first RAM holder): what the eviction order's shadows
+    /// take as a put (`order_feed`).
+    #[test]
+    fn keys_in_ram_are_counted_and_entering_ram_is_told() {
+        let mut d = DirectoryShard::default();
+        assert!(d.announce(k(1), e("a", HolderTier::Ram)));
+        assert!(!d.announce(k(1), e("b", HolderTier::Ram)), "a copy");
+        assert!(!d.announce(k(2), e("a", HolderTier::Disk)), "disk only");
+        assert_eq!(d.in_ram_len(), 1);
+        assert!(d.announce(k(2), e("b", HolderTier::Ram)), "promoted");
+        assert_eq!(d.in_ram_len(), 2);
+        assert!(
+            !d.announce(k(1), e("a", HolderTier::Disk)),
+            "b keeps k1 in RAM"
+        );
+        assert!(d.withdraw("b", &k(1)));
+        assert_eq!(d.in_ram_len(), 1, "k1 on disk alone");
+        assert!(d.withdraw("a", &k(1)));
+        assert_eq!(d.drop_node("b"), 1);
+        assert_eq!(d.in_ram_len(), 0, "k2 on a's disk alone");
+        d.announce(k(3), e("c", HolderTier::Ram));
+        d.retain_owned(|key| *key != k(3));
+        assert_eq!(d.in_ram_len(), 0);
     }
 }

@@ -9,6 +9,8 @@
 //! - [`node`]: a node's cluster side (announce, locate, remote reads);
 //!   batched reads: [`ClusterNode::lease_many`] -> [`LeasedBlock`]s, then
 //!   [`ClusterNode::read_leased`] of [`RangeRead`]s.
+//! - `order_feed`: the shard's lookups and puts feed the RAM tier's
+//!   `adaptive` order (its shadows judge the cluster's traffic).
 //! - [`security`]: node identity on the gRPC side (mutual TLS, claimed ids).
 //! - [`kv_events`]: the node's block stored / removed event stream (`KvEventService`).
 //! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
@@ -25,6 +27,7 @@ pub mod membership;
 mod membership_metrics;
 pub mod node;
 mod node_state;
+mod order_feed;
 mod read;
 pub mod read_staging;
 mod refresh;

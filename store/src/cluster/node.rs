@@ -96,6 +96,11 @@ impl ClusterNode {
         let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
         let changes = Arc::new(ChangeFeed::new());
         let held = store.watch_changes(changes.clone());
+        // `adaptive` judges the cluster's lookups of the keys this node's
+        // shard owns (`order_feed`), not only this node's.
+        if store.config().adaptive_cluster_feed {
+            store.feed_order_from_cluster();
+        }
         let lease_requests = Counter::default();
         let leased_blocks = Counter::default();
         registry.register(
@@ -258,11 +263,18 @@ impl ClusterNode {
     // ---- directory shard (owner side) ----
 
     pub(crate) fn shard_announce(&self, entries: Vec<(BlockKey, HolderEntry)>) -> usize {
-        let mut shard = self.shard.lock();
         let n = entries.len();
-        for (k, e) in entries {
-            shard.announce(k, e);
-        }
+        let (entered, held) = {
+            let mut shard = self.shard.lock();
+            let mut entered = Vec::new();
+            for (k, e) in entries {
+                if shard.announce(k, e) {
+                    entered.push(k);
+                }
+            }
+            (entered, shard.in_ram_len())
+        };
+        self.feed_order_puts(&entered, held);
         n
     }
 
@@ -312,6 +324,12 @@ impl ClusterNode {
     /// first, then remote RAM, then remote disk). One Locate per owner, in
     /// parallel; an owner that fails to answer yields no holders (misses).
     pub async fn locate(&self, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        self.locate_for(keys, false).await
+    }
+
+    /// [`Self::locate`]; `lookup`: the keys are a client lookup's, which
+    /// each owner replays on its eviction order's shadows (`order_feed`).
+    async fn locate_for(&self, keys: &[BlockKey], lookup: bool) -> Vec<Vec<HolderEntry>> {
         let view = self.view();
         let local = self.store.block_infos(keys);
         let mut out: Vec<Vec<HolderEntry>> = local
@@ -340,9 +358,13 @@ impl ClusterNode {
         let asks = by_owner.into_values().map(|(owner, idx)| async move {
             let ks: Vec<BlockKey> = idx.iter().map(|&i| keys[i]).collect();
             let found = if owner.node_id == self.me.node_id {
-                self.shard_locate(&ks)
+                let found = self.shard_locate(&ks);
+                if lookup {
+                    self.feed_order_lookup(&ks, &found);
+                }
+                found
             } else {
-                self.remote_locate(&owner, &ks).await
+                self.remote_locate(&owner, &ks, lookup).await
             };
             (idx, found)
         });
@@ -364,9 +386,15 @@ impl ClusterNode {
         out
     }
 
-    async fn remote_locate(&self, owner: &NodeInfo, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+    async fn remote_locate(
+        &self,
+        owner: &NodeInfo,
+        keys: &[BlockKey],
+        lookup: bool,
+    ) -> Vec<Vec<HolderEntry>> {
         let req = LocateRequest {
             keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            lookup,
         };
         let call = async {
             let mut c = self.directory_client(&owner.grpc_addr)?;
@@ -401,11 +429,12 @@ impl ClusterNode {
 
     /// Longest prefix of `keys` present anywhere, with the best holder of each
     /// of its blocks. Counts the hits and misses in the node's lookup metrics,
-    /// and feeds this node's part of the lookup to its store's RAM order and
-    /// capacity planner (a cluster node's lookups do not go through
-    /// `Store::lookup`; without them `adaptive` never left LRU).
+    /// feeds this node's part of the lookup to its store's capacity planner
+    /// (a cluster node's lookups do not go through `Store::lookup`), and
+    /// each key's owner replays its keys on its RAM order's shadows (the
+    /// locate says it is a lookup; `order_feed`).
     pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
-        let located = self.locate(keys).await;
+        let located = self.locate_for(keys, true).await;
         let (mine, here) = self.own_part(keys, &located);
         self.store.note_lookup(&mine, here);
         let prefix: Vec<HolderEntry> = located
@@ -422,10 +451,10 @@ impl ClusterNode {
     /// What this node's tier has to do with a lookup of `keys` (`located`):
     /// the blocks of the found prefix it holds, and every key from the first
     /// one missing everywhere on (the engine computes those and puts them
-    /// here), in order; and how many of them lead the found prefix. A block
-    /// only other nodes hold is theirs to keep: counted here it would break
-    /// this node's prefix (a shared system prompt saved on another node
-    /// left every shadow hit at 0).
+    /// here), in order; and how many of them lead the found prefix: what the
+    /// capacity planner's what-if tiers of this node see. A block only other
+    /// nodes hold is theirs to keep: counted here it would break this node's
+    /// prefix (a shared system prompt saved on another node).
     fn own_part(&self, keys: &[BlockKey], located: &[Vec<HolderEntry>]) -> (Vec<BlockKey>, usize) {
         let mut mine = Vec::with_capacity(keys.len());
         let mut here = 0;

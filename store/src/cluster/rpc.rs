@@ -79,10 +79,13 @@ impl DirectoryService for DirectoryRpc {
         req: Request<LocateRequest>,
     ) -> Result<Response<LocateResponse>, Status> {
         authorize(self.0.identity(), &req, "")?;
-        let keys = parse_keys(&req.into_inner().keys)?;
-        let located = self
-            .0
-            .shard_locate(&keys)
+        let req = req.into_inner();
+        let keys = parse_keys(&req.keys)?;
+        let found = self.0.shard_locate(&keys);
+        if req.lookup {
+            self.0.feed_order_lookup(&keys, &found);
+        }
+        let located = found
             .into_iter()
             .map(|hs| Located {
                 holders: hs.iter().map(holder_pb).collect(),

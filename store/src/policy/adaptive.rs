@@ -49,9 +49,17 @@
 //! amortized for LIRS' pruning); a put, the same; touch and remove add one
 //! list operation. The shadows' maps reuse their memory once the tier is
 //! full (no allocation per operation). The RAM tier runs it on the store's
-//! lookups (`Store::lookup`, and a cluster node's through
-//! `Store::note_lookup`: without them the order never leaves `start`); the
-//! disk tier's order runs LIRS (its order never sees lookups).
+//! lookups (`Store::lookup`: without them the order never leaves `start`);
+//! the disk tier's order runs LIRS (its order never sees lookups).
+//!
+//! On a cluster node (`feed_from_cluster`) the shadows replay the cluster
+//! instead: the lookups and first RAM holders of the keys the node's
+//! directory shard owns (`cluster_lookup`, `cluster_put`; `cluster::
+//! order_feed` says why), each shadow holding the most of those keys the
+//! cluster's RAM held at once; the tier's own lookups and inserts are not
+//! replayed. Its tier's reads by peers and its evicted blocks' next lookups
+//! (made on other nodes) never reached its own shadows, so the order it did
+//! not run could never show a lead. `stats` counts the shadows' hits.
 
 use hashbrown::HashMap;
 
@@ -88,6 +96,28 @@ pub struct AdaptiveKnobs {
     pub start: AdaptiveMode,
     /// Share of keys the shadows see (0, 1].
     pub sample_rate: f64,
+}
+
+/// What an [`Adaptive`] order has seen and chosen since it started: the
+/// mode, and its shadows' hits on the lookups they replayed (evidence of
+/// why it leads where it does; `Store::adaptive_stats`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct AdaptiveStats {
+    /// The order the tier's victims come from now.
+    pub mode: AdaptiveMode,
+    /// Whether the cluster's directory feeds the shadows (else the tier).
+    pub cluster_fed: bool,
+    /// Lookups the shadows replayed (sampled keys, after the tier first evicted).
+    pub lookups: u64,
+    /// Blocks the LIRS shadow and the LRU shadow hit on them.
+    pub lirs_hits: u64,
+    pub lru_hits: u64,
+    /// Times the mode changed.
+    pub switches: u64,
+    /// Keys each shadow holds at most now.
+    pub shadow_cap: u64,
+    /// The decayed score (LIRS minus LRU) now.
+    pub score: f64,
 }
 
 /// The order a shadow runs.
@@ -234,6 +264,17 @@ pub struct Adaptive {
     rate: f64,
     /// Sampled keys of the lookup at hand (kept to reuse its memory).
     scratch: Vec<BlockKey>,
+    /// Set by a cluster node: its directory shard's lookups and puts feed
+    /// the shadows ([`Adaptive::cluster_lookup`], [`Adaptive::cluster_put`]),
+    /// the tier's own lookups and inserts do not; the shadows hold
+    /// `cluster_most` keys.
+    cluster_fed: bool,
+    /// The most keys of the shard held in the cluster at once.
+    cluster_most: usize,
+    /// Counters of [`AdaptiveStats`].
+    lookups: u64,
+    hits: [u64; 2],
+    switches: u64,
 }
 
 impl Adaptive {
@@ -264,7 +305,32 @@ impl Adaptive {
             threshold,
             rate,
             scratch: Vec::new(),
+            cluster_fed: false,
+            cluster_most: 0,
+            lookups: 0,
+            hits: [0; 2],
+            switches: 0,
         }
+    }
+
+    /// What the order has seen and chosen so far.
+    pub fn stats(&self) -> AdaptiveStats {
+        AdaptiveStats {
+            mode: self.mode,
+            cluster_fed: self.cluster_fed,
+            lookups: self.lookups,
+            lirs_hits: self.hits[0],
+            lru_hits: self.hits[1],
+            switches: self.switches,
+            shadow_cap: self.shadow_cap() as u64,
+            score: self.score,
+        }
+    }
+
+    /// From now on the shadows are fed by a cluster node's directory shard
+    /// (see the module doc), not by the tier's lookups and inserts.
+    pub fn feed_from_cluster(&mut self) {
+        self.cluster_fed = true;
     }
 
     /// The order the tier's victims come from now (tests).
@@ -273,9 +339,15 @@ impl Adaptive {
         self.mode
     }
 
-    /// Keys each shadow holds: the tier's most blocks times the rate.
+    /// Keys each shadow holds: the tier's most blocks times the rate (fed
+    /// by a cluster: the most keys of the shard the cluster held at once).
     fn shadow_cap(&self) -> usize {
-        ((self.most as f64 * self.rate).round() as usize).max(1)
+        let most = if self.cluster_fed {
+            self.cluster_most
+        } else {
+            self.most
+        };
+        ((most as f64 * self.rate).round() as usize).max(1)
     }
 
     /// The store looked up `keys` (prefix order) and held their first
@@ -283,6 +355,36 @@ impl Adaptive {
     /// difference, and the leader leads. Until the tier first evicts, its
     /// size is unknown: the sampled keys wait in `pending`, replayed then.
     pub fn lookup(&mut self, keys: &[BlockKey], found: usize) {
+        if !self.cluster_fed {
+            self.replay_lookup(keys, found);
+        }
+    }
+
+    /// A cluster lookup of `keys` (the keys of a looked-up chain this
+    /// node's directory shard owns, in chain order), of which the cluster
+    /// held the first `found`: replayed as [`Adaptive::lookup`] replays the
+    /// tier's (ignored unless fed by the cluster).
+    pub fn cluster_lookup(&mut self, keys: &[BlockKey], found: usize) {
+        if self.cluster_fed {
+            self.replay_lookup(keys, found);
+        }
+    }
+
+    /// Keys of the shard entered the cluster (no node held them); `held`
+    /// keys of the shard are held now: the shadows put them, and hold at
+    /// most the largest `held` seen (ignored unless fed by the cluster).
+    pub fn cluster_put(&mut self, keys: &[BlockKey], held: usize) {
+        if !self.cluster_fed {
+            return;
+        }
+        self.cluster_most = self.cluster_most.max(held);
+        for k in keys {
+            self.shadow_put(*k);
+        }
+    }
+
+    /// The lookup of `keys` replayed on the shadows (or kept for them).
+    fn replay_lookup(&mut self, keys: &[BlockKey], found: usize) {
         let mut ks = std::mem::take(&mut self.scratch);
         ks.clear();
         let mut found_s = 0;
@@ -324,6 +426,9 @@ impl Adaptive {
             // flip: the score's spread is then sqrt(spread).
             m = m.min(self.confidence * self.spread.sqrt());
         }
+        self.lookups += 1;
+        self.hits[0] += lirs as u64;
+        self.hits[1] += lru as u64;
         let was = self.mode;
         if self.score > m {
             self.mode = AdaptiveMode::Lirs;
@@ -331,6 +436,7 @@ impl Adaptive {
             self.mode = AdaptiveMode::Lru;
         }
         if self.mode != was {
+            self.switches += 1;
             tracing::debug!(mode = ?self.mode, score = self.score, bar = m, "adaptive eviction order switched");
         }
     }
@@ -354,17 +460,25 @@ impl Adaptive {
         }
     }
 
-    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
-        if sampled(self.threshold, &key) {
-            if let Some(p) = &mut self.pending {
-                p.events.push((p.keys.len() as u32, 1, PUT));
-                p.keys.push(key);
-            } else {
-                let cap = self.shadow_cap();
-                for s in &mut self.shadows {
-                    s.put(key, cap);
-                }
+    /// A put of `key` for the shadows (or kept for them).
+    fn shadow_put(&mut self, key: BlockKey) {
+        if !sampled(self.threshold, &key) {
+            return;
+        }
+        if let Some(p) = &mut self.pending {
+            p.events.push((p.keys.len() as u32, 1, PUT));
+            p.keys.push(key);
+        } else {
+            let cap = self.shadow_cap();
+            for s in &mut self.shadows {
+                s.put(key, cap);
             }
+        }
+    }
+
+    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
+        if !self.cluster_fed {
+            self.shadow_put(key);
         }
         let slot = self.lirs.insert(key, rec);
         let q = self.lru.insert(key, rec);

@@ -64,6 +64,24 @@ impl Tier {
             _ => unreachable!("an adaptive tier"),
         }
     }
+
+    /// [`Tier::request`] as a cluster's directory shard sees it when this
+    /// tier is the cluster's RAM: the lookup, then the keys that entered.
+    fn cluster_request(&mut self, chain: &[BlockKey]) -> usize {
+        let held = chain
+            .iter()
+            .take_while(|k| self.slots.contains_key(k))
+            .count();
+        self.order.cluster_lookup(chain, held);
+        let absent: Vec<BlockKey> = chain
+            .iter()
+            .filter(|k| !self.slots.contains_key(k))
+            .copied()
+            .collect();
+        let found = self.request(chain);
+        self.order.cluster_put(&absent, self.slots.len());
+        found
+    }
 }
 
 /// Session `s`'s chain: a shared 4-block prefix, then 8 blocks of its own.
@@ -268,4 +286,56 @@ fn adaptive_never_picks_an_ineligible_block() {
     }
     assert!(checked[0] > 0, "checked in LIRS mode: {checked:?}");
     assert!(checked[1] > 0, "checked in LRU mode: {checked:?}");
+}
+
+/// Fed by a cluster, the order ignores its own tier's lookups and puts:
+/// on the loop it stays in its starting LRU mode with no lookup replayed.
+/// The same loop told through `cluster_lookup` and `cluster_put` (the
+/// shard's view of a cluster whose RAM is this tier) switches it to LIRS
+/// as fast as the tier's own lookups switch a single node's order, and
+/// `stats` shows the LIRS shadow's lead.
+#[test]
+fn fed_by_the_cluster_the_order_judges_the_clusters_lookups() {
+    let mut own = Tier::new(EvictionPolicy::Adaptive, 100);
+    own.order.feed_from_cluster();
+    for _ in 0..10 {
+        loop_round(&mut own);
+    }
+    assert_eq!(own.mode(), AdaptiveMode::Lru);
+    let s = own.order.adaptive_stats().expect("adaptive");
+    assert!(s.cluster_fed);
+    assert_eq!((s.lookups, s.lirs_hits, s.lru_hits), (0, 0, 0), "{s:?}");
+
+    let mut single = Tier::new(EvictionPolicy::Adaptive, 100);
+    let mut fed = Tier::new(EvictionPolicy::Adaptive, 100);
+    fed.order.feed_from_cluster();
+    let mut rounds = [None, None];
+    for r in 0..10 {
+        loop_round(&mut single);
+        (0..20).for_each(|s| {
+            fed.cluster_request(&chain(s));
+        });
+        for (i, t) in [&single, &fed].into_iter().enumerate() {
+            if t.mode() == AdaptiveMode::Lirs && rounds[i].is_none() {
+                rounds[i] = Some(r);
+            }
+        }
+    }
+    assert_eq!(fed.mode(), AdaptiveMode::Lirs, "after the loop");
+    let (single_at, fed_at) = (rounds[0].expect("single node switched"), rounds[1]);
+    assert!(
+        fed_at.is_some_and(|r| r <= single_at + 1),
+        "within a round of the single node's: {rounds:?}"
+    );
+    let s = fed.order.adaptive_stats().expect("adaptive");
+    assert!(
+        s.lirs_hits > s.lru_hits && s.switches >= 1 && s.shadow_cap == 100,
+        "{s:?}"
+    );
+    // The tier's own lookups (through `lookup`) still count for nothing.
+    let before = s.lookups;
+    own.order.lookup(&chain(0), 12);
+    fed.order.lookup(&chain(0), 12);
+    let after = fed.order.adaptive_stats().expect("adaptive").lookups;
+    assert_eq!(after, before);
 }
