@@ -33,10 +33,11 @@ pub enum TransportChoice {
 #[serde(rename_all = "lowercase")]
 pub enum WireCompression {
     /// Per peer, when the measured link is slow enough that encoding,
-    /// sending fewer bytes and decoding beats sending raw bytes.
-    Auto,
-    /// Never (the default until `auto` has run under the whole test suite).
+    /// sending fewer bytes and decoding beats sending raw bytes (the
+    /// default).
     #[default]
+    Auto,
+    /// Never.
     Off,
     /// Always (for ops that name their element width, to peers that support it).
     Always,
@@ -98,7 +99,7 @@ impl Default for TransferConfig {
             pipeline_depth: 4,
             op_timeout_ms: 5000,
             transport: TransportChoice::Auto,
-            wire_compression: WireCompression::Off,
+            wire_compression: WireCompression::Auto,
             node_name: None,
             identity: None,
         }
@@ -127,7 +128,7 @@ mod tests {
         assert_eq!(c.slice_bytes, 65536);
         let c: TransferConfig = serde_json::from_str(r#"{"transport":"rdma"}"#).unwrap();
         assert_eq!(c.transport, TransportChoice::Rdma);
-        assert_eq!(c.wire_compression, WireCompression::Off);
+        assert_eq!(c.wire_compression, WireCompression::Auto);
         for (text, want) in [
             ("off", WireCompression::Off),
             ("always", WireCompression::Always),
