@@ -13,6 +13,21 @@ use std::time::Duration;
 use kvfabric_store::{AdaptiveMode, BlockKey, NodeConfig, PutOptions};
 use kvfabric_testkit::cluster::{data, key, layout, Cluster, Options};
 
+/// `nodes` nodes of 100 blocks of `l` in RAM each, evicting one block per
+/// put when full, as `bench eviction` and `bench agentic
+/// --compare-eviction` run the tier (watermarks 1.0 / 1.0).
+async fn tight_cluster(nodes: usize, l: kvfabric_store::KvLayout) -> Cluster {
+    Cluster::start(
+        nodes,
+        Options {
+            ram: 100 * l.block_bytes() as u64,
+            watermarks: Some((1.0, 1.0)),
+            ..Options::default()
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_nodes_lookups_steer_the_adaptive_order() {
     tokio::time::timeout(Duration::from_secs(60), async {
@@ -22,17 +37,7 @@ async fn a_cluster_nodes_lookups_steer_the_adaptive_order() {
             "the testkit's nodes run the default order"
         );
         let l = layout(64); // 32 KiB blocks, one arena slot each
-        let c = Cluster::start(
-            1,
-            Options {
-                ram: 100 * l.block_bytes() as u64,
-                // One eviction per put when full, as `bench eviction` and
-                // `bench agentic --compare-eviction` run the tier.
-                watermarks: Some((1.0, 1.0)),
-                ..Options::default()
-            },
-        )
-        .await;
+        let c = tight_cluster(1, l).await;
         let n = &c.nodes[0];
         // 20 sessions round-robin, each a shared 4-block prefix and 8
         // blocks of its own (164 blocks over a tier of 100): LRU evicts a
@@ -81,15 +86,7 @@ async fn a_cluster_nodes_lookups_steer_the_adaptive_order() {
 async fn a_prefix_held_by_another_node_leaves_the_order_its_own_part() {
     tokio::time::timeout(Duration::from_secs(60), async {
         let l = layout(64);
-        let c = Cluster::start(
-            2,
-            Options {
-                ram: 100 * l.block_bytes() as u64,
-                watermarks: Some((1.0, 1.0)),
-                ..Options::default()
-            },
-        )
-        .await;
+        let c = tight_cluster(2, l).await;
         let prefix: Vec<BlockKey> = (0..4).map(|i| key(1, i)).collect();
         c.put(1, &prefix, l).await;
         let n = &c.nodes[0];
@@ -137,15 +134,7 @@ async fn a_prefix_held_by_another_node_leaves_the_order_its_own_part() {
 async fn blocks_read_only_by_a_peer_steer_their_holders_order() {
     tokio::time::timeout(Duration::from_secs(90), async {
         let l = layout(64);
-        let c = Cluster::start(
-            2,
-            Options {
-                ram: 100 * l.block_bytes() as u64,
-                watermarks: Some((1.0, 1.0)),
-                ..Options::default()
-            },
-        )
-        .await;
+        let c = tight_cluster(2, l).await;
         let (reader, holder) = (&c.nodes[0], &c.nodes[1]);
         let chain = |s: u32| -> Vec<BlockKey> {
             (0..4)

@@ -75,8 +75,7 @@ pub struct TransferConfig {
     /// Transport override: `auto`, `tcp`, `shm` or `rdma`. Default `auto`.
     pub transport: TransportChoice,
     /// Lossless compression of KV blocks on the tcp wire: `auto`, `off` or
-    /// `always`. Default `off` (auto has not yet run under the whole test
-    /// suite). Only READs whose op names an element width
+    /// `always`. Default `auto`. Only READs whose op names an element width
     /// (`TransferOp::with_element_width`) are ever compressed.
     pub wire_compression: WireCompression,
     /// Node name reported in segment metadata. Default: the listen address

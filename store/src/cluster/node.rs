@@ -98,7 +98,7 @@ impl ClusterNode {
         let held = store.watch_changes(changes.clone());
         // `adaptive` judges the cluster's lookups of the keys this node's
         // shard owns (`order_feed`), not only this node's.
-        if store.config().adaptive_cluster_feed {
+        if super::order_feed::order_fed(store.config()) {
             store.feed_order_from_cluster();
         }
         let lease_requests = Counter::default();

@@ -29,19 +29,35 @@
 use crate::cluster::directory::{in_ram, HolderEntry};
 use crate::cluster::node_state::ClusterNode;
 use crate::keys::BlockKey;
+use crate::node_config::{EvictionPolicy, NodeConfig};
+
+/// Whether a node with `config` feeds its RAM order from its shard: only
+/// `adaptive` has shadows, and `adaptive_cluster_feed` may turn it off.
+/// Checked before every feed, so a node that does not feed never takes
+/// the store's lock for it (each announce and lookup locate reaches here).
+pub(crate) fn order_fed(config: &NodeConfig) -> bool {
+    config.adaptive_cluster_feed && config.eviction == EvictionPolicy::Adaptive
+}
 
 impl ClusterNode {
     /// A lookup located the shard's `keys` (chain order): `located[i]` are
     /// the live holders of `keys[i]`, best first. Its prefix held in RAM is
     /// what the cluster had.
     pub(crate) fn feed_order_lookup(&self, keys: &[BlockKey], located: &[Vec<HolderEntry>]) {
+        if !order_fed(self.store.config()) {
+            return;
+        }
         let found = located.iter().take_while(|h| in_ram(h)).count();
         self.store.note_cluster_lookup(keys, found);
     }
 
     /// `entered` keys of the shard got their first holder in RAM; `held`
-    /// keys of the shard have one now.
+    /// keys of the shard have one now. Nothing entered: `held` did not
+    /// grow either (it counts entries), so there is nothing to tell.
     pub(crate) fn feed_order_puts(&self, entered: &[BlockKey], held: usize) {
+        if entered.is_empty() || !order_fed(self.store.config()) {
+            return;
+        }
         self.store.note_cluster_put(entered, held);
     }
 }
