@@ -16,7 +16,8 @@
 //! MIN under the prefix rule (`min`) on the same trace and capacity; a tier
 //! that never evicts is the ceiling. The tier runs with both watermarks at
 //! 1.0 (evict one block when full), so it holds the same number of blocks
-//! as MIN's.
+//! as MIN's; `--watermarks HIGH,LOW` replays a tier that evicts in bursts
+//! (a node's default is 0.95,0.85), holding fewer blocks than MIN's.
 
 mod file;
 pub mod min;
@@ -102,6 +103,11 @@ pub struct EvictionArgs {
     /// many sessions (~37 distinct blocks each; 0 = skip).
     #[arg(long, default_value_t = 0)]
     pub planner_sessions: usize,
+    /// The tier's high and low watermarks, `HIGH,LOW` (default 1.0,1.0:
+    /// evict one block when full, the tier MIN is computed for; a node's
+    /// default is 0.95,0.85: a full tier evicts ~10% at once).
+    #[arg(long, value_parser = parse_watermarks, default_value = "1.0,1.0")]
+    pub watermarks: (f64, f64),
     /// The planner's sampling rate for --planner-sessions.
     #[arg(long, default_value_t = NodeConfig::default().planner_sample_rate)]
     pub planner_rate: f64,
@@ -120,6 +126,8 @@ impl EvictionArgs {
             adaptive_start: self
                 .adaptive_start
                 .unwrap_or(NodeConfig::default().adaptive_start),
+            high_watermark: self.watermarks.0,
+            low_watermark: self.watermarks.1,
             ..Default::default()
         }
     }
@@ -132,6 +140,21 @@ fn parse_mode(s: &str) -> Result<AdaptiveMode, String> {
         "lru" => Ok(AdaptiveMode::Lru),
         _ => Err(format!("{s:?} is not lirs or lru")),
     }
+}
+
+/// `--watermarks`: `HIGH,LOW`, each in (0, 1], LOW <= HIGH.
+fn parse_watermarks(s: &str) -> Result<(f64, f64), String> {
+    let (h, l) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?} is not HIGH,LOW"))?;
+    let num = |v: &str| v.trim().parse::<f64>().map_err(|e| format!("{v:?}: {e}"));
+    let (h, l) = (num(h)?, num(l)?);
+    if !(l > 0.0 && l <= h && h <= 1.0) {
+        return Err(format!(
+            "watermarks must satisfy 0 < LOW ({l}) <= HIGH ({h}) <= 1"
+        ));
+    }
+    Ok((h, l))
 }
 
 /// Tier sizes tried, as fractions of the trace's distinct blocks.
@@ -258,6 +281,7 @@ pub fn measure(args: &EvictionArgs) -> anyhow::Result<Value> {
             "confidence": cfg.adaptive_confidence,
             "start": cfg.adaptive_start,
         },
+        "watermarks": { "high": cfg.high_watermark, "low": cfg.low_watermark },
         "policies": POLICIES.iter().map(|p| p.0).collect::<Vec<_>>(),
         "traces": out,
         "scan_vs_agentic": scan,
@@ -371,6 +395,15 @@ mod tests {
         }
     }
 
+    #[test]
+    fn watermarks_flag_takes_high_then_low_and_refuses_bad_pairs() {
+        assert_eq!(parse_watermarks("0.95,0.85"), Ok((0.95, 0.85)));
+        assert_eq!(parse_watermarks("1.0, 1.0"), Ok((1.0, 1.0)));
+        for bad in ["0.85,0.95", "1.2,0.5", "0.9,0", "0.9", "a,b"] {
+            assert!(parse_watermarks(bad).is_err(), "{bad} accepted");
+        }
+    }
+
     /// The never-evicting replay of the agentic trace hits exactly what the
     /// trace's own oracle says; MIN with room for everything matches it; on
     /// a small tier no policy beats MIN, and each hits less than the oracle.
@@ -381,7 +414,7 @@ mod tests {
         let all = traces::all(&bytes, &chain, &shape());
         assert_eq!(all.len(), 5);
         let agentic = &all[0];
-        let cfg = NodeConfig::default();
+        let cfg = replay::one_at_a_time();
         let never = replay(agentic, layout, &cfg, EvictionPolicy::Lru, None).unwrap();
         let full = min::min_hits(&agentic.requests, agentic.distinct_blocks(), 16);
         assert_eq!(never.hit, full.hit);

@@ -154,7 +154,7 @@ mod tests {
         };
         let bytes = |s: &str| s.bytes().map(u32::from).collect::<Vec<u32>>();
         let trace = traces::agentic(&bytes, &chain, &shape);
-        let rows = compare(&trace, layout, &NodeConfig::default(), 0.01).unwrap();
+        let rows = compare(&trace, layout, &super::super::replay::one_at_a_time(), 0.01).unwrap();
         for r in &rows {
             eprintln!("{r:?}");
         }

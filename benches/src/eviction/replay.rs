@@ -18,7 +18,9 @@ pub const POLICIES: [(&str, EvictionPolicy); 4] = [
     ("s3fifo", EvictionPolicy::S3fifo),
 ];
 
-/// Replay `trace` on a RAM tier of `capacity_blocks` blocks (None: never evicts).
+/// Replay `trace` on a RAM tier of `capacity_blocks` blocks (None: never
+/// evicts), evicting between `base`'s watermarks (1.0 / 1.0 in the bench's
+/// default: one block when full, as MIN's tier).
 pub fn replay(
     trace: &Trace,
     layout: KvLayout,
@@ -47,9 +49,6 @@ pub fn replay_store(
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((blocks * slot) as u64),
         eviction: policy,
-        // Exactly `blocks` blocks: evict one when full (MIN's tier).
-        high_watermark: 1.0,
-        low_watermark: 1.0,
         ..base.clone()
     };
     cfg.validate()?;
@@ -67,6 +66,17 @@ pub fn replay_store(
         }
     }
     Ok((hits, store))
+}
+
+/// The default node config with both watermarks at 1.0: the tier evicts
+/// one block when full, so it holds as many blocks as MIN's.
+#[cfg(test)]
+pub(super) fn one_at_a_time() -> NodeConfig {
+    NodeConfig {
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        ..Default::default()
+    }
 }
 
 /// A layout of small blocks (a few KiB): the tier's bookkeeping is what is

@@ -512,7 +512,10 @@ impl Adaptive {
         self.start_shadows();
         match self.mode {
             AdaptiveMode::Lirs => self.lirs.victim_at(eligible),
-            AdaptiveMode::Lru => self.lru.victim(eligible),
+            AdaptiveMode::Lru => {
+                self.lirs.evicting();
+                self.lru.victim(eligible)
+            }
         }
     }
 

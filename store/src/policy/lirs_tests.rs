@@ -35,6 +35,8 @@ struct RefLirs {
     marked: HashSet<BlockKey>,
     /// Blocks evicted while marked, oldest first.
     dead: VecDeque<BlockKey>,
+    /// The resident count at the latest `victim` call.
+    floor: Option<usize>,
 }
 
 impl RefLirs {
@@ -54,6 +56,7 @@ impl RefLirs {
             dead_idle: None,
             marked: HashSet::new(),
             dead: VecDeque::new(),
+            floor: None,
         }
     }
     fn accessed(&mut self, k: BlockKey) {
@@ -84,8 +87,12 @@ impl RefLirs {
         self.times.remove(k);
     }
     fn cap(&self) -> usize {
-        let hir = ((self.resident as f64 * self.hir_percent / 100.0) as usize).max(1);
-        self.resident.saturating_sub(hir)
+        let base = match self.floor {
+            Some(f) if f < self.resident => f,
+            _ => self.resident,
+        };
+        let hir = ((base as f64 * self.hir_percent / 100.0) as usize).max(1);
+        base.saturating_sub(hir)
     }
     fn drop_from(v: &mut Vec<BlockKey>, k: &BlockKey) -> bool {
         let at = v.iter().position(|x| x == k);
@@ -217,24 +224,23 @@ impl RefLirs {
                     while self.dead.len() > self.resident.max(64) {
                         self.dead.pop_front();
                     }
-                    return;
-                }
-                if !self.s.contains(&k) {
+                } else if !self.s.contains(&k) {
                     self.forget(&k);
-                    return;
-                }
-                self.st.insert(k, St::Ghost);
-                self.ghosts.push_back(k);
-                while self.ghosts.len() > self.ghost_cap() {
-                    let old = self.ghosts.pop_front().unwrap();
-                    Self::drop_from(&mut self.s, &old);
-                    self.forget(&old);
+                } else {
+                    self.st.insert(k, St::Ghost);
+                    self.ghosts.push_back(k);
                 }
             }
             St::Ghost => unreachable!(),
         }
+        while self.ghosts.len() > self.ghost_cap() {
+            let old = self.ghosts.pop_front().unwrap();
+            Self::drop_from(&mut self.s, &old);
+            self.forget(&old);
+        }
     }
     fn victim(&mut self, mut eligible: impl FnMut(&BlockKey) -> bool) -> Option<BlockKey> {
+        self.floor = Some(self.resident);
         loop {
             if self.lir > self.cap() {
                 self.demote_bottom();
