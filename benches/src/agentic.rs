@@ -322,6 +322,7 @@ mod tests {
             compare_eviction: None,
             ram_fraction: 0.5,
             adaptive_node_feed: false,
+            watermarks: (1.0, 1.0),
             dtype: dtype::DtypeArgs::default(),
         }
     }

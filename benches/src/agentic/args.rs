@@ -101,6 +101,11 @@ pub struct AgenticArgs {
     /// lookups and puts, as before #29's cluster feed).
     #[arg(long)]
     pub adaptive_node_feed: bool,
+    /// With --compare-eviction: the RAM tiers' watermarks `HIGH,LOW`
+    /// (default 1.0,1.0: a full tier evicts one block per put, as in
+    /// `bench eviction`; a node's default is 0.95,0.85).
+    #[arg(long, value_parser = crate::eviction::parse_watermarks, default_value = "1.0,1.0")]
+    pub watermarks: (f64, f64),
     /// KV dtype, and the dtype comparison (`--compare-dtype`, see `dtype.rs`).
     #[command(flatten)]
     pub dtype: DtypeArgs,

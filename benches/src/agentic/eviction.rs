@@ -4,7 +4,8 @@
 //! fresh cluster whose nodes' RAM tiers together hold `--ram-fraction` of
 //! the trace's distinct blocks, no disk tier. Both watermarks are 1.0 (a
 //! full tier evicts one block per put), as in `bench eviction`, so the tier
-//! holds exactly that many blocks. Reported per order: the run's summary
+//! holds exactly that many blocks; `--watermarks 0.95,0.85` runs a node's
+//! default (a full tier evicts ~10% at once). Reported per order: the run's summary
 //! (token hit ratio, TTFT p50/p90), the blocks held and evicted at the end;
 //! and the default's hit ratio and TTFT p50 over POLICY's, same run.
 //!
@@ -105,8 +106,7 @@ async fn run_order(
     let cluster = FabricCluster::start_with(args.engines, None, |n: &mut NodeConfig| {
         n.ram_capacity = bytesize::ByteSize::b(per_node * slot);
         n.eviction = eviction;
-        n.high_watermark = 1.0;
-        n.low_watermark = 1.0;
+        (n.high_watermark, n.low_watermark) = args.watermarks;
         n.adaptive_cluster_feed = !args.adaptive_node_feed;
     })
     .await?;
@@ -191,6 +191,7 @@ pub(super) async fn measure_eviction(
         "distinct_blocks": distinct,
         "ram_fraction": args.ram_fraction,
         "adaptive_cluster_feed": !args.adaptive_node_feed,
+        "watermarks": { "high": args.watermarks.0, "low": args.watermarks.1 },
         "ram_blocks_per_node": per_node,
         "ram_bytes_per_node": per_node * slot,
         "default_eviction": name(default),

@@ -143,7 +143,7 @@ fn parse_mode(s: &str) -> Result<AdaptiveMode, String> {
 }
 
 /// `--watermarks`: `HIGH,LOW`, each in (0, 1], LOW <= HIGH.
-fn parse_watermarks(s: &str) -> Result<(f64, f64), String> {
+pub(crate) fn parse_watermarks(s: &str) -> Result<(f64, f64), String> {
     let (h, l) = s
         .split_once(',')
         .ok_or_else(|| format!("{s:?} is not HIGH,LOW"))?;
