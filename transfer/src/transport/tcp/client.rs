@@ -26,7 +26,7 @@ use crate::hello::Hello;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{OpKind, TransferOp};
 use crate::security::ConnMac;
-use crate::transport::io::{bounded, read_message};
+use crate::transport::io::{bounded, cpu_bound, read_message};
 use crate::TransferError;
 
 /// Open a connection, authenticate it (secured modes) and exchange hellos.
@@ -469,7 +469,7 @@ async fn receive_read<R: AsyncRead + Unpin>(
         return Ok(Err(corrupt));
     }
     let started = Instant::now();
-    let decoded = decode_slice(scratch, dst);
+    let decoded = cpu_bound(|| decode_slice(scratch, dst));
     let w = &shared.wire;
     w.decode_ns
         .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

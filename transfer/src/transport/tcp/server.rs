@@ -24,7 +24,7 @@ use crate::error::BadInput;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
 use crate::security::{ConnMac, CAPABILITY_BYTES};
-use crate::transport::io::{bounded, discard};
+use crate::transport::io::{bounded, cpu_bound, discard};
 use crate::transport::rdma::{Nic, ServedQps};
 use crate::{SegmentId, TransferError};
 
@@ -180,7 +180,8 @@ impl Served<'_> {
         // SAFETY: range checked; concurrent writers of the same range are
         // excluded by the segment owner's leases.
         let data = unsafe { region.slice(req.slice_offset as usize, req.slice_len as usize)? };
-        let encoded = req.flags & FLAG_ENCODE != 0 && encode_slice(data, req.width, scratch);
+        let encoded =
+            req.flags & FLAG_ENCODE != 0 && cpu_bound(|| encode_slice(data, req.width, scratch));
         let data = if encoded { &scratch[..] } else { data };
         // With a MAC the tag covers the payload; the checksum would only cost.
         let sum = if req.flags & FLAG_CHECKSUM != 0 && self.mac.is_none() {
