@@ -261,7 +261,8 @@ async fn corrupted_block_is_recomputed_with_everything_after_it() {
 }
 
 /// A request queued behind another on B gets its prefix pulled from A into
-/// B's own node while it waits (prefetch); it is then loaded from there.
+/// B's own node while it waits (prefetch); it is then loaded from there. The
+/// copies count to the request's tenant in B's tier shares, as its saves do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
     let etcd = EtcdProcess::start().expect("etcd");
@@ -293,7 +294,7 @@ async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut longer = prompt.clone();
     longer.extend(tokens(33, 10));
-    let warm = generate(&eb.handle, &longer, 2, b"").await;
+    let warm = generate_as(&eb.handle, &longer, 2, b"", Some("tenant-b".into())).await;
     busy.await.expect("busy request");
     assert_eq!(warm.usage.cached_tokens, 320);
     let stats = eb.connector.as_ref().expect("connector").stats();
@@ -307,6 +308,13 @@ async fn a_queued_request_prefetches_its_prefix_into_its_own_node() {
     assert!(
         held.iter().all(Option::is_some),
         "B's own node holds the prefix"
+    );
+    let usage = b.node().store().tenant_usage();
+    let owned = usage.iter().find(|u| &*u.owner == "tenant-b");
+    let copied: u64 = held.iter().flatten().map(|i| i.len).sum();
+    assert!(
+        owned.is_some_and(|u| u.ram_used >= copied),
+        "the prefetched copies ({copied} bytes) count to the request's tenant: {usage:?}"
     );
     drop(ea);
     drop(eb);

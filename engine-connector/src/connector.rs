@@ -57,8 +57,12 @@ pub trait Backend: Send + Sync + 'static {
         opts: LoadOptions,
     ) -> BoxFuture<'static, usize>;
     /// Copy the leading `keys` held on other nodes into this connector's
-    /// node (checksum verified); how many were copied.
-    fn prefetch(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, usize>;
+    /// node (checksum verified), counted to `owner`; how many were copied.
+    fn prefetch(
+        self: Arc<Self>,
+        keys: Vec<BlockKey>,
+        owner: Option<Arc<str>>,
+    ) -> BoxFuture<'static, usize>;
     /// Presence of each key anywhere in the cluster.
     fn exists(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, Vec<bool>>;
     /// Store each block (Ok(false): it was there already); the stored ones
@@ -252,11 +256,11 @@ impl<B: Backend> KvConnector for Connector<B> {
         Pending::new(rx, n)
     }
 
-    fn prefetch(&self, keys: &[BlockKey]) {
+    fn prefetch(&self, keys: &[BlockKey], owner: Option<Arc<str>>) {
         if !self.cfg.load || keys.is_empty() {
             return;
         }
-        let work = self.backend.clone().prefetch(keys.to_vec());
+        let work = self.backend.clone().prefetch(keys.to_vec(), owner);
         let metrics = self.metrics.clone();
         self.rt.spawn(async move {
             metrics.prefetched_blocks.inc_by(work.await as u64);

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvfabric_store::cluster::{ClusterNode, HolderEntry};
-use kvfabric_store::{PutOptions, ReserveOutcome, Store};
+use kvfabric_store::{Owner, PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
 use kvfabric_types::BlockKey;
 
@@ -80,8 +80,14 @@ impl Backend for EmbeddedBackend {
         .boxed()
     }
 
-    fn prefetch(self: Arc<Self>, keys: Vec<BlockKey>) -> BoxFuture<'static, usize> {
+    fn prefetch(
+        self: Arc<Self>,
+        keys: Vec<BlockKey>,
+        owner: Option<Arc<str>>,
+    ) -> BoxFuture<'static, usize> {
         async move {
+            // The copies count to the request's tenant, as its saves do.
+            let owner = owner.map_or(Owner::NONE, |o| self.node.store().owner(&o));
             let holders = self.node.lookup(&keys).await;
             let me = self.node.info().node_id.clone();
             let mut copied = Vec::new();
@@ -98,6 +104,7 @@ impl Backend for EmbeddedBackend {
                 let put = tokio::task::spawn_blocking(move || {
                     let opts = PutOptions {
                         checksum: Some(b.checksum),
+                        owner,
                         ..PutOptions::default()
                     };
                     store.put(key, b.layout, &b.data, opts)

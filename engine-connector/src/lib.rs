@@ -227,8 +227,10 @@ pub trait KvConnector: Send + Sync + std::fmt::Debug {
     fn start_lookup(&self, keys: Vec<BlockKey>) -> PendingLookup;
     /// A request is queued behind others: start pulling the blocks of
     /// `keys` the fabric holds on other nodes into this engine's own node,
-    /// so the load at admission is local. Returns at once.
-    fn prefetch(&self, keys: &[BlockKey]);
+    /// so the load at admission is local; the copies count to `owner` (the
+    /// request's tenant) in the node's tier shares, as its saves do.
+    /// Returns at once.
+    fn prefetch(&self, keys: &[BlockKey], owner: Option<Arc<str>>);
     /// Start reading `blocks` (key -> engine block, consecutive prefix
     /// blocks in order) into the engine's KV memory, checksums verified.
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad;

@@ -221,7 +221,11 @@ impl Backend for RemoteBackend {
         .boxed()
     }
 
-    fn prefetch(self: Arc<Self>, _keys: Vec<BlockKey>) -> BoxFuture<'static, usize> {
+    fn prefetch(
+        self: Arc<Self>,
+        _keys: Vec<BlockKey>,
+        _owner: Option<Arc<str>>,
+    ) -> BoxFuture<'static, usize> {
         // The node reads remote blocks itself when asked; nothing to stage here.
         async { 0 }.boxed()
     }

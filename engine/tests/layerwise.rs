@@ -93,7 +93,7 @@ impl KvConnector for MemFabric {
         answered(found, keys.len())
     }
 
-    fn prefetch(&self, _keys: &[BlockKey]) {}
+    fn prefetch(&self, _keys: &[BlockKey], _owner: Option<std::sync::Arc<str>>) {}
 
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad {
         let (tx, rx) = crossbeam::channel::bounded(1);

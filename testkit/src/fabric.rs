@@ -109,6 +109,18 @@ pub async fn generate(
     max_tokens: usize,
     namespace: &[u8],
 ) -> Output {
+    generate_as(engine, prompt, max_tokens, namespace, None).await
+}
+
+/// [`generate`] for a tenant: the blocks the request saves or pulls into
+/// its node count to `owner` in the node's tier shares.
+pub async fn generate_as(
+    engine: &EngineHandle,
+    prompt: &[u32],
+    max_tokens: usize,
+    namespace: &[u8],
+    owner: Option<std::sync::Arc<str>>,
+) -> Output {
     let (tx, mut rx) = mpsc::channel(max_tokens + 4);
     let started = Instant::now();
     engine
@@ -118,7 +130,7 @@ pub async fn generate(
             sampling: SamplingParams::default(),
             stop_token_ids: Vec::new(),
             namespace: namespace.to_vec(),
-            owner: None,
+            owner,
             return_logits: true,
             forks: Vec::new(),
             events: tx,

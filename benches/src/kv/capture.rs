@@ -55,7 +55,7 @@ impl KvConnector for CaptureConnector {
         answered(0, keys.len())
     }
 
-    fn prefetch(&self, _keys: &[BlockKey]) {}
+    fn prefetch(&self, _keys: &[BlockKey], _owner: Option<std::sync::Arc<str>>) {}
 
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad {
         answered(0, blocks.len())

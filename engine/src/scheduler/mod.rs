@@ -199,7 +199,7 @@ impl Scheduler {
             if self.running.len() + self.loading.len() + self.waiting.len() >= self.cfg.max_seqs {
                 let bt = self.kv.layout().block_tokens as usize;
                 let usable = (r.prompt.len() - 1) / bt;
-                c.prefetch(&chain.keys(&r.prompt[..usable * bt]));
+                c.prefetch(&chain.keys(&r.prompt[..usable * bt]), r.owner.clone());
             }
         }
         self.next_id += 1;

@@ -116,7 +116,7 @@ impl KvConnector for FakeFabric {
         Pending::new(rx, keys.len())
     }
 
-    fn prefetch(&self, _keys: &[BlockKey]) {}
+    fn prefetch(&self, _keys: &[BlockKey], _owner: Option<std::sync::Arc<str>>) {}
 
     fn start_load(&self, blocks: Vec<(BlockKey, BlockId)>) -> PendingLoad {
         let (tx, rx) = crossbeam::channel::bounded(1);
