@@ -167,6 +167,19 @@ impl EngineConfig {
         if self.spec.enabled && self.spec.max_draft == 0 {
             return bad("spec.max_draft must be > 0 when spec.enabled");
         }
+        let (base, row) = (self.spec.verify_base_cost, self.spec.verify_row_cost);
+        if base.is_some() != row.is_some() {
+            return bad(
+                "spec.verify_base_cost and spec.verify_row_cost are given together or not at all",
+            );
+        }
+        if [base, row]
+            .into_iter()
+            .flatten()
+            .any(|c| !(c.is_finite() && c >= 0.0))
+        {
+            return bad("spec.verify_base_cost and spec.verify_row_cost must be finite and >= 0");
+        }
         Ok(())
     }
 }
@@ -209,6 +222,25 @@ mod tests {
             serde_json::from_str(r#"{"spec": {"max_draft": 8}}"#).expect("spec");
         assert_eq!((spec.spec.max_draft, spec.spec.enabled), (8, true));
         assert!(serde_json::from_str::<EngineConfig>(r#"{"spec": {"draft": 8}}"#).is_err());
+        // The verify cost model: both keys or neither, finite and >= 0.
+        let given: EngineConfig =
+            serde_json::from_str(r#"{"spec": {"verify_base_cost": 0.1, "verify_row_cost": 0.2}}"#)
+                .expect("costs");
+        assert!(given.validate().is_ok());
+        assert_eq!(
+            given.spec.given_cost().map(|c| (c.base, c.row)),
+            Some((0.1, 0.2))
+        );
+        assert_eq!(EngineConfig::default().spec.given_cost(), None);
+        for (base, row) in [
+            (Some(0.1), None),
+            (None, Some(0.2)),
+            (Some(-1.0), Some(0.2)),
+        ] {
+            let mut c = EngineConfig::default();
+            (c.spec.verify_base_cost, c.spec.verify_row_cost) = (base, row);
+            assert!(c.validate().is_err(), "{base:?} {row:?}");
+        }
         let bad = EngineConfig {
             max_batch_tokens: 8,
             ..EngineConfig::default()

@@ -4,7 +4,8 @@
 //! length of the tool-calling prompts, straight on the model (no scheduler).
 //! At batch 1 the weights are read once per pass whatever k is, so an extra
 //! row costs only its compute; this is what bounds how long a draft pays.
-//! Also timed: a draft's lookup in the request's own context.
+//! Also timed: a draft's lookup in the request's own context; and reported:
+//! the cost model the engine's own probe (`spec::calibrate`) fits here.
 
 use std::time::Instant;
 
@@ -12,6 +13,8 @@ use anyhow::Context;
 use kvfabric_engine::kernels::Compute;
 use kvfabric_engine::kv::{BlockId, KvPool};
 use kvfabric_engine::model::{LlamaModel, SeqChunk};
+use kvfabric_engine::spec::calibrate;
+use kvfabric_engine::spec::length::PassCost;
 use kvfabric_engine::spec::shared::SharedContinuations;
 use kvfabric_engine::spec::SpecState;
 use kvfabric_engine::EngineConfig;
@@ -82,7 +85,10 @@ pub fn measure(
         .zip(&ms)
         .map(|(k, t)| (k.to_string(), json!({"ms": t, "vs_one_row": t / base})))
         .collect();
+    // What the engine's own probe (run before its first draft) finds here.
+    let engine = calibrate::measure(model, &cx, layout).context("the engine's pass-cost probe")?;
     Ok(json!({
+        "engine_pass_cost": {"base": engine.base, "row": engine.row},
         "context_tokens": ctx.len(),
         "reps": reps,
         "by_draft_len": per_k,
@@ -98,7 +104,7 @@ fn draft_lookup_us(prompt: &[u32], max: usize) -> f64 {
     let mut out = Vec::new();
     let t = Instant::now();
     for end in 1..=prompt.len() {
-        state.draft(&prompt[..end], &shared, max, &mut out);
+        state.draft(&prompt[..end], &shared, max, &PassCost::default(), &mut out);
     }
     t.elapsed().as_secs_f64() * 1e6 / prompt.len().max(1) as f64
 }

@@ -98,6 +98,9 @@ pub struct Scheduler {
     shared: SharedContinuations,
     /// Scratch for drafts.
     draft_buf: Vec<u32>,
+    /// This machine's cost of a verified row (given, or measured when the
+    /// scheduler starts: `spec::calibrate`); None where it never drafts.
+    pass_cost: Option<crate::spec::length::PassCost>,
     /// Batch-class requests (see `priority.rs`).
     batch: BatchQueue,
 }
@@ -113,6 +116,13 @@ impl Scheduler {
         connector: Option<Arc<dyn KvConnector>>,
     ) -> Scheduler {
         let blocks = BlockPool::new(kv.blocks());
+        // Measured here, not at the first draft: the probe's passes then
+        // count to start-up, not to a request.
+        let pass_cost = (cfg.spec.enabled && cfg.role != Role::Prefill).then(|| {
+            cfg.spec.given_cost().unwrap_or_else(|| {
+                crate::spec::calibrate::measure_or_default(&model, &cx, *kv.layout())
+            })
+        });
         Scheduler {
             model,
             cx,
@@ -131,6 +141,7 @@ impl Scheduler {
                 0
             }),
             draft_buf: Vec::new(),
+            pass_cost,
             batch: BatchQueue::new(cfg.max_seqs),
             cfg,
         }

@@ -53,8 +53,12 @@ impl Scheduler {
         if room == 0 {
             return 0;
         }
+        let Some(cost) = self.pass_cost else {
+            return 0;
+        };
+        let s = &mut self.running[i];
         let draft = &mut self.draft_buf;
-        s.spec.draft(&s.tokens, &self.shared, room, draft);
+        s.spec.draft(&s.tokens, &self.shared, room, &cost, draft);
         // A constrained sequence verifies only what its grammar allows.
         draft.truncate(s.sampler.valid_draft(draft));
         let need = (s.computed + 1 + draft.len()).div_ceil(bt);

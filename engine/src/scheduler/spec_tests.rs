@@ -17,6 +17,14 @@ const BT: usize = 16;
 const BLOCKS: usize = 24;
 
 fn scheduler(spec: bool, fabric: Arc<FakeFabric>) -> Scheduler {
+    scheduler_with(spec, fabric, |_| {})
+}
+
+fn scheduler_with(
+    spec: bool,
+    fabric: Arc<FakeFabric>,
+    edit: impl FnOnce(&mut SpecConfig),
+) -> Scheduler {
     let m = crate::model::test_model();
     let c = &m.config;
     let layout = KvPool::layout_for(
@@ -35,9 +43,15 @@ fn scheduler(spec: bool, fabric: Arc<FakeFabric>) -> Scheduler {
         prefix_cache: true,
         spec: SpecConfig {
             enabled: spec,
+            // Fixed (the AVX-512 figures) so drafts happen on any machine:
+            // what is tested is that outputs and state do not change.
+            verify_base_cost: Some(0.13),
+            verify_row_cost: Some(0.16),
             ..SpecConfig::default()
         },
     };
+    let mut cfg = cfg;
+    edit(&mut cfg.spec);
     Scheduler::new(m, Compute::new(2), kv, cfg, Some(fabric))
 }
 
@@ -162,4 +176,56 @@ fn rejected_drafts_leave_no_trace_in_saves_prefix_cache_or_pool() {
         );
         assert_eq!(on.available, BLOCKS);
     }
+}
+
+/// With no cost model configured, the scheduler measures one on this
+/// machine when it starts (`spec::calibrate`), and outputs stay those of
+/// decoding without speculation whatever it finds; without speculation
+/// nothing is measured.
+#[test]
+fn the_pass_cost_is_measured_at_start_and_outputs_stay_the_same() {
+    let fabric = Arc::new(FakeFabric::default());
+    let mut s = scheduler_with(true, fabric, |c| {
+        c.verify_base_cost = None;
+        c.verify_row_cost = None;
+    });
+    let off = scheduler_with(false, Arc::new(FakeFabric::default()), |c| {
+        c.verify_base_cost = None;
+        c.verify_row_cost = None;
+    });
+    assert!(off.pass_cost.is_none());
+    let cost = s.pass_cost.expect("measured at start");
+    assert!(
+        cost.base.is_finite() && cost.row.is_finite() && cost.row > 0.0,
+        "{cost:?}"
+    );
+    let (events, mut rx) = mpsc::channel(1024);
+    s.accept(GenerationRequest {
+        prompt: prompt(1),
+        max_tokens: 12,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop_token_ids: vec![],
+        namespace: b"cost".to_vec(),
+        owner: None,
+        return_logits: false,
+        forks: Vec::new(),
+        events,
+    });
+    settle(&mut s);
+    let mut tokens = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        if let GenerationEvent::Token { id, .. } = ev {
+            tokens.push(id);
+        }
+    }
+    let (off, _, _) = run(false, 0.0);
+    assert_eq!(tokens.len(), 12);
+    assert_eq!(
+        tokens,
+        off.tokens[1][..12],
+        "same tokens as without speculation"
+    );
 }

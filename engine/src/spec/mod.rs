@@ -15,19 +15,20 @@
 //! * [`SpecState`]: per request, which draft to verify and how much of it:
 //!   the length maximising expected tokens per pass cost, from how much of
 //!   its earlier drafts of the same match class was accepted
-//!   ([`length::DraftLength`]); a class whose drafts keep failing stops
-//!   drafting.
+//!   ([`length::DraftLength`]) and this machine's cost of a verified row
+//!   ([`calibrate`]); a class whose drafts keep failing stops drafting.
 //!
 //! Rolling back what a rejected draft wrote (its KV rows, the blocks
 //! allocated for them) is the scheduler's.
 
+pub mod calibrate;
 pub mod length;
 pub mod ngram;
 pub mod shared;
 
 use serde::{Deserialize, Serialize};
 
-use length::{DraftLength, MatchClass};
+use length::{DraftLength, MatchClass, PassCost};
 use ngram::ContextIndex;
 use shared::SharedContinuations;
 
@@ -47,6 +48,23 @@ pub struct SpecConfig {
     pub max_batch: usize,
     /// Tokens of finished requests' outputs kept to draft from (0: off). Default: 65536.
     pub shared_tokens: usize,
+    /// The cost model of a pass of 1 + k rows, `1 + verify_base_cost +
+    /// verify_row_cost * k` single-row passes, given instead of measured
+    /// (both or neither). Default: none, measured when the engine starts
+    /// ([`calibrate`]).
+    pub verify_base_cost: Option<f32>,
+    /// See `verify_base_cost`.
+    pub verify_row_cost: Option<f32>,
+}
+
+impl SpecConfig {
+    /// The configured cost model, if one is given (else it is measured).
+    pub fn given_cost(&self) -> Option<PassCost> {
+        Some(PassCost {
+            base: self.verify_base_cost?,
+            row: self.verify_row_cost?,
+        })
+    }
 }
 
 impl Default for SpecConfig {
@@ -56,6 +74,8 @@ impl Default for SpecConfig {
             max_draft: 15,
             max_batch: 4,
             shared_tokens: 65536,
+            verify_base_cost: None,
+            verify_row_cost: None,
         }
     }
 }
@@ -94,12 +114,13 @@ impl SpecState {
 
     /// Draft up to `max` tokens after `tokens` into `out` (cleared first):
     /// from the shared store when it knows this context, else from the
-    /// request's own context; as many of them as pay for their rows.
+    /// request's own context; as many of them as pay for their rows at `cost`.
     pub fn draft(
         &mut self,
         tokens: &[u32],
         shared: &SharedContinuations,
         max: usize,
+        cost: &PassCost,
         out: &mut Vec<u32>,
     ) {
         out.clear();
@@ -118,7 +139,7 @@ impl SpecState {
         } else {
             return;
         };
-        out.truncate(self.length.choose(class, out.len()));
+        out.truncate(self.length.choose(class, out.len(), cost));
         if !out.is_empty() {
             self.pending = Some(class);
         }
@@ -152,9 +173,10 @@ mod tests {
         let mut ctx: Vec<u32> = (1..=20).collect();
         ctx.extend(1..=8);
         let shared = SharedContinuations::new(0);
+        let c = PassCost::default();
         let mut out = Vec::new();
         let mut s = SpecState::new(b"ns");
-        s.draft(&ctx, &shared, 15, &mut out);
+        s.draft(&ctx, &shared, 15, &c, &mut out);
         let first = out.len();
         assert!(first >= 6, "a long match drafts long: {out:?}");
         assert_eq!(out[..], (9..9 + first as u32).collect::<Vec<_>>()[..]);
@@ -164,35 +186,36 @@ mod tests {
         let short = [5, 6, 7, 1, 2, 9, 9, 1, 2];
         let mut drafted = 0;
         for _ in 0..40 {
-            other.draft(&short, &shared, 15, &mut out);
+            other.draft(&short, &shared, 15, &c, &mut out);
             drafted += out.len();
             other.verified(out.len(), 0);
         }
-        other.draft(&short, &shared, 15, &mut out);
+        other.draft(&short, &shared, 15, &c, &mut out);
         assert!(
             out.is_empty() && drafted > 0,
             "drafted {drafted}, then {out:?}"
         );
         // Verifying with no pending draft changes nothing.
         other.verified(3, 3);
-        other.draft(&short, &shared, 15, &mut out);
+        other.draft(&short, &shared, 15, &c, &mut out);
         assert!(out.is_empty());
     }
 
     #[test]
     fn the_shared_store_wins_over_the_own_context_when_it_knows_the_context() {
         let mut s = SpecState::new(b"ns");
+        let c = PassCost::default();
         let mut shared = SharedContinuations::new(1000);
         let mut earlier: Vec<u32> = (100..130).collect();
         earlier.extend([7, 8, 9]);
         shared.record(s.ns(), &earlier, 30);
         let mut ctx: Vec<u32> = (100..130).collect();
         let mut out = Vec::new();
-        s.draft(&ctx, &shared, 8, &mut out);
+        s.draft(&ctx, &shared, 8, &c, &mut out);
         assert_eq!(out, [7, 8, 9]);
         // A context the store has not seen drafts from itself.
         ctx.extend([1, 2, 3, 1, 2]);
-        s.draft(&ctx, &shared, 8, &mut out);
+        s.draft(&ctx, &shared, 8, &c, &mut out);
         assert!(!out.is_empty() && [3, 1, 2].starts_with(&out), "{out:?}");
     }
 }
