@@ -63,9 +63,10 @@ async fn always_sends_kv_blocks_encoded_and_they_arrive_byte_identical() {
             "width {width}, checksummed op"
         );
         assert!(bytes(&local_region, LEN, LEN) == want, "width {width}");
-        let (got, served) = (a.metrics().wire_totals(), b.metrics().wire_totals());
+        let got = a.metrics().wire_totals();
         assert!(got.read.slices >= 12, "width {width}: {got:?}");
         assert!(got.read.wire_bytes < got.read.raw_bytes, "{got:?}");
+        let served = served_when(&b, |t| t.served == got.read).await;
         assert_eq!(got.read, served.served, "both ends count the same slices");
         assert_eq!(got.served.slices, 0);
     }
@@ -147,7 +148,25 @@ async fn corrupted_encoded_payload_is_refused_and_no_wrong_byte_lands() {
         .clone()
         .unwrap();
     assert!(bytes(&local_region, 0, MIB) == bytes(&remote_region, 0, MIB));
-    assert_eq!(b.metrics().wire_totals().served.slices, 3);
+    let served = served_when(&b, |t| t.served.slices == 3).await;
+    assert_eq!(served.served.slices, 3);
+}
+
+/// The server's wire totals once `done` holds, or after 5 s: it counts a
+/// slice once its send returned, which can be after the client has the
+/// bytes and its batch ended.
+async fn served_when(
+    b: &TransferEngine,
+    done: impl Fn(&kvfabric_transfer::WireTotals) -> bool,
+) -> kvfabric_transfer::WireTotals {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let t = b.metrics().wire_totals();
+        if done(&t) || std::time::Instant::now() >= deadline {
+            return t;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 /// A peer speaking hello version 1 without (or with) the wire-codec bit:
