@@ -9,31 +9,18 @@
 //! of the stack (LRU's choice) and the blocks put after it became LIR
 //! unproven, so LIRS and `adaptive` hit nothing here either.
 
-use kvfabric_store::{
-    BlockKey, BlockOrder, DType, EvictionPolicy, KvLayout, NodeConfig, PutOptions, Registry, Store,
-};
+use kvfabric_store::{EvictionPolicy, NodeConfig, PutOptions, Registry, Store};
+use kvfabric_testkit::cluster::{key, layout};
 
 const TIER: usize = 200;
-const LOOPED: u64 = 300;
+const LOOPED: u32 = 300;
 const ROUNDS: usize = 12;
-
-fn key(i: u64) -> BlockKey {
-    let mut b = [0u8; 32];
-    b[..8].copy_from_slice(&i.to_le_bytes());
-    BlockKey(b)
-}
 
 /// Blocks hit per round of the loop after the first two, on a tier of
 /// `TIER` blocks at the node's default watermarks.
 fn loop_hits(eviction: EvictionPolicy) -> Vec<usize> {
-    let layout = KvLayout {
-        layers: 1,
-        kv_heads: 1,
-        head_dim: 1024,
-        dtype: DType::F32,
-        block_tokens: 1,
-        order: BlockOrder::LayerKvTokenHead,
-    };
+    // 4 KiB blocks: one arena slot each.
+    let layout = layout(8);
     let d = NodeConfig::default();
     assert!(d.high_watermark < 1.0 && d.low_watermark < d.high_watermark);
     let cfg = NodeConfig {
@@ -47,7 +34,7 @@ fn loop_hits(eviction: EvictionPolicy) -> Vec<usize> {
     for round in 0..ROUNDS {
         let mut hits = 0;
         for i in 0..LOOPED {
-            let k = key(i);
+            let k = key(1, i);
             if store.lookup(&[k]).is_empty() {
                 store
                     .put(k, layout, &block, PutOptions::default())
