@@ -198,7 +198,7 @@ impl BlockTable {
 
     /// Move `other`'s blocks to the end of this table (same pool).
     pub fn append(&mut self, mut other: BlockTable) {
-        debug_assert!(
+        assert!(
             Arc::ptr_eq(&self.inner, &other.inner),
             "tables of two pools"
         );

@@ -93,7 +93,7 @@ impl BlockManager {
     /// block this way while it saves it).
     pub(super) fn retain(&mut self, block: BlockId) {
         let m = &mut self.meta[block as usize];
-        debug_assert!(m.refs > 0, "retain of an unreferenced block");
+        assert!(m.refs > 0, "retain of an unreferenced block");
         m.refs += 1;
     }
 
@@ -114,7 +114,7 @@ impl BlockManager {
     /// Drop one reference; at zero the block becomes cached (if named) or free.
     pub(super) fn release(&mut self, block: BlockId) {
         let m = &mut self.meta[block as usize];
-        debug_assert!(m.refs > 0, "release of an unreferenced block");
+        assert!(m.refs > 0, "release of an unreferenced block");
         m.refs = m.refs.saturating_sub(1);
         if m.refs > 0 {
             return;

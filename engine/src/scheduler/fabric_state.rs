@@ -92,7 +92,7 @@ impl LoadBlocks {
 
     /// The blocks, once the load ended ([`Self::wait`] said so).
     pub(super) fn into_blocks(mut self) -> BlockTable {
-        debug_assert!(self.ended, "blocks taken from a load still running");
+        assert!(self.ended, "blocks taken from a load still running");
         self.blocks.split_off(0)
     }
 }
