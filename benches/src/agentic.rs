@@ -210,6 +210,8 @@ async fn measure_all(
         "fabric_connector": fabric.connector.as_ref().map(stats_json),
         "hosts": args.hosts,
         "link_gbit": args.link_gbit,
+        "kv_pool_mib": args.kv_pool_mib,
+        "node_ram_mib": args.node_ram_mib,
         // What the nodes' transfer engines moved during the fabric run.
         "fabric_transfer": crate::hosts::transfer_json(&transfer),
         "answers_identical": same_answers(&none.records, &local.records)

@@ -6,9 +6,10 @@
 //! Per engine count N: sessions = N x `--sessions-per-engine`, send rate =
 //! N x `--rate-per-engine` (the defaults are the 3-engine agentic bench's 4
 //! sessions at 2 requests/s), a cluster-wide cache of N x `--node-ram-mib`,
-//! uniform random routing as `bench agentic`'s. Reported: the token hit
-//! ratio (and the oracle's on small runs), the share of hit blocks that came
-//! from another engine, the bytes each host link carried out and in (mean
+//! each engine's own KV pool of `--kv-pool-mib`, uniform random routing as
+//! `bench agentic`'s. Reported: the token hit ratio (and the oracle's on
+//! small runs), the share of hit blocks that came from another engine and
+//! from the engine's own pool, the blocks loaded through the fabric, the bytes each host link carried out and in (mean
 //! and busiest, as Gbit/s over the run and as a fraction of the link),
 //! TTFT p50/p90 and end-to-end p50, and the same trace's TTFT p50 with no
 //! cache (the peer in the same run). Same flags and seed: the same figures
@@ -17,6 +18,7 @@
 
 pub mod costs;
 pub mod model;
+pub mod pool;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,6 +68,10 @@ pub struct SimArgs {
     /// RAM tier of each node, MiB (the cluster's cache is N times this).
     #[arg(long, default_value_t = 1024)]
     pub node_ram_mib: u64,
+    /// KV pool of each engine, MiB: its own prefix cache, consulted before
+    /// the cluster's (as `bench agentic --kv-pool-mib`; 0 = none).
+    #[arg(long, default_value_t = 512)]
+    pub kv_pool_mib: u64,
     /// Kernel threads per engine (as `bench agentic --threads`).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -112,6 +118,8 @@ struct Case {
     answer_tokens: usize,
     seed: u64,
     link_gbit: f64,
+    node_ram_mib: u64,
+    kv_pool_mib: u64,
 }
 
 /// Run the bench and return the report (what `--json` prints).
@@ -151,6 +159,8 @@ pub fn measure(args: &SimArgs) -> anyhow::Result<Value> {
             answer_tokens: args.answer_tokens,
             seed: args.seed,
             link_gbit: args.link_gbit,
+            node_ram_mib: args.node_ram_mib,
+            kv_pool_mib: args.kv_pool_mib,
         };
         let w = workload_of(case.sessions, case.turns, case.seed);
         rows.push(run_case(args, &case, &w, engine_costs, block_bytes)?.0);
@@ -178,6 +188,7 @@ pub fn measure(args: &SimArgs) -> anyhow::Result<Value> {
         "sessions_per_engine": args.sessions_per_engine,
         "rate_per_engine": args.rate_per_engine,
         "node_ram_mib": args.node_ram_mib,
+        "kv_pool_mib": args.kv_pool_mib,
         "costs": costs_json(&c, args),
         "runs": rows,
         "compare": compared,
@@ -233,18 +244,22 @@ fn run_case(
         block_bytes,
     );
     let requests = case.sessions * case.turns;
+    let blocks_of = |mib: u64| ((mib << 20) / block_bytes.max(1)) as usize;
     let mut p = SimParams {
         engines: case.engines,
         rate: case.rate,
         answer_tokens: case.answer_tokens,
         seed: case.seed,
-        capacity_blocks: (case.engines as u64 * (args.node_ram_mib << 20) / block_bytes.max(1))
-            as usize,
+        capacity_blocks: case.engines * blocks_of(case.node_ram_mib),
         block_tokens: 64,
+        pool_blocks: blocks_of(case.kv_pool_mib),
         oracle: requests <= ORACLE_MAX_REQUESTS,
     };
     let cached = simulate(w, &p, &c)?;
+    // No cache: no fabric and no prefix cache in the engines (`bench
+    // agentic`'s `none`).
     p.capacity_blocks = 0;
+    p.pool_blocks = 0;
     p.oracle = false;
     let none = simulate(w, &p, &c)?;
     Ok((row(case, &p, &c, &cached, &none), cached, none))
@@ -274,6 +289,11 @@ fn row(case: &Case, p: &SimParams, c: &Costs, r: &SimResult, none: &SimResult) -
         "hit_ratio": r.hit_ratio,
         "oracle_hit_ratio": r.oracle_hit_ratio,
         "remote_hit_share": r.remote_blocks as f64 / hits as f64,
+        "pool_hit_share": r.pool_hit_blocks as f64 / hits as f64,
+        "pool_blocks": p.pool_blocks,
+        // Blocks the engines loaded through the fabric (their node's or
+        // another's): the connectors' `loaded_blocks`.
+        "fabric_loaded_blocks": r.local_blocks - r.pool_hit_blocks + r.remote_blocks,
         "bytes_moved": r.link_in_bytes.iter().sum::<u64>(),
         "link_out": links(&r.link_out_bytes),
         "link_in": links(&r.link_in_bytes),
@@ -328,6 +348,9 @@ fn compare(
         answer_tokens: get("answer_tokens")? as usize,
         seed: get("seed")? as u64,
         link_gbit: m["link_gbit"].as_f64().unwrap_or(args.link_gbit),
+        // Reports before these were recorded ran the defaults.
+        node_ram_mib: m["node_ram_mib"].as_u64().unwrap_or(args.node_ram_mib),
+        kv_pool_mib: m["kv_pool_mib"].as_u64().unwrap_or(args.kv_pool_mib),
     };
     let w = workload_of(case.sessions, case.turns, case.seed);
     let (row, _, _) = run_case(args, &case, &w, engine_costs, block_bytes)?;
@@ -348,6 +371,10 @@ fn compare(
         "hit_ratio": pair(&row["hit_ratio"], &f["hit_ratio"]),
         "oracle_hit_ratio": pair(&row["oracle_hit_ratio"], &m["oracle_hit_ratio"]),
         "bytes_moved": pair(&row["bytes_moved"], &json!(measured_bytes)),
+        "fabric_loaded_blocks": pair(
+            &row["fabric_loaded_blocks"],
+            &m["fabric_connector"]["loaded_blocks"],
+        ),
         "ttft_p50_ms": pair(&row["ttft_p50_ms"], &f["ttft_p50_ms"]),
         "ttft_p90_ms": pair(&row["ttft_p90_ms"], &f["ttft_p90_ms"]),
         "e2e_p50_ms": pair(&row["e2e_p50_ms"], &f["e2e_p50_ms"]),
@@ -390,6 +417,7 @@ fn print_table(r: &Value) {
         for k in [
             "hit_ratio",
             "bytes_moved",
+            "fabric_loaded_blocks",
             "ttft_p50_ms",
             "ttft_p90_ms",
             "e2e_p50_ms",

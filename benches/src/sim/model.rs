@@ -7,11 +7,14 @@
 //!   [`route`] picks: the same uniform random routing, so with the same
 //!   seed and engine count every turn lands where the measured run sent it.
 //! - The cluster-wide cache is one real [`Store`] of the cluster's total
-//!   capacity (engines x node RAM), default eviction: a request's hit is the
-//!   longest prefix of its prompt's blocks it finds at submission, and what
-//!   the engine computed is put when it finishes. Each block remembers the
-//!   engine that computed it (random placement: no session routing).
-//! - An engine serves one request at a time (FIFO): hit blocks held by
+//!   capacity (engines x node RAM), default eviction; what an engine
+//!   computed is put when it finishes. Each block remembers the engine that
+//!   computed it (random placement: no session routing).
+//! - Each engine has its own KV pool ([`LocalPool`]), an LRU of the blocks it
+//!   computed or loaded. As the engine admits a request, its hit is the
+//!   longest prefix in its pool, then the longest run after that the
+//!   cluster's cache has, looked up at submission.
+//! - An engine serves one request at a time (FIFO): cluster hits held by
 //!   another engine cross that engine's link out and this one's link in
 //!   (each link a FIFO at the measured throughput), then the rest of the
 //!   prompt is prefilled (fixed cost + per token), then the answer decoded.
@@ -27,6 +30,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use kvfabric_store::{BlockKey, KeyChain, KvLayout, NodeConfig, PutOptions, Registry, Store};
 
+use super::pool::LocalPool;
 use crate::agentic::stats::percentile;
 use crate::agentic::trace::{oracle_cached_tokens, route, SplitMix64, TraceEntry, Workload};
 
@@ -57,6 +61,9 @@ pub struct SimParams {
     pub capacity_blocks: usize,
     /// Tokens per block (the engine's `block_tokens`).
     pub block_tokens: usize,
+    /// Each engine's KV pool, blocks: its local prefix cache, consulted
+    /// before the cluster's (0 = none, as an engine without the cache).
+    pub pool_blocks: usize,
     /// Compute the oracle hit ratio (quadratic in the trace: small runs only).
     pub oracle: bool,
 }
@@ -69,9 +76,12 @@ pub struct SimResult {
     pub cached_tokens: u64,
     pub hit_ratio: f64,
     pub oracle_hit_ratio: Option<f64>,
-    /// Hit blocks held by the requesting engine / by another one.
+    /// Hit blocks held by the requesting engine (its own pool or its
+    /// node) / by another one.
     pub local_blocks: u64,
     pub remote_blocks: u64,
+    /// Of `local_blocks`, those found in the engine's own pool.
+    pub pool_hit_blocks: u64,
     /// Bytes out of and into each engine's link.
     pub link_out_bytes: Vec<u64>,
     pub link_in_bytes: Vec<u64>,
@@ -143,31 +153,41 @@ impl Cache {
         })
     }
 
-    /// Holders of the longest cached prefix of `prompt`'s usable blocks.
-    fn lookup(&self, prompt: &[u32]) -> Vec<usize> {
+    /// The keys of `prompt`'s full blocks an engine may reuse (at least one
+    /// token is left to compute, as the engine admits a request).
+    fn prompt_keys(&self, prompt: &[u32]) -> Vec<BlockKey> {
+        let bt = self.chain.block_tokens();
+        let usable = prompt.len().saturating_sub(1) / bt;
+        self.chain.keys(&prompt[..usable * bt])
+    }
+
+    /// The keys of what an engine computed for `prompt` + `answer` (all but
+    /// the answer's last token), full blocks only.
+    fn computed_keys(&self, prompt: &[u32], answer: &[u32]) -> Vec<BlockKey> {
+        let mut computed = prompt.to_vec();
+        computed.extend_from_slice(&answer[..answer.len().saturating_sub(1)]);
+        let bt = self.chain.block_tokens();
+        self.chain.keys(&computed[..computed.len() / bt * bt])
+    }
+
+    /// Holders of the longest run of `keys`, from the first, the cache has.
+    fn holders(&self, keys: &[BlockKey]) -> Vec<usize> {
         let Some(store) = &self.store else {
             return Vec::new();
         };
-        let bt = self.chain.block_tokens();
-        let usable = prompt.len().saturating_sub(1) / bt;
-        let keys = self.chain.keys(&prompt[..usable * bt]);
-        let found = store.lookup(&keys).len();
+        let found = store.lookup(keys).len();
         keys[..found]
             .iter()
             .map(|k| self.holder.get(k).copied().unwrap_or(usize::MAX))
             .collect()
     }
 
-    /// Put what `engine` computed for `prompt` + `answer` (all but the last token).
-    fn put(&mut self, engine: usize, prompt: &[u32], answer: &[u32]) -> anyhow::Result<()> {
+    /// Put what `engine` computed (`keys`, in order) that the cache lacks.
+    fn put(&mut self, engine: usize, keys: &[BlockKey]) -> anyhow::Result<()> {
         let Some(store) = &self.store else {
             return Ok(());
         };
-        let mut computed = prompt.to_vec();
-        computed.extend_from_slice(&answer[..answer.len().saturating_sub(1)]);
-        let bt = self.chain.block_tokens();
-        let keys = self.chain.keys(&computed[..computed.len() / bt * bt]);
-        let found = store.lookup(&keys).len();
+        let found = store.lookup(keys).len();
         for k in &keys[found..] {
             store.put(*k, self.layout, &self.block, PutOptions::default())?;
             self.holder.insert(*k, engine);
@@ -192,6 +212,8 @@ struct Sim<'a> {
     p: &'a SimParams,
     costs: &'a Costs,
     cache: Cache,
+    /// Each engine's own KV pool.
+    pools: Vec<LocalPool>,
     rng: SplitMix64,
     answers: Vec<Vec<Vec<u32>>>,
     engine_free: Vec<Us>,
@@ -214,8 +236,13 @@ impl Sim<'_> {
             .map(|_| 100 + self.rng.below(40_000) as u32)
             .collect();
         let engine = route(p.seed, session, turn, p.engines);
-        let holders = self.cache.lookup(&prompt);
-        let cached = holders.len() * p.block_tokens;
+        // As the engine admits: its own pool's prefix, then the cluster's.
+        let keys = self.cache.prompt_keys(&prompt);
+        let pooled = self.pools[engine].prefix(&keys);
+        let holders = self.cache.holders(&keys[pooled..]);
+        let cached = (pooled + holders.len()) * p.block_tokens;
+        self.r.pool_hit_blocks += pooled as u64;
+        self.r.local_blocks += pooled as u64;
         let start = now.max(self.engine_free[engine]);
         // Remote hits, grouped by holder, each over the two links in turn.
         let mut by_holder: Vec<(usize, u64)> = Vec::new();
@@ -268,7 +295,9 @@ impl Sim<'_> {
             .in_flight
             .remove(&index)
             .ok_or_else(|| anyhow::anyhow!("lost request {index}"))?;
-        self.cache.put(s.engine, &s.prompt, &s.answer)?;
+        let keys = self.cache.computed_keys(&s.prompt, &s.answer);
+        self.cache.put(s.engine, &keys)?;
+        self.pools[s.engine].touch(&keys);
         self.answers[s.session].push(s.answer.clone());
         let done = (s.session, s.turn);
         self.trace.push((
@@ -293,6 +322,9 @@ pub fn simulate(workload: &Workload, p: &SimParams, costs: &Costs) -> anyhow::Re
         p,
         costs,
         cache: Cache::new(p.capacity_blocks, p.block_tokens as u32)?,
+        pools: (0..p.engines)
+            .map(|_| LocalPool::new(p.pool_blocks))
+            .collect(),
         rng: SplitMix64::new(p.seed ^ 0x51a1),
         answers: vec![Vec::new(); sessions],
         engine_free: vec![0; p.engines],
@@ -309,6 +341,7 @@ pub fn simulate(workload: &Workload, p: &SimParams, costs: &Costs) -> anyhow::Re
             oracle_hit_ratio: None,
             local_blocks: 0,
             remote_blocks: 0,
+            pool_hit_blocks: 0,
             link_out_bytes: vec![0; p.engines],
             link_in_bytes: vec![0; p.engines],
             ttft_ms: Vec::new(),
@@ -393,6 +426,7 @@ mod tests {
             seed: 1,
             capacity_blocks,
             block_tokens: 64,
+            pool_blocks: 0,
             oracle: true,
         }
     }
@@ -453,5 +487,47 @@ mod tests {
         assert_eq!(into, four.remote_blocks * (1 << 20));
         // The same hits either way: placement changes where, not whether.
         assert_eq!(one.cached_tokens, four.cached_tokens);
+    }
+
+    #[test]
+    fn blocks_in_an_engines_own_pool_cross_no_link() {
+        let w = workload(6, 4);
+        let bare = simulate(&w, &params(3, 10_000), &costs()).expect("sim");
+        let pooled = SimParams {
+            pool_blocks: 10_000,
+            ..params(3, 10_000)
+        };
+        let r = simulate(&w, &pooled, &costs()).expect("sim");
+        // The pool changes where a hit comes from, not whether it is one.
+        assert_eq!(r.cached_tokens, bare.cached_tokens);
+        assert_eq!(bare.pool_hit_blocks, 0);
+        assert!(r.pool_hit_blocks > 0);
+        assert!(
+            r.remote_blocks < bare.remote_blocks,
+            "{} vs {}",
+            r.remote_blocks,
+            bare.remote_blocks
+        );
+        assert_eq!(
+            r.local_blocks + r.remote_blocks,
+            bare.local_blocks + bare.remote_blocks
+        );
+        let into: u64 = r.link_in_bytes.iter().sum();
+        assert_eq!(into, r.remote_blocks * (1 << 20));
+    }
+
+    #[test]
+    fn a_pool_keeps_hits_the_cluster_cache_lost() {
+        let w = workload(6, 3);
+        let (small, pooled) = (
+            params(1, 8),
+            SimParams {
+                pool_blocks: 10_000,
+                ..params(1, 8)
+            },
+        );
+        let a = simulate(&w, &small, &costs()).expect("sim");
+        let b = simulate(&w, &pooled, &costs()).expect("sim");
+        assert!(b.hit_ratio > a.hit_ratio, "{} {}", b.hit_ratio, a.hit_ratio);
     }
 }
