@@ -56,9 +56,10 @@ pub struct RouterConfig {
     /// request is routed least-loaded. Default: 2000.
     pub prefix_keys_timeout_ms: u64,
     /// Prefix: each engine's fabric node gRPC address (`host:port`), keyed
-    /// by the engine's base URL as listed in `engines` / `prefill`; the
-    /// router follows that node's KV events. An engine without an entry is
-    /// never known to hold anything. Default: {} (none).
+    /// by the engine's base URL as listed in `engines`, `prefill` or
+    /// `decode`; the router follows that node's KV events. An engine without
+    /// an entry is never known to hold anything; decode hops are routed by
+    /// prefix only when some decode engine has an entry. Default: {} (none).
     pub engine_nodes: BTreeMap<String, String>,
     /// Prefix: API key sent to the nodes' KV event streams (a node with a
     /// tenants file refuses callers without one). Default: none.
@@ -144,7 +145,7 @@ impl RouterConfig {
         let prefill = normalize_all("prefill", &self.prefill)?;
         let decode = normalize_all("decode", &self.decode)?;
         let engines = normalize_all("engines", &self.engines)?;
-        self.check_prefix(&prefill, &engines)?;
+        self.check_prefix(&[&prefill, &decode, &engines])?;
         match (prefill.is_empty(), decode.is_empty(), engines.is_empty()) {
             (false, false, true) => Ok(Mode::Disaggregated { prefill, decode }),
             (true, true, false) => Ok(Mode::Plain { engines }),
@@ -180,8 +181,8 @@ impl RouterConfig {
     }
 
     /// The prefix keys: weights, timeout, and `engine_nodes` naming only
-    /// engines of the prefix-routed set (`engines`, or `prefill`).
-    fn check_prefix(&self, prefill: &[String], engines: &[String]) -> Result<(), RouterError> {
+    /// engines of a prefix-routed set (`engines`, `prefill` or `decode`).
+    fn check_prefix(&self, sets: &[&[String]]) -> Result<(), RouterError> {
         for (name, w) in [
             ("prefix_overlap_weight", self.prefix_overlap_weight),
             ("prefix_session_weight", self.prefix_session_weight),
@@ -193,18 +194,18 @@ impl RouterConfig {
         if self.prefix_keys_timeout_ms == 0 {
             return Err(config("prefix_keys_timeout_ms must be > 0"));
         }
-        let routed = if engines.is_empty() { prefill } else { engines };
-        if self.policy == Policy::Prefix.as_str() && routed.len() > PREFIX_INDEX_MAX_ENGINES {
+        let too_many = sets.iter().any(|s| s.len() > PREFIX_INDEX_MAX_ENGINES);
+        if self.policy == Policy::Prefix.as_str() && too_many {
             return Err(config(&format!(
-                "policy \"prefix\" routes at most {PREFIX_INDEX_MAX_ENGINES} engines"
+                "policy \"prefix\" routes at most {PREFIX_INDEX_MAX_ENGINES} engines per set"
             )));
         }
         for (url, node) in &self.engine_nodes {
             let base =
                 normalize(url).map_err(|why| config(&format!("engine_nodes: {url:?}: {why}")))?;
-            if !routed.contains(&base) {
+            if !sets.iter().any(|s| s.contains(&base)) {
                 return Err(config(&format!(
-                    "engine_nodes: {url:?} is not one of the engines (plain) or prefill engines"
+                    "engine_nodes: {url:?} is not one of the engines, prefill or decode engines"
                 )));
             }
             if node.is_empty() || node.contains('/') {
@@ -347,16 +348,15 @@ mod tests {
         bad(&|b| b.prefix_keys_timeout_ms = 0);
         bad(&|b| b.engine_nodes = [("http://c:3".into(), "127.0.0.1:1".into())].into());
         bad(&|b| b.engine_nodes = [("http://a:1".into(), "http://127.0.0.1:1".into())].into());
-        // Disaggregated: the prefill engines are the ones prefix-routed.
+        // Disaggregated: prefill and decode engines may both have nodes.
         let mut d = with(&["http://p:1"], &["http://d:1"], &[]);
         d.policy = "prefix".into();
         d.engine_nodes = [("http://p:1".to_string(), "127.0.0.1:5".to_string())].into();
         d.validate().expect("prefill engines may have nodes");
         d.engine_nodes = [("http://d:1".to_string(), "127.0.0.1:5".to_string())].into();
-        assert!(
-            d.validate().is_err(),
-            "decode engines are not prefix-routed"
-        );
+        d.validate().expect("decode engines may have nodes");
+        d.engine_nodes = [("http://x:1".to_string(), "127.0.0.1:5".to_string())].into();
+        assert!(d.validate().is_err(), "not an engine of either set");
     }
 
     #[test]

@@ -1,13 +1,19 @@
 //! The disaggregated two-hop request: prefill on one engine, decode on another.
 //!
-//! 1. Prefill: the least-loaded prefill engine (by in-flight prompt tokens)
-//!    gets the body with `max_tokens: 1`, `stream: false` and
+//! Under `policy = "prefix"` the request's block keys are asked of a prefill
+//! engine once, before both hops.
+//!
+//! 1. Prefill: the prefill engine the policy picks (least-loaded: by
+//!    in-flight prompt tokens; prefix: the longest cached prefix against
+//!    that load) gets the body with `max_tokens: 1`, `stream: false` and
 //!    `kv_transfer_params: {"do_remote_decode": true}`. It computes the
 //!    prompt, saves its KV blocks into the fabric and answers with
 //!    `kv_transfer_params` (holder, block keys) and its cached-token count.
-//! 2. Decode: the least-loaded decode engine (by in-flight prompt + completion
-//!    tokens) gets the client's original body plus that `kv_transfer_params`.
-//!    It finds the saved blocks in the fabric by itself and generates; its
+//! 2. Decode: the decode engine the policy picks (by in-flight prompt +
+//!    completion tokens; `prefix` with decode engines in `engine_nodes`:
+//!    the one whose node holds the most of the prompt against that load,
+//!    least-loaded without them) gets the client's original body plus that
+//!    `kv_transfer_params`. It finds the saved blocks in the fabric by itself and generates; its
 //!    answer goes back to the client as it arrives, with `cached_tokens`
 //!    set to the prefill side's count.
 //!
@@ -23,9 +29,10 @@ use serde_json::Value;
 
 use crate::balance::EndpointSet;
 use crate::error::RouterError;
+use crate::prefix::RequestKeys;
 use crate::proxy::{Relay, RequestRecord};
 use crate::request::ClientRequest;
-use crate::state::RouterState;
+use crate::state::{RouterState, Stage};
 
 /// What the prefill hop produced.
 #[derive(Debug)]
@@ -49,7 +56,9 @@ pub(crate) async fn two_hop(
     req: ClientRequest,
     mut record: RequestRecord,
 ) -> Response {
-    let (transfer, cached_tokens, ok_outcome) = match prefill_hop(state, prefill, &req).await {
+    let keys = state.request_keys(prefill, &req).await;
+    let prefilled = prefill_hop(state, prefill, &req, keys.as_ref()).await;
+    let (transfer, cached_tokens, ok_outcome) = match prefilled {
         Prefilled::Done {
             transfer,
             cached_tokens,
@@ -60,7 +69,13 @@ pub(crate) async fn two_hop(
         }
         Prefilled::Failed => (None, None, "fallback"),
     };
-    let load = state.pick(decode, req.decode_tokens(), &req).await;
+    let load = state.pick_keyed(
+        decode,
+        Stage::Decode,
+        req.decode_tokens(),
+        &req,
+        keys.as_ref(),
+    );
     let endpoint = load.url().to_owned();
     let relay = Relay {
         metrics: state.metrics.clone(),
@@ -81,8 +96,13 @@ pub(crate) async fn two_hop(
     }
 }
 
-async fn prefill_hop(state: &RouterState, prefill: &EndpointSet, req: &ClientRequest) -> Prefilled {
-    let load = state.pick(prefill, req.prompt_tokens, req).await;
+async fn prefill_hop(
+    state: &RouterState,
+    prefill: &EndpointSet,
+    req: &ClientRequest,
+    keys: Option<&RequestKeys>,
+) -> Prefilled {
+    let load = state.pick_keyed(prefill, Stage::Prefill, req.prompt_tokens, req, keys);
     let endpoint = load.url().to_owned();
     let result = prefill_exchange(state, &endpoint, req).await;
     drop(load);

@@ -24,8 +24,12 @@
 //!   `prefix_matched_blocks_total`: prefix-policy picks made with the
 //!   request's block keys, their full blocks, and the leading blocks the
 //!   chosen engine's node held (matched / prompt = the prefix hit ratio the
-//!   router saw); `prefix_fallbacks_total`: prefix-policy requests routed
-//!   least-loaded because the keys call failed.
+//!   router saw), for plain engines or the prefill hop;
+//!   `decode_prefix_picks_total`, `decode_prefix_prompt_blocks_total`,
+//!   `decode_prefix_matched_blocks_total`: the same for decode hops (routed
+//!   by prefix when decode engines have `engine_nodes` entries);
+//!   `prefix_fallbacks_total`: prefix-policy requests routed least-loaded
+//!   because the keys call failed (once per request, whatever its hops).
 //! - `kv_event_streams`: KV event subscriptions up now;
 //!   `kv_events_total`: events applied to the prefix index;
 //!   `kv_event_resyncs_total`: times an engine's blocks were forgotten (a
@@ -75,6 +79,44 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
 }
 
+/// What the prefix policy's picks of one kind of hop saw.
+#[derive(Clone, Debug, Default)]
+pub struct PrefixPicks {
+    /// Picks made with the request's block keys.
+    pub picks: Counter,
+    /// Full prompt blocks of those picks.
+    pub prompt_blocks: Counter,
+    /// Prompt blocks the chosen engine's node held.
+    pub matched_blocks: Counter,
+}
+
+impl PrefixPicks {
+    /// One pick over `blocks` prompt blocks, of which the engine held `matched`.
+    pub fn count(&self, blocks: usize, matched: usize) {
+        self.picks.inc();
+        self.prompt_blocks.inc_by(blocks as u64);
+        self.matched_blocks.inc_by(matched as u64);
+    }
+
+    fn register(&self, r: &mut Registry, name: &str, of: &str) {
+        r.register(
+            format!("{name}_picks"),
+            format!("Prefix-policy picks made with the request's block keys ({of})"),
+            self.picks.clone(),
+        );
+        r.register(
+            format!("{name}_prompt_blocks"),
+            format!("Full prompt blocks of the prefix-policy picks ({of})"),
+            self.prompt_blocks.clone(),
+        );
+        r.register(
+            format!("{name}_matched_blocks"),
+            format!("Prompt blocks the chosen engine's node held, prefix policy ({of})"),
+            self.matched_blocks.clone(),
+        );
+    }
+}
+
 /// Router metrics; clone freely (every clone updates the same series).
 #[derive(Clone, Debug)]
 pub struct RouterMetrics {
@@ -85,9 +127,10 @@ pub struct RouterMetrics {
     pub prefill_fallbacks: Counter,
     pub affinity_hits: Counter,
     pub affinity_fallbacks: Counter,
-    pub prefix_picks: Counter,
-    pub prefix_prompt_blocks: Counter,
-    pub prefix_matched_blocks: Counter,
+    /// Prefix picks of plain engines or prefill hops.
+    pub prefix: PrefixPicks,
+    /// Prefix picks of decode hops.
+    pub decode_prefix: PrefixPicks,
     pub prefix_fallbacks: Counter,
     pub kv_event_streams: Gauge,
     pub kv_events: Counter,
@@ -112,9 +155,8 @@ impl RouterMetrics {
             prefill_fallbacks: Counter::default(),
             affinity_hits: Counter::default(),
             affinity_fallbacks: Counter::default(),
-            prefix_picks: Counter::default(),
-            prefix_prompt_blocks: Counter::default(),
-            prefix_matched_blocks: Counter::default(),
+            prefix: PrefixPicks::default(),
+            decode_prefix: PrefixPicks::default(),
             prefix_fallbacks: Counter::default(),
             kv_event_streams: Gauge::default(),
             kv_events: Counter::default(),
@@ -161,21 +203,10 @@ impl RouterMetrics {
             "Requests whose session's last engine was over the affinity load bound",
             self.affinity_fallbacks.clone(),
         );
-        r.register(
-            "prefix_picks",
-            "Prefix-policy picks made with the request's block keys",
-            self.prefix_picks.clone(),
-        );
-        r.register(
-            "prefix_prompt_blocks",
-            "Full prompt blocks of the prefix-policy picks",
-            self.prefix_prompt_blocks.clone(),
-        );
-        r.register(
-            "prefix_matched_blocks",
-            "Leading prompt blocks the chosen engine's node held (prefix policy)",
-            self.prefix_matched_blocks.clone(),
-        );
+        self.prefix
+            .register(r, "prefix", "plain engines or prefill hops");
+        self.decode_prefix
+            .register(r, "decode_prefix", "decode hops");
         r.register(
             "prefix_fallbacks",
             "Prefix-policy requests routed least-loaded because the keys call failed",
@@ -244,6 +275,7 @@ mod tests {
                 endpoint: "http://b:2".into(),
             })
             .set(7);
+        m.decode_prefix.count(5, 3);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         assert!(
@@ -256,5 +288,13 @@ mod tests {
             text.contains(r#"kvfabric_router_inflight_decode_tokens{endpoint="http://b:2"} 7"#),
             "{text}"
         );
+        for line in [
+            "kvfabric_router_decode_prefix_picks_total 1",
+            "kvfabric_router_decode_prefix_prompt_blocks_total 5",
+            "kvfabric_router_decode_prefix_matched_blocks_total 3",
+            "kvfabric_router_prefix_picks_total 0",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
     }
 }

@@ -36,7 +36,14 @@ use crate::request::{Api, ClientRequest};
 /// Block keys remembered by the branch tree before it starts over.
 const BRANCH_KEYS: usize = 1 << 20;
 
-/// Prefix routing for one endpoint set (plain engines, or prefill engines).
+/// A request's block keys, asked of an engine once and used by each hop.
+#[derive(Debug)]
+pub(crate) struct RequestKeys {
+    keys: Vec<[u8; 32]>,
+    block_tokens: usize,
+}
+
+/// Prefix routing for one endpoint set (plain, prefill or decode engines).
 #[derive(Debug)]
 pub(crate) struct PrefixRouting {
     index: Arc<Mutex<PrefixIndex>>,
@@ -85,17 +92,17 @@ impl PrefixRouting {
         }
     }
 
-    /// What each engine of `set` holds of `req`'s prompt; None (counted)
-    /// when the keys call fails.
-    pub async fn hint(
+    /// `req`'s block keys, asked of `set`'s least loaded engine; None
+    /// (counted) when the call fails.
+    pub async fn request_keys(
         &self,
         set: &EndpointSet,
         req: &ClientRequest,
         metrics: &RouterMetrics,
-    ) -> Option<PrefixHint> {
+    ) -> Option<RequestKeys> {
         let engine = set.least_loaded_url();
         match self.block_keys(&engine, req).await {
-            Ok((keys, block_tokens)) => Some(self.observe(&keys, block_tokens, set.len())),
+            Ok((keys, block_tokens)) => Some(RequestKeys { keys, block_tokens }),
             Err(e) => {
                 tracing::warn!(error = %e, "block keys unavailable; routing least-loaded");
                 metrics.prefix_fallbacks.inc();
@@ -104,8 +111,10 @@ impl PrefixRouting {
         }
     }
 
-    /// Record `keys` in the branch tree and read the index.
-    fn observe(&self, keys: &[[u8; 32]], block_tokens: usize, engines: usize) -> PrefixHint {
+    /// What each of `engines` engines holds of the prompt `keys` names;
+    /// the keys are recorded in this set's branch tree.
+    pub fn hint(&self, keys: &RequestKeys, engines: usize) -> PrefixHint {
+        let (keys, block_tokens) = (&keys.keys, keys.block_tokens);
         let shared = self
             .branches
             .lock()

@@ -1,10 +1,15 @@
 //! The router's shared state: the configured mode's endpoint sets, the
 //! upstream client, metrics, the tenant gate and, for `policy = "prefix"`,
-//! the prefix routing of the set it applies to (plain engines, or the
-//! prefill engines; decode hops then pick least-loaded: the decode engine
-//! loads what the prefill engine just saved, wherever it runs). Its own file
-//! so the request paths (`server.rs` plain mode, `disagg.rs` two hops) both
-//! depend on it and not on each other.
+//! the prefix routing of each set it applies to: plain engines, or the
+//! prefill engines and, when `engine_nodes` names any decode engine, the
+//! decode engines too. Without decode nodes a decode hop picks
+//! least-loaded: the decode engine loads what the prefill engine just
+//! saved, wherever it runs. With them it prefers the decode engine whose
+//! node already holds the most of the prompt (a session's earlier turns it
+//! decoded), so fewer blocks move. A request's block keys are asked once
+//! and serve both hops. Its own file so the request paths (`server.rs`
+//! plain mode, `disagg.rs` two hops) both depend on it and not on each
+//! other.
 
 use std::time::Duration;
 
@@ -15,7 +20,7 @@ use crate::config::{Mode, Policy, RouterConfig};
 use crate::error::RouterError;
 use crate::kv_events::NodeClient;
 use crate::metrics::RouterMetrics;
-use crate::prefix::PrefixRouting;
+use crate::prefix::{PrefixRouting, RequestKeys};
 use crate::proxy::Upstream;
 use crate::request::ClientRequest;
 use kvfabric_tenants::{TenantGate, TenantMetrics};
@@ -42,8 +47,19 @@ pub(crate) struct RouterState {
     pub registry: Registry,
     /// API keys and per-tenant limits.
     pub tenants: TenantGate,
-    /// `policy = "prefix"`: keys and the nodes' KV events for the routed set.
+    /// `policy = "prefix"`: keys and the nodes' KV events for the plain or
+    /// prefill engines.
     pub prefix: Option<PrefixRouting>,
+    /// The same for the decode engines, when any has a node.
+    pub decode_prefix: Option<PrefixRouting>,
+}
+
+/// Which set a pick is for: each has its own prefix routing and counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Plain engines (whole requests) or prefill engines.
+    Prefill,
+    Decode,
 }
 
 impl RouterState {
@@ -74,6 +90,7 @@ impl RouterState {
         };
         let mode_label = mode.label();
         let connect = Duration::from_millis(cfg.connect_timeout_ms);
+        let has_node = |urls: &[String]| urls.iter().any(|u| cfg.node_of(u).is_some());
         let prefix_of = |urls: &[String]| {
             (policy == Policy::Prefix).then(|| {
                 let client = NodeClient {
@@ -92,10 +109,11 @@ impl RouterState {
                 )
             })
         };
-        let (routing, prefix) = match mode {
+        let (routing, prefix, decode_prefix) = match mode {
             Mode::Disaggregated { prefill, decode } => {
+                let decode_prefix = has_node(&decode).then(|| prefix_of(&decode)).flatten();
                 let decode_policy = match policy {
-                    Policy::Prefix => Policy::LeastLoaded,
+                    Policy::Prefix if decode_prefix.is_none() => Policy::LeastLoaded,
                     p => p,
                 };
                 let prefix = prefix_of(&prefill);
@@ -103,14 +121,14 @@ impl RouterState {
                     prefill: set(&prefill, &metrics.inflight_prefill_tokens, policy),
                     decode: set(&decode, &metrics.inflight_decode_tokens, decode_policy),
                 };
-                (routing, prefix)
+                (routing, prefix, decode_prefix)
             }
             Mode::Plain { engines } => {
                 let prefix = prefix_of(&engines);
                 let routing = Routing::Plain {
                     engines: set(&engines, &metrics.inflight_decode_tokens, policy),
                 };
-                (routing, prefix)
+                (routing, prefix, None)
             }
         };
         Ok(RouterState {
@@ -124,24 +142,55 @@ impl RouterState {
             registry,
             tenants,
             prefix,
+            decode_prefix,
         })
     }
 
-    /// Pick an endpoint of `set` for `req`, reserving `tokens`; counts how
-    /// affinity went and, for a `prefix` set, asks for the request's block
-    /// keys first and counts what the pick matched.
+    /// Pick a plain engine of `set` for `req`, reserving `tokens`: its
+    /// block keys first under `policy = "prefix"`, then [`Self::pick_keyed`].
     pub async fn pick(&self, set: &EndpointSet, tokens: u64, req: &ClientRequest) -> LoadGuard {
-        let hint = match (&self.prefix, set.policy()) {
-            (Some(p), Policy::Prefix) => p.hint(set, req, &self.metrics).await,
+        let keys = self.request_keys(set, req).await;
+        self.pick_keyed(set, Stage::Prefill, tokens, req, keys.as_ref())
+    }
+
+    /// `req`'s block keys, asked of an engine of `set`, when `set` routes
+    /// by prefix; None otherwise or when the call failed (counted).
+    pub async fn request_keys(
+        &self,
+        set: &EndpointSet,
+        req: &ClientRequest,
+    ) -> Option<RequestKeys> {
+        if set.policy() != Policy::Prefix {
+            return None;
+        }
+        let routing = self.prefix.as_ref().or(self.decode_prefix.as_ref())?;
+        routing.request_keys(set, req, &self.metrics).await
+    }
+
+    /// Pick an endpoint of `set` (the `stage` set) for `req`, reserving
+    /// `tokens`; counts how affinity went and, for a `prefix` set given the
+    /// request's `keys`, what the pick matched.
+    pub fn pick_keyed(
+        &self,
+        set: &EndpointSet,
+        stage: Stage,
+        tokens: u64,
+        req: &ClientRequest,
+        keys: Option<&RequestKeys>,
+    ) -> LoadGuard {
+        let (routing, counters) = match stage {
+            Stage::Prefill => (&self.prefix, &self.metrics.prefix),
+            Stage::Decode => (&self.decode_prefix, &self.metrics.decode_prefix),
+        };
+        let hint = match (routing, keys, set.policy()) {
+            (Some(r), Some(k), Policy::Prefix) => Some(r.hint(k, set.len())),
             _ => None,
         };
         let (guard, affinity, matched) =
             set.pick_with(tokens, req.headers.session_id(), hint.as_ref());
         self.metrics.affinity(affinity);
         if let Some(h) = &hint {
-            self.metrics.prefix_picks.inc();
-            self.metrics.prefix_prompt_blocks.inc_by(h.blocks as u64);
-            self.metrics.prefix_matched_blocks.inc_by(matched as u64);
+            counters.count(h.blocks, matched);
         }
         guard
     }

@@ -5,7 +5,8 @@
 //! asks an engine for the request's keys, and routes to the engine whose
 //! node holds the longest prefix; a RESYNC or a lost stream forgets what
 //! that node held; a failed keys call or a dead node still serves
-//! (least-loaded, counted). The same paths with real engines and nodes are
+//! (least-loaded, counted). Disaggregated, each hop is routed by its own
+//! engines' nodes with keys asked once. The same paths with real engines and nodes are
 //! in the workspace's `tests/router_prefix.rs`.
 
 use std::net::SocketAddr;
@@ -173,6 +174,18 @@ async fn eventually(what: &str, mut ok: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// `node`, the first to announce anything, stores keys 1..=n; returns
+/// once the router has applied the events.
+async fn stored_first(router: SocketAddr, node: &Node, n: u8) {
+    for k in 1..=n {
+        node.send(KvEventKind::Stored, k);
+    }
+    eventually("indexed", async || {
+        metric(router, "kvfabric_router_kv_events_total").await >= f64::from(n)
+    })
+    .await;
+}
+
 /// The engine that answered (its name is the text).
 async fn route(addr: SocketAddr, prompt: &str) -> String {
     let body = json!({"model": "m", "prompt": prompt, "max_tokens": 1});
@@ -328,13 +341,7 @@ async fn the_prefill_hop_goes_to_the_prefill_engine_holding_the_prefix() {
         n0.subscribers() == 1 && n1.subscribers() == 1
     })
     .await;
-    for k in 1..=4 {
-        n1.send(KvEventKind::Stored, k);
-    }
-    eventually("indexed", async || {
-        metric(router.addr, "kvfabric_router_kv_events_total").await >= 4.0
-    })
-    .await;
+    stored_first(router.addr, &n1, 4).await;
     for _ in 0..3 {
         assert_eq!(route(router.addr, "1 2 3 4 5").await, "d0");
     }
@@ -348,6 +355,74 @@ async fn the_prefill_hop_goes_to_the_prefill_engine_holding_the_prefix() {
     );
     assert_eq!(
         metric(router.addr, "kvfabric_router_prefix_matched_blocks_total").await,
+        12.0
+    );
+    router.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decode_hop_goes_to_the_decode_engine_holding_the_prefix() {
+    let (p0, pre) = start_engine("p0", false).await;
+    let (d0, e0) = start_engine("d0", false).await;
+    let (d1, e1) = start_engine("d1", false).await;
+    let (np, n0, n1) = (start_node().await, start_node().await, start_node().await);
+    let mut cfg = kvfabric_testkit::router::disaggregated(
+        std::slice::from_ref(&p0),
+        &[d0.clone(), d1.clone()],
+    );
+    cfg.policy = "prefix".into();
+    cfg.engine_nodes = [
+        (p0, np.addr.to_string()),
+        (d0, n0.addr.to_string()),
+        (d1, n1.addr.to_string()),
+    ]
+    .into();
+    let router = start_router(cfg).await;
+    eventually("every node followed", async || {
+        np.subscribers() == 1 && n0.subscribers() == 1 && n1.subscribers() == 1
+    })
+    .await;
+    // d1's node holds what d1 decoded of an earlier turn.
+    stored_first(router.addr, &n1, 4).await;
+    for _ in 0..3 {
+        assert_eq!(route(router.addr, "1 2 3 4 5").await, "d1");
+    }
+    assert_eq!(e1.served.load(Ordering::SeqCst), 3, "every decode on d1");
+    assert_eq!(e0.served.load(Ordering::SeqCst), 0);
+    assert_eq!(pre.served.load(Ordering::SeqCst), 3);
+    // One keys call per request, to the prefill side, for both hops.
+    assert_eq!(pre.keys_calls.load(Ordering::SeqCst), 3);
+    let decode_keys = e0.keys_calls.load(Ordering::SeqCst) + e1.keys_calls.load(Ordering::SeqCst);
+    assert_eq!(decode_keys, 0, "decode engines are not asked");
+    let m = |name: &'static str| metric(router.addr, name);
+    assert_eq!(m("kvfabric_router_decode_prefix_picks_total").await, 3.0);
+    assert_eq!(
+        m("kvfabric_router_decode_prefix_prompt_blocks_total").await,
+        15.0
+    );
+    assert_eq!(
+        m("kvfabric_router_decode_prefix_matched_blocks_total").await,
+        12.0
+    );
+    // The prefill hop is counted on its own: its node held nothing.
+    assert_eq!(m("kvfabric_router_prefix_picks_total").await, 3.0);
+    assert_eq!(m("kvfabric_router_prefix_matched_blocks_total").await, 0.0);
+    // Once d1's node forgets (a RESYNC), decode is least-loaded again.
+    let resyncs = m("kvfabric_router_kv_event_resyncs_total").await;
+    n1.send(KvEventKind::Resync, 0);
+    eventually("forgotten", async || {
+        metric(router.addr, "kvfabric_router_kv_event_resyncs_total").await >= resyncs + 1.0
+    })
+    .await;
+    for _ in 0..4 {
+        route(router.addr, "1 2 3 4 5").await;
+    }
+    assert!(
+        e0.served.load(Ordering::SeqCst) >= 1,
+        "ties rotate over the decode engines"
+    );
+    assert_eq!(
+        m("kvfabric_router_decode_prefix_matched_blocks_total").await,
         12.0
     );
     router.shut_down().await;
