@@ -1,11 +1,13 @@
 //! The costs `bench sim` runs on, measured on this machine unless given:
 //! one engine (the agentic bench's settings, no prefix cache) answers a
 //! short and a long prompt of the agentic workload with one token, and the
-//! long one with `--answer-tokens`; prefill is fitted as fixed + per token
-//! through the two one-token times, decode is the difference of the long
-//! prompt's two times over the extra tokens. (End-to-end times: in-process
+//! short one with `--answer-tokens`; prefill is fitted as fixed + per token
+//! through the two one-token times, decode is the difference of the short
+//! prompt's two times over the extra tokens. End-to-end times: in-process
 //! an engine's token events can all arrive at the end, so a measured TTFT
-//! may include the decode: a first version read decode as 0 from it.)
+//! may include the decode (a first version read decode as 0 from it). The
+//! short prompt for decode: on the long one the prefill's run-to-run spread
+//! was larger than the whole decode, and decode was read as 0 again.
 //! The best of `repeats` of each is kept (the machine is shared). Link
 //! throughput is `--link-gbit` times `--link-efficiency` (the fraction of
 //! the line rate a cross-host load reached in `bench reuse --hosts 2`).
@@ -56,14 +58,14 @@ pub async fn measure_engine(
     // end-to-end times are fitted: one token (prefill), then `answer_tokens`.
     let mut best = [f64::MAX; 3];
     for _ in 0..repeats.max(1) {
-        let runs = [(short, 1), (long, 1), (long, answer_tokens)];
+        let runs = [(short, 1), (long, 1), (short, answer_tokens)];
         for (slot, (len, n)) in runs.into_iter().enumerate() {
             let c = generate(&engine.handle, tokens[..len].to_vec(), n, false).await?;
             best[slot] = best[slot].min(c.e2e.as_secs_f64() * 1e3);
         }
     }
-    let [t_short, t_long, t_long_n] = best;
-    let decode = ((t_long_n - t_long) / (answer_tokens - 1) as f64).max(0.0);
+    let [t_short, t_long, t_short_n] = best;
+    let decode = ((t_short_n - t_short) / (answer_tokens - 1) as f64).max(0.0);
     stop_engine(engine).await?;
     let per_token = ((t_long - t_short) / (long - short) as f64).max(0.0);
     let fixed = (t_short - per_token * short as f64).max(0.0);
