@@ -9,8 +9,9 @@
 //! each engine's own KV pool of `--kv-pool-mib`, uniform random routing as
 //! `bench agentic`'s. Reported: the token hit ratio (and the oracle's on
 //! small runs), the share of hit blocks that came from another engine and
-//! from the engine's own pool, the blocks loaded through the fabric, the bytes each host link carried out and in (mean
-//! and busiest, as Gbit/s over the run and as a fraction of the link),
+//! from the engine's own pool, the blocks loaded through the fabric, the
+//! bytes each host link carried out and in (mean and busiest, as Gbit/s
+//! over the run and as a fraction of the link),
 //! TTFT p50/p90 and end-to-end p50, and the same trace's TTFT p50 with no
 //! cache (the peer in the same run). Same flags and seed: the same figures
 //! (the measured costs aside: pass `--prefill-fixed-ms`,

@@ -13,9 +13,9 @@
 //!    completion tokens; `prefix` with decode engines in `engine_nodes`:
 //!    the one whose node holds the most of the prompt against that load,
 //!    least-loaded without them) gets the client's original body plus that
-//!    `kv_transfer_params`. It finds the saved blocks in the fabric by itself and generates; its
-//!    answer goes back to the client as it arrives, with `cached_tokens`
-//!    set to the prefill side's count.
+//!    `kv_transfer_params`. It finds the saved blocks in the fabric by
+//!    itself and generates; its answer goes back to the client as it
+//!    arrives, with `cached_tokens` set to the prefill side's count.
 //!
 //! A failed prefill hop (no connection, 5xx, timeout, unusable answer) is
 //! logged and counted, and the request goes straight to decode, which then

@@ -163,7 +163,8 @@ impl RouterState {
         if set.policy() != Policy::Prefix {
             return None;
         }
-        let routing = self.prefix.as_ref().or(self.decode_prefix.as_ref())?;
+        // Decode routing exists only beside this one (same policy).
+        let routing = self.prefix.as_ref()?;
         routing.request_keys(set, req, &self.metrics).await
     }
 
