@@ -43,12 +43,17 @@ pub(crate) struct RequestKeys {
     block_tokens: usize,
 }
 
+/// Asks engines for a request's block keys (one client for every set).
+#[derive(Debug)]
+pub(crate) struct KeysClient {
+    upstream: Upstream,
+}
+
 /// Prefix routing for one endpoint set (plain, prefill or decode engines).
 #[derive(Debug)]
 pub(crate) struct PrefixRouting {
     index: Arc<Mutex<PrefixIndex>>,
     branches: Mutex<PrefixBranches>,
-    keys: Upstream,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -66,7 +71,6 @@ impl PrefixRouting {
         urls: &[String],
         node_of: impl Fn(&str) -> Option<String>,
         client: NodeClient,
-        keys: Upstream,
         metrics: &RouterMetrics,
     ) -> PrefixRouting {
         let index = Arc::new(Mutex::new(PrefixIndex::new()));
@@ -87,27 +91,7 @@ impl PrefixRouting {
         PrefixRouting {
             index,
             branches: Mutex::new(PrefixBranches::new(BRANCH_KEYS)),
-            keys,
             tasks,
-        }
-    }
-
-    /// `req`'s block keys, asked of `set`'s least loaded engine; None
-    /// (counted) when the call fails.
-    pub async fn request_keys(
-        &self,
-        set: &EndpointSet,
-        req: &ClientRequest,
-        metrics: &RouterMetrics,
-    ) -> Option<RequestKeys> {
-        let engine = set.least_loaded_url();
-        match self.block_keys(&engine, req).await {
-            Ok((keys, block_tokens)) => Some(RequestKeys { keys, block_tokens }),
-            Err(e) => {
-                tracing::warn!(error = %e, "block keys unavailable; routing least-loaded");
-                metrics.prefix_fallbacks.inc();
-                None
-            }
         }
     }
 
@@ -129,6 +113,32 @@ impl PrefixRouting {
             block_tokens,
         }
     }
+}
+
+impl KeysClient {
+    /// Keys calls through `upstream` (its timeouts bound each call).
+    pub fn new(upstream: Upstream) -> KeysClient {
+        KeysClient { upstream }
+    }
+
+    /// `req`'s block keys, asked of `set`'s least loaded engine; None
+    /// (counted) when the call fails.
+    pub async fn request_keys(
+        &self,
+        set: &EndpointSet,
+        req: &ClientRequest,
+        metrics: &RouterMetrics,
+    ) -> Option<RequestKeys> {
+        let engine = set.least_loaded_url();
+        match self.block_keys(&engine, req).await {
+            Ok((keys, block_tokens)) => Some(RequestKeys { keys, block_tokens }),
+            Err(e) => {
+                tracing::warn!(error = %e, "block keys unavailable; routing least-loaded");
+                metrics.prefix_fallbacks.inc();
+                None
+            }
+        }
+    }
 
     /// The engine's answer to the keys call: (keys in chain order, block_tokens).
     async fn block_keys(
@@ -138,7 +148,7 @@ impl PrefixRouting {
     ) -> Result<(Vec<[u8; 32]>, usize), RouterError> {
         let path = keys_path(req.api);
         let answer = self
-            .keys
+            .upstream
             .send(
                 Method::POST,
                 engine,

@@ -20,7 +20,7 @@ use crate::config::{Mode, Policy, RouterConfig};
 use crate::error::RouterError;
 use crate::kv_events::NodeClient;
 use crate::metrics::RouterMetrics;
-use crate::prefix::{PrefixRouting, RequestKeys};
+use crate::prefix::{KeysClient, PrefixRouting, RequestKeys};
 use crate::proxy::Upstream;
 use crate::request::ClientRequest;
 use kvfabric_tenants::{TenantGate, TenantMetrics};
@@ -47,8 +47,11 @@ pub(crate) struct RouterState {
     pub registry: Registry,
     /// API keys and per-tenant limits.
     pub tenants: TenantGate,
-    /// `policy = "prefix"`: keys and the nodes' KV events for the plain or
-    /// prefill engines.
+    /// `policy = "prefix"`: the client that asks engines for a request's
+    /// block keys (once per request, for every hop).
+    pub keys: Option<KeysClient>,
+    /// `policy = "prefix"`: the nodes' KV events for the plain or prefill
+    /// engines.
     pub prefix: Option<PrefixRouting>,
     /// The same for the decode engines, when any has a node.
     pub decode_prefix: Option<PrefixRouting>,
@@ -98,13 +101,10 @@ impl RouterState {
                     api_key: cfg.kv_events_api_key.clone(),
                     connect_timeout: connect,
                 };
-                let keys =
-                    Upstream::new(connect, Duration::from_millis(cfg.prefix_keys_timeout_ms));
                 PrefixRouting::start(
                     urls,
                     |u| cfg.node_of(u).map(str::to_owned),
                     client,
-                    keys,
                     &metrics,
                 )
             })
@@ -131,6 +131,12 @@ impl RouterState {
                 (routing, prefix, None)
             }
         };
+        let keys = prefix.is_some().then(|| {
+            KeysClient::new(Upstream::new(
+                connect,
+                Duration::from_millis(cfg.prefix_keys_timeout_ms),
+            ))
+        });
         Ok(RouterState {
             routing,
             mode_label,
@@ -141,6 +147,7 @@ impl RouterState {
             metrics,
             registry,
             tenants,
+            keys,
             prefix,
             decode_prefix,
         })
@@ -163,9 +170,10 @@ impl RouterState {
         if set.policy() != Policy::Prefix {
             return None;
         }
-        // Decode routing exists only beside this one (same policy).
-        let routing = self.prefix.as_ref()?;
-        routing.request_keys(set, req, &self.metrics).await
+        self.keys
+            .as_ref()?
+            .request_keys(set, req, &self.metrics)
+            .await
     }
 
     /// Pick an endpoint of `set` (the `stage` set) for `req`, reserving
