@@ -166,10 +166,7 @@ async fn measure_all(
     let none = run_configuration(args, &model, workload, Reuse::None, None, policy).await?;
     let local = run_configuration(args, &model, workload, Reuse::Local, None, policy).await?;
     // One RAM tier per engine, enough for the whole trace and the step runs.
-    let hosts = match args.hosts {
-        0 => None,
-        n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
-    };
+    let hosts = crate::hosts::Hosts::optional(args.hosts, args.link_gbit)?;
     let fabric_nodes = FabricCluster::start_on(args.engines, args.node_ram_mib, hosts).await?;
     let measured = async {
         let fabric = run_configuration(

@@ -37,6 +37,15 @@ impl Hosts {
         Ok(Hosts { runtimes, bed })
     }
 
+    /// [`Hosts::up`] for a bench's `--hosts N`: none when N is 0 (every
+    /// process on this machine's own network).
+    pub fn optional(count: usize, link_gbit: Option<f64>) -> anyhow::Result<Option<Hosts>> {
+        match count {
+            0 => Ok(None),
+            n => Hosts::up(n, link_gbit).map(Some),
+        }
+    }
+
     /// How many hosts.
     pub fn len(&self) -> usize {
         self.runtimes.len()

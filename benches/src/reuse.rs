@@ -173,10 +173,7 @@ pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
         rt.block_on(async {
             let mut reports = Vec::with_capacity(modes.len());
             for mode in modes {
-                let hosts = match args.hosts {
-                    0 => None,
-                    n => Some(crate::hosts::Hosts::up(n, args.link_gbit)?),
-                };
+                let hosts = crate::hosts::Hosts::optional(args.hosts, args.link_gbit)?;
                 let security = |i: usize| match mode {
                     SecurityMode::None => SecurityConfig::default(),
                     m => SecurityConfig::from_dir(&dir, &format!("bench-{i}"), m),

@@ -7,7 +7,10 @@
 //! an engine's token events can all arrive at the end, so a measured TTFT
 //! may include the decode (a first version read decode as 0 from it). The
 //! short prompt for decode: on the long one the prefill's run-to-run spread
-//! was larger than the whole decode, and decode was read as 0 again.
+//! was larger than the whole decode, and decode was read as 0 again. And at
+//! least [`DECODE_CALIBRATION_TOKENS`] of them: with the agentic bench's 16,
+//! the decode (~75 ms, speculation on) was within the short prefill's own
+//! spread (~1 s +- 5%), and still read as 0 in some runs.
 //! The best of `repeats` of each is kept (the machine is shared). Link
 //! throughput is `--link-gbit` times `--link-efficiency` (the fraction of
 //! the line rate a cross-host load reached in `bench reuse --hosts 2`).
@@ -36,6 +39,9 @@ pub fn block_bytes(model: &LlamaModel, threads: usize) -> u64 {
     .block_bytes() as u64
 }
 
+/// Fewest answer tokens the decode cost is measured over.
+pub const DECODE_CALIBRATION_TOKENS: usize = 96;
+
 /// (prefill fixed ms, prefill ms per token, decode ms per token), measured
 /// on prompts of `short` and `long` tokens taken from `tokens`.
 pub async fn measure_engine(
@@ -52,6 +58,7 @@ pub async fn measure_engine(
         tokens.len()
     );
     anyhow::ensure!(answer_tokens > 1, "--answer-tokens must be > 1");
+    let answer_tokens = answer_tokens.max(DECODE_CALIBRATION_TOKENS);
     let cfg = engine_config(threads, 512, false);
     let engine = start_engine(model, &cfg, None).context("calibration engine")?;
     // In-process, an engine's token events may all arrive at the end, so
@@ -65,6 +72,15 @@ pub async fn measure_engine(
         }
     }
     let [t_short, t_long, t_short_n] = best;
+    tracing::info!(
+        short,
+        long,
+        answer_tokens,
+        t_short_ms = t_short,
+        t_long_ms = t_long,
+        t_short_answer_ms = t_short_n,
+        "engine calibration timed"
+    );
     let decode = ((t_short_n - t_short) / (answer_tokens - 1) as f64).max(0.0);
     stop_engine(engine).await?;
     let per_token = ((t_long - t_short) / (long - short) as f64).max(0.0);
