@@ -7,7 +7,8 @@
 //! it needs.
 //!
 //! Keys: the router has no tokenizer, chat template, model fingerprint or KV
-//! layout, so it asks an engine: `POST /v1/kvfabric/keys/<api path>` with
+//! layout, so it asks an engine ([`KeysClient`], one for every set of the
+//! router): `POST /v1/kvfabric/keys/<api path>` with
 //! the client's body and `Authorization` (the tenant and `cache_salt` pick
 //! the namespace), answered with the keys that engine would look up and
 //! save. One call per request, to the engine least loaded at that moment:

@@ -3,11 +3,11 @@
 //! and a fresh cluster (so no mode starts with blocks another computed) and
 //! reports hit ratio, bytes moved between nodes (the transfer engines'
 //! remote-read bytes), TTFT p50/p90, and whether every mode produced the
-//! same answers (greedy over bit-exact KV must). With `--hosts N`, each mode
-//! also gets its own test bed of N network-namespace hosts, so loads cross
-//! the (rate-limited) links where the bytes a mode moves cost time. Target, against `random`
-//! measured in the same run: `prefix` moves <= 0.5x its bytes at a TTFT p50
-//! no worse.
+//! same answers (greedy over bit-exact KV must). With `--hosts N`, each
+//! mode also gets its own test bed of N network-namespace hosts, so loads
+//! cross the (rate-limited) links where the bytes a mode moves cost time.
+//! Target, against `random` measured in the same run: `prefix` moves <=
+//! 0.5x its bytes at a TTFT p50 no worse.
 
 use std::sync::Arc;
 
@@ -37,7 +37,6 @@ async fn run_mode(
     workload: &Workload,
     policy: Policy,
 ) -> anyhow::Result<(ConfigRun, u64)> {
-    // With `--hosts`, each mode gets a fresh test bed as well as a fresh cluster.
     let hosts = crate::hosts::Hosts::optional(args.hosts, args.link_gbit)?;
     let cluster = FabricCluster::start_on(args.engines, args.node_ram_mib, hosts).await?;
     let measured = async {

@@ -1,16 +1,17 @@
 //! The costs `bench sim` runs on, measured on this machine unless given:
 //! one engine (the agentic bench's settings, no prefix cache) answers a
 //! short and a long prompt of the agentic workload with one token, and the
-//! short one with `--answer-tokens`; prefill is fitted as fixed + per token
+//! short one with `--answer-tokens` (at least [`DECODE_CALIBRATION_TOKENS`]);
+//! prefill is fitted as fixed + per token
 //! through the two one-token times, decode is the difference of the short
 //! prompt's two times over the extra tokens. End-to-end times: in-process
 //! an engine's token events can all arrive at the end, so a measured TTFT
 //! may include the decode (a first version read decode as 0 from it). The
 //! short prompt for decode: on the long one the prefill's run-to-run spread
-//! was larger than the whole decode, and decode was read as 0 again. And at
-//! least [`DECODE_CALIBRATION_TOKENS`] of them: with the agentic bench's 16,
-//! the decode (~75 ms, speculation on) was within the short prefill's own
-//! spread (~1 s +- 5%), and still read as 0 in some runs.
+//! was larger than the whole decode, and decode was read as 0 again. The
+//! floor on answer tokens: with the agentic bench's 16, the decode (~75 ms,
+//! speculation on) was within the short prefill's own spread (~1 s +- 5%),
+//! and still read as 0 in some runs.
 //! The best of `repeats` of each is kept (the machine is shared). Link
 //! throughput is `--link-gbit` times `--link-efficiency` (the fraction of
 //! the line rate a cross-host load reached in `bench reuse --hosts 2`).
