@@ -25,6 +25,8 @@ mod reconcile;
 mod redis;
 mod sampling;
 mod shared;
+#[cfg(feature = "cuda")]
+mod vram;
 
 pub use reconcile::{SyncBenchArgs, SyncReport};
 
@@ -60,6 +62,20 @@ pub struct StoreArgs {
     /// Concurrent clients / disk queue depth.
     #[arg(long, default_value_t = 8)]
     pub clients: usize,
+    /// Tiers to measure: `ram` (the RAM and disk tiers against memcpy, fio,
+    /// Redis and the data paths: the report without this flag) and `vram`
+    /// (the VRAM tier against plain cudaMemcpy on the GPU; needs a build with
+    /// the `cuda` feature and a CUDA device).
+    #[arg(long, value_delimiter = ',')]
+    pub tiers: Vec<BenchTier>,
+    /// `--tiers vram`: the staging pool's slices, slice size and per-copy
+    /// depth [default: the node config's, docs/CONFIG.md].
+    #[arg(long)]
+    pub vram_staging_slots: Option<u32>,
+    #[arg(long)]
+    pub vram_staging_slice: Option<bytesize::ByteSize>,
+    #[arg(long)]
+    pub vram_staging_depth: Option<u32>,
     /// Report the metadata-scale figures (ops/s at each of
     /// `--metadata-blocks` resident blocks) instead of the data-path ones.
     #[arg(long)]
@@ -77,6 +93,13 @@ pub struct StoreArgs {
     /// Eviction orders of the metadata-scale report's "policy" section.
     #[arg(long, value_delimiter = ',', default_values_t = [MetadataPolicy::Lru, MetadataPolicy::S3fifo, MetadataPolicy::Lirs])]
     pub metadata_policies: Vec<MetadataPolicy>,
+}
+
+/// A tier section of `bench store`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchTier {
+    Ram,
+    Vram,
 }
 
 /// An eviction order of the metadata-scale report's "policy" section.
@@ -139,6 +162,10 @@ impl Default for StoreArgs {
             blocks: 128,
             disk_blocks: 512,
             clients: 8,
+            tiers: Vec::new(),
+            vram_staging_slots: None,
+            vram_staging_slice: None,
+            vram_staging_depth: None,
             metadata_scale: false,
             metadata_blocks: vec![10_000, 1_000_000],
             metadata_ops: 200_000,
@@ -161,6 +188,12 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     };
     let sources: Vec<Vec<u8>> = (0..n).map(block_data).collect();
     let mut report = serde_json::Map::new();
+    if args.tiers.contains(&BenchTier::Vram) {
+        report.extend(vram_section(&sources, args)?);
+        if !args.tiers.contains(&BenchTier::Ram) {
+            return Ok(Value::Object(report));
+        }
+    }
     ram(&sources, &mut report)?;
     sampling::sampling(&sources, &mut report)?;
     let disk_blocks = args.disk_blocks.max(args.clients);
@@ -186,6 +219,22 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
     report.insert("disk_blocks".into(), json!(disk_blocks));
     report.insert("clients".into(), json!(args.clients));
     Ok(Value::Object(report))
+}
+
+#[cfg(feature = "cuda")]
+fn vram_section(
+    sources: &[Vec<u8>],
+    args: &StoreArgs,
+) -> anyhow::Result<serde_json::Map<String, Value>> {
+    vram::vram(sources, args)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn vram_section(
+    _sources: &[Vec<u8>],
+    _args: &StoreArgs,
+) -> anyhow::Result<serde_json::Map<String, Value>> {
+    bail!("--tiers vram needs a build with the `cuda` feature (cargo build --release --features cuda)")
 }
 
 /// The peer/path prefixes of the interleaved comparison: each one's figures

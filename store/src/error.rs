@@ -111,6 +111,15 @@ pub enum BadArgument {
         offset: u64,
         reserved: u64,
     },
+    /// A VRAM reservation written out of order (it hashes as it stages).
+    #[error("VRAM write at {offset} is out of order: the next byte to write is {expected}")]
+    OutOfOrderWrite { offset: u64, expected: u64 },
+    /// A VRAM reservation committed before all `len` bytes were written.
+    #[error("commit after {written} of {len} bytes: the block is not fully written")]
+    ShortWrite { written: u64, len: u64 },
+    /// A durable put into VRAM (which does not outlive the process).
+    #[error("a durable put cannot go to the VRAM tier; put it to the store (RAM and disk)")]
+    DurableVram,
     /// The client's checksum (`want`) is not the data's (`got`).
     #[error("checksum mismatch: client said {want:#018x}, data hashes to {got:#018x}")]
     ChecksumMismatch { want: u64, got: u64 },
@@ -171,6 +180,12 @@ pub enum NoRoom {
     /// Every RAM block is pinned, leased or reserved: nothing to evict.
     #[error("RAM tier full: every block is pinned, leased or reserved")]
     RamPinned,
+    /// A block of `len` bytes cannot fit the VRAM tier at all.
+    #[error("block of {len} bytes is larger than the VRAM tier")]
+    LargerThanVram { len: u64 },
+    /// Every VRAM block is leased or reserved: nothing to evict.
+    #[error("VRAM tier full: every block is leased or reserved")]
+    VramPinned,
     /// A durable put found no room on disk.
     #[error("disk tier full: durable put not acknowledged")]
     DiskFull,
@@ -211,6 +226,14 @@ pub enum BadConfig {
         disk_capacity: String,
         max_block_size: String,
     },
+    /// A VRAM tier asked of a build without the `cuda` feature.
+    #[error(
+        "vram_capacity is set but this build has no `cuda` feature (cargo build --features cuda)"
+    )]
+    NoCudaBuild,
+    /// A VRAM tier asked of `kvfabric node`, which has no GPU-side writer.
+    #[error("vram_capacity: `kvfabric node` serves no VRAM tier; a process with GPU work opens it in-process (kvfabric_store::vram::VramTier::open, docs/CONFIG.md)")]
+    VramInNode,
     /// Both etcd endpoints and static peers.
     #[error("give either etcd endpoints or static peers, not both")]
     EtcdAndPeers,

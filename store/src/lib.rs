@@ -9,6 +9,8 @@
 //! lookup, exists, pin, remove, stats) and [`NodeServer`] (the one way a node
 //! is served: gRPC CacheService, directory and holder services when in a
 //! cluster, `/metrics` + `/health`; `kvfabric node` runs [`NodeServer::open`]).
+//! With the `cuda` feature, `vram::VramTier` adds GPU memory as the first
+//! tier above a [`Store`].
 
 mod cache_service;
 mod changes;
@@ -42,7 +44,10 @@ mod store_tests;
 pub mod tenant_scope;
 mod tenant_usage;
 mod tiering;
+mod upper;
 mod uring;
+#[cfg(feature = "cuda")]
+pub mod vram;
 
 pub use cache_service::CacheServer;
 pub use changes::{BlockChange, ChangeFeed, KvEventRecord, KV_EVENT_BUFFER};

@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 /// A tier, as a metric label.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum TierName {
+    Vram,
     Ram,
     Disk,
 }

@@ -78,6 +78,18 @@ pub struct NodeConfig {
     /// Size of the RAM tier arena, allocated and backed by pages at start
     /// (resident from then on). Default: 1GiB.
     pub ram_capacity: ByteSize,
+    /// Bytes of GPU memory of the VRAM tier (feature `cuda`; `vram::VramTier`),
+    /// allocated at open; 0 = no VRAM tier. Default: 0.
+    pub vram_capacity: ByteSize,
+    /// CUDA device ordinal of the VRAM tier. Default: 0.
+    pub vram_device: u32,
+    /// Pinned host slices of the VRAM tier's staging pool. Default: 64.
+    pub vram_staging_slots: u32,
+    /// Bytes of one staging slice (a block moves in slices of this size,
+    /// the next one's DMA overlapping this one's copy). Default: 512KiB.
+    pub vram_staging_slice: ByteSize,
+    /// Slices one copy uses at most (its pipeline depth). Default: 4.
+    pub vram_staging_depth: u32,
     /// Disk tier data file or raw block device; none = no disk tier. Default: none.
     pub disk_path: Option<PathBuf>,
     /// Directory of the disk tier's RocksDB index. Default: `<disk_path>.index`.
@@ -149,6 +161,11 @@ impl Default for NodeConfig {
             grpc_listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             http_listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             ram_capacity: ByteSize::gib(1),
+            vram_capacity: ByteSize::b(0),
+            vram_device: 0,
+            vram_staging_slots: 64,
+            vram_staging_slice: ByteSize::kib(512),
+            vram_staging_depth: 4,
             disk_path: None,
             disk_index_path: None,
             disk_capacity: ByteSize::gib(8),
@@ -179,6 +196,30 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
+    /// The VRAM tier's keys: its staging must be able to move a block, and
+    /// a capacity needs a build with the `cuda` feature.
+    fn validate_vram(&self) -> Result<(), StoreError> {
+        let bad = |b: BadConfig| Err(StoreError::Config(b));
+        if self.vram_capacity.as_u64() == 0 {
+            return Ok(());
+        }
+        if !cfg!(feature = "cuda") {
+            return bad(BadConfig::NoCudaBuild);
+        }
+        if self.vram_staging_slots == 0 || self.vram_staging_depth == 0 {
+            return bad(BadConfig::Zero {
+                key: "vram_staging_slots / vram_staging_depth",
+            });
+        }
+        if self.vram_staging_slice.as_u64() < 4096 {
+            return bad(BadConfig::CapacityBelowPage {
+                key: "vram_staging_slice",
+                value: self.vram_staging_slice.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Refuse settings that cannot work.
     pub fn validate(&self) -> Result<(), StoreError> {
         let bad = |b: BadConfig| Err(StoreError::Config(b));
@@ -191,6 +232,7 @@ impl NodeConfig {
                 value: self.ram_capacity.to_string(),
             });
         }
+        self.validate_vram()?;
         if !(self.low_watermark > 0.0
             && self.low_watermark <= self.high_watermark
             && self.high_watermark <= 1.0)

@@ -72,6 +72,10 @@ impl NodeServer {
     /// Bind `cfg`'s listeners, open its store and join the cluster.
     pub async fn open(cfg: NodeConfig, cluster: ClusterConfig) -> Result<Self, StoreError> {
         cluster.validate()?;
+        if cfg.vram_capacity.as_u64() > 0 {
+            // Refused, not ignored: nothing in a node process fills VRAM.
+            return Err(StoreError::Config(crate::BadConfig::VramInNode));
+        }
         let grpc = TcpListener::bind(cfg.grpc_listen).await?;
         let http = TcpListener::bind(cfg.http_listen).await?;
         let (store, registry) = tokio::task::spawn_blocking(move || {

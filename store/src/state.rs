@@ -18,6 +18,7 @@ use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
 use crate::policy::EvictionOrder;
 use crate::shares::{Shares, TierIx};
+use crate::upper::UpperLink;
 
 mod block;
 mod blocks;
@@ -83,6 +84,8 @@ pub(crate) struct Inner {
     pub changes: Option<Arc<ChangeFeed>>,
     /// Bytes per owner per tier, and the owners' queues (`shares`).
     pub shares: Shares,
+    /// The tier above RAM, if one is open (`upper`).
+    pub upper: UpperLink,
 }
 
 impl Inner {
@@ -102,6 +105,7 @@ impl Inner {
             seen: SeenKeys::default(),
             changes: None,
             shares: Shares::new(cfg.tenants_file.is_some(), ram_capacity, disk_capacity),
+            upper: UpperLink::default(),
         }
     }
 
@@ -215,7 +219,14 @@ impl Inner {
                 Some(_) => kvfabric_proto::v1::Tier::Disk,
                 None => kvfabric_proto::v1::Tier::Unspecified,
             };
-            feed.push(*key, change, tier);
+            // A block the tier above still holds stays stored, in that tier.
+            match self.upper.info(key) {
+                Some(up) if change == BlockChange::Removed => {
+                    feed.push(*key, BlockChange::Tier, up.tier)
+                }
+                Some(up) => feed.push(*key, change, up.tier),
+                None => feed.push(*key, change, tier),
+            }
         }
     }
 

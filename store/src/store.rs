@@ -255,6 +255,13 @@ impl Store {
         for _ in 0..4 {
             let mut g = self.shared.inner.lock();
             let Some(b) = g.blocks.get_mut(key) else {
+                // Held only above RAM (VRAM): copied down, leased next round.
+                if let Some(up) = g.upper.get() {
+                    drop(g);
+                    if up.copy_down(key)? {
+                        continue;
+                    }
+                }
                 StoreMetrics::tier(&m.misses, TierName::Ram).inc();
                 if self.shared.disk.is_some() {
                     StoreMetrics::tier(&m.misses, TierName::Disk).inc();
@@ -336,7 +343,12 @@ impl Store {
     pub fn block_infos(&self, keys: &[BlockKey]) -> Vec<Option<BlockInfo>> {
         let g = self.shared.inner.lock();
         keys.iter()
-            .map(|k| g.blocks.get(k).map(|b| block_info(k, b)))
+            .map(|k| {
+                g.blocks
+                    .get(k)
+                    .map(|b| block_info(k, b))
+                    .or_else(|| g.upper.info(k))
+            })
             .collect()
     }
 
@@ -355,7 +367,8 @@ impl Store {
     pub fn exists(&self, keys: &[BlockKey]) -> Vec<bool> {
         let started = Instant::now();
         let g = self.shared.inner.lock();
-        let out = keys.iter().map(|k| g.blocks.contains_key(k)).collect();
+        let held = |k: &BlockKey| g.blocks.contains_key(k) || g.upper.info(k).is_some();
+        let out = keys.iter().map(held).collect();
         drop(g);
         self.shared.metrics.observe(OpName::Exists, started);
         out
@@ -367,19 +380,13 @@ impl Store {
         let mut g = self.shared.inner.lock();
         let mut found = Vec::new();
         for k in keys {
-            let Some(b) = g.blocks.get(k) else { break };
-            found.push(BlockInfo {
-                key: *k,
-                layout: b.layout,
-                len: b.len,
-                checksum: b.checksum,
-                tokens: b.tokens,
-                tier: if b.ram.is_some() {
-                    Tier::Ram
-                } else {
-                    Tier::Disk
+            match g.blocks.get(k).map(|b| block_info(k, b)) {
+                Some(info) => found.push(info),
+                None => match g.upper.info(k) {
+                    Some(info) => found.push(info),
+                    None => break,
                 },
-            });
+            }
         }
         g.ram_order.lookup(keys, found.len());
         drop(g);

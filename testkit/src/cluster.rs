@@ -58,6 +58,9 @@ pub struct Options {
     pub proxied: Vec<usize>,
     /// The stores' RAM watermarks (high, low); None: the config's defaults.
     pub watermarks: Option<(f64, f64)>,
+    /// Each store's `vram_capacity` (0: none; needs the `cuda` feature, and a
+    /// test opens the tier itself with `kvfabric_store::vram::VramTier::open`).
+    pub vram: u64,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             refresh_chunks_per_period: 16,
             proxied: Vec::new(),
             watermarks: None,
+            vram: 0,
         }
     }
 }
@@ -186,6 +190,7 @@ async fn start_node(
     let cfg = NodeConfig {
         node_id: format!("n{i}"),
         ram_capacity: bytesize::ByteSize::b(opts.ram),
+        vram_capacity: bytesize::ByteSize::b(opts.vram),
         high_watermark,
         low_watermark,
         ..d

@@ -1,0 +1,287 @@
+//! `bench store --tiers vram`: the VRAM tier's block copies against plain
+//! copies on the same GPU, in the same run (needs the `cuda` feature and a
+//! CUDA device).
+//!
+//! - H2D: `VramTier::put` of `blocks` 1.5 MiB blocks from ordinary (pageable)
+//!   host buffers by `clients` threads (staged through the pinned pool,
+//!   checksummed on the host) vs one thread's `cuMemcpyHtoD` of the same
+//!   blocks, one block per call, from a pinned buffer (the physical path's
+//!   rate: what the copy engine does with nothing in its way).
+//! - D2H: `VramTier::get_into` (staged, verified before returning) vs
+//!   `cuMemcpyDtoH` of each block into a pinned buffer.
+//! - Overlap: a compute-bound kernel (`spin`, ~50 ms) on a stream of its own,
+//!   timed by device events alone and while `clients` threads put and get
+//!   through the tier; the slowdown is with / alone - 1.
+//! - Tiering: puts into a tier of half the blocks (each evicting one into
+//!   RAM through the d2h staging), then leases of the evicted ones
+//!   (promotions from RAM).
+//!
+//! Each comparison runs `ROUNDS` interleaved rounds; every figure is the
+//! median of its rounds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::Context;
+use bytesize::ByteSize;
+use kvfabric_store::vram::VramTier;
+use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store};
+use kvfabric_transfer::cuda::kernels::Kernels;
+use kvfabric_transfer::cuda::{GpuEvent, PinnedBuf, VramSegment};
+use serde_json::{json, Map, Value};
+
+use super::shared::{gbps, key, layout, parallel, BLOCK, ROUNDS};
+use super::StoreArgs;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A tier for `vram_blocks` blocks over a RAM tier for `ram_blocks`, with
+/// the staging the flags name.
+fn open_tier(args: &StoreArgs, vram_blocks: usize, ram_blocks: usize) -> anyhow::Result<VramTier> {
+    let d = NodeConfig::default();
+    let cfg = NodeConfig {
+        ram_capacity: ByteSize::b((ram_blocks * BLOCK + (64 << 20)) as u64),
+        vram_capacity: ByteSize::b((vram_blocks * BLOCK) as u64),
+        vram_staging_slots: args.vram_staging_slots.unwrap_or(d.vram_staging_slots),
+        vram_staging_slice: args.vram_staging_slice.unwrap_or(d.vram_staging_slice),
+        vram_staging_depth: args.vram_staging_depth.unwrap_or(d.vram_staging_depth),
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        ..d
+    };
+    let store = Store::open(cfg, &mut Registry::default())?;
+    VramTier::open(&store).context("open the VRAM tier (needs a CUDA device)")
+}
+
+/// The VRAM section of the store bench.
+pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<String, Value>> {
+    let (n, clients) = (sources.len(), args.clients);
+    let tier = open_tier(args, n + 1, n)?;
+    let dev = tier.device().clone();
+    let keys: Vec<BlockKey> = (0..n).map(key).collect();
+    let peer_seg = VramSegment::allocate(&dev, n * BLOCK)?;
+    let mut pinned = PinnedBuf::new(&dev, BLOCK)?;
+    pinned.copy_from_slice(&sources[0]);
+    let mut sums = [(); 4].map(|_| Vec::new());
+    for round in 0..=ROUNDS {
+        let figures = copy_round(&tier, &peer_seg, &mut pinned, sources, &keys, clients)?;
+        if round > 0 {
+            // Round 0 warms up (module loads, first touches of the pool).
+            for (s, f) in sums.iter_mut().zip(figures) {
+                s.push(f);
+            }
+        }
+    }
+    let [h2d, h2d_peer, d2h, d2h_peer] = sums.map(median);
+    let mut out = Map::new();
+    out.insert("vram_device".into(), json!(dev.name()));
+    let c = tier.store().config();
+    let staging = json!({
+        "slots": c.vram_staging_slots,
+        "slice_bytes": c.vram_staging_slice.as_u64(),
+        "depth": c.vram_staging_depth,
+    });
+    out.insert("vram_staging".into(), staging);
+    out.insert("vram_h2d_gbps".into(), json!(h2d));
+    out.insert("vram_h2d_memcpy_gbps".into(), json!(h2d_peer));
+    out.insert("vram_h2d_vs_memcpy".into(), json!(h2d / h2d_peer.max(1e-9)));
+    out.insert("vram_d2h_gbps".into(), json!(d2h));
+    out.insert("vram_d2h_memcpy_gbps".into(), json!(d2h_peer));
+    out.insert("vram_d2h_vs_memcpy".into(), json!(d2h / d2h_peer.max(1e-9)));
+    if let Err(e) = overlap(&tier, sources, &keys, clients, &mut out) {
+        // The copies' figures stand without it (e.g. no libnvrtc on the host).
+        tracing::warn!("overlap not measured: {e:#}");
+        out.insert("overlap_error".into(), json!(format!("{e:#}")));
+    }
+    drop(tier);
+    tiering(args, sources, &keys, &mut out)?;
+    out.insert("vram_blocks".into(), json!(n));
+    out.insert("vram_clients".into(), json!(clients));
+    Ok(out)
+}
+
+/// One round: the tier's puts, the plain H2D copies, the tier's gets, the
+/// plain D2H copies. Returns GB/s of each (tier H2D, plain H2D, tier D2H, plain D2H).
+fn copy_round(
+    tier: &VramTier,
+    peer: &VramSegment,
+    pinned: &mut PinnedBuf,
+    sources: &[Vec<u8>],
+    keys: &[BlockKey],
+    clients: usize,
+) -> anyhow::Result<[f64; 4]> {
+    let n = sources.len();
+    let bytes = n * BLOCK;
+    tier.remove(keys);
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        tier.put(keys[i], layout(), &sources[i], PutOptions::default())?;
+        Ok(())
+    })?;
+    let put = gbps(bytes, t.elapsed());
+    let t = Instant::now();
+    for i in 0..n {
+        peer.copy_in(i * BLOCK, pinned)?;
+    }
+    let h2d_peer = gbps(bytes, t.elapsed());
+    let outs: Vec<_> = (0..clients)
+        .map(|_| super::shared::parking(vec![0u8; BLOCK]))
+        .collect();
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        let mut dst = outs[i % clients]
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?;
+        tier.get_into(&keys[i], &mut dst[..])?
+            .with_context(|| format!("block {i} missing from the VRAM tier"))?;
+        Ok(())
+    })?;
+    let get = gbps(bytes, t.elapsed());
+    let t = Instant::now();
+    for i in 0..n {
+        peer.copy_out(i * BLOCK, pinned)?;
+    }
+    let d2h_peer = gbps(bytes, t.elapsed());
+    Ok([put, h2d_peer, get, d2h_peer])
+}
+
+/// Time `spin` (blocks x 256 threads x `iters` FMAs) on its own stream, `runs` times; ms each.
+fn time_kernel(
+    tier: &VramTier,
+    kernels: &Kernels,
+    out: &VramSegment,
+    blocks: u32,
+    iters: u32,
+    runs: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let dev = tier.device();
+    let stream = dev.new_stream()?;
+    let (start, end) = (GpuEvent::timed(dev)?, GpuEvent::timed(dev)?);
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        start.record(&stream)?;
+        kernels.spin(out, blocks, iters, &stream)?;
+        end.record(&stream)?;
+        end.wait()?;
+        ms.push(f64::from(start.elapsed_ms(&end)?));
+    }
+    Ok(ms)
+}
+
+/// The overlap figure: the kernel alone, then while the tier copies.
+fn overlap(
+    tier: &VramTier,
+    sources: &[Vec<u8>],
+    keys: &[BlockKey],
+    clients: usize,
+    out: &mut Map<String, Value>,
+) -> anyhow::Result<()> {
+    let kernels = Kernels::compile(tier.device())?;
+    let blocks = 132 * 16;
+    let buf = VramSegment::allocate(tier.device(), blocks as usize * 256 * 4)?;
+    // Calibrate to ~50 ms.
+    let probe = median(time_kernel(tier, &kernels, &buf, blocks, 1 << 14, 3)?);
+    let iters = ((50.0 / probe.max(1e-3)) * f64::from(1u32 << 14)).clamp(1e3, 1e9) as u32;
+    let alone = median(time_kernel(tier, &kernels, &buf, blocks, iters, 7)?);
+    let stop = AtomicBool::new(false);
+    let moved = std::sync::atomic::AtomicUsize::new(0);
+    let (with, copy_secs) = std::thread::scope(|s| -> anyhow::Result<(f64, f64)> {
+        let t = Instant::now();
+        let copier = s.spawn(|| copy_until(tier, sources, keys, clients, &stop, &moved));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let with = time_kernel(tier, &kernels, &buf, blocks, iters, 7);
+        stop.store(true, Ordering::Relaxed);
+        copier
+            .join()
+            .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
+        Ok((median(with?), t.elapsed().as_secs_f64()))
+    })?;
+    out.insert("kernel_alone_ms".into(), json!(alone));
+    out.insert("kernel_with_copies_ms".into(), json!(with));
+    out.insert(
+        "kernel_slowdown".into(),
+        json!(with / alone.max(1e-9) - 1.0),
+    );
+    let moved = moved.load(Ordering::Relaxed) as f64;
+    out.insert(
+        "copies_during_kernel_gbps".into(),
+        json!(moved / copy_secs / 1e9),
+    );
+    Ok(())
+}
+
+/// Put and get blocks through the tier on `clients` threads until `stop`;
+/// counts the bytes moved both ways.
+fn copy_until(
+    tier: &VramTier,
+    sources: &[Vec<u8>],
+    keys: &[BlockKey],
+    clients: usize,
+    stop: &AtomicBool,
+    moved: &std::sync::atomic::AtomicUsize,
+) -> anyhow::Result<()> {
+    let n = sources.len();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..clients)
+            .map(|c| {
+                s.spawn(move || -> anyhow::Result<()> {
+                    let mut dst = vec![0u8; BLOCK];
+                    let mut i = c;
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = i % n;
+                        tier.remove(&keys[k..k + 1]);
+                        tier.put(keys[k], layout(), &sources[k], PutOptions::default())?;
+                        tier.get_into(&keys[k], &mut dst)?;
+                        moved.fetch_add(2 * BLOCK, Ordering::Relaxed);
+                        i += clients;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
+        }
+        Ok(())
+    })
+}
+
+/// Puts into a tier of half the blocks (evicting into RAM), then leases of
+/// the evicted half (promotions from RAM).
+fn tiering(
+    args: &StoreArgs,
+    sources: &[Vec<u8>],
+    keys: &[BlockKey],
+    out: &mut Map<String, Value>,
+) -> anyhow::Result<()> {
+    let (n, clients) = (sources.len(), args.clients);
+    let tier = open_tier(args, n / 2, n + 1)?;
+    let t = Instant::now();
+    for (i, s) in sources.iter().enumerate() {
+        tier.put(keys[i], layout(), s, PutOptions::default())?;
+    }
+    out.insert(
+        "evicting_put_gbps".into(),
+        json!(gbps(n * BLOCK, t.elapsed())),
+    );
+    let evicted: Vec<usize> = (0..n)
+        .filter(|i| !tier.contains(&keys[*i..*i + 1])[0])
+        .collect();
+    tier.remove(keys);
+    let t = Instant::now();
+    parallel(clients, evicted.len(), |j| {
+        tier.lease(&keys[evicted[j]])?
+            .with_context(|| format!("block {} lost between VRAM and RAM", evicted[j]))?;
+        Ok(())
+    })?;
+    out.insert(
+        "promote_gbps".into(),
+        json!(gbps(evicted.len() * BLOCK, t.elapsed())),
+    );
+    out.insert("promoted_blocks".into(), json!(evicted.len()));
+    Ok(())
+}

@@ -1,0 +1,208 @@
+//! `StagingPool`: the pinned host slices every copy between host memory and
+//! a [`VramSegment`] goes through, and the pipelined copies themselves.
+//!
+//! Why staging: the copy engines only run asynchronously, at full PCIe
+//! speed, from page-locked memory; the RAM arena and callers' buffers are
+//! ordinary pages. Why slices: a block is cut into `slice`-byte pieces so
+//! the CPU's copy (and checksum) of piece i+1 overlaps the DMA of piece i,
+//! and a copy holds only `depth` slices of the pool, so many threads copy at
+//! once (the pool is shared; its slices are handed out whole, so two copies
+//! never share one).
+//!
+//! The checksum is always taken of the bytes as staged: an upload hashes
+//! each slice after it lands in pinned memory (what the DMA will read), a
+//! download hashes each slice as it leaves pinned memory for the caller's
+//! buffer (what the caller gets). The caller compares the digest with the
+//! block's before it commits or hands anything out, so a block whose staged
+//! bytes are not the block's is refused (`kvfabric_store::vram`).
+//!
+//! Each direction has its own stream (`GpuDevice::h2d`, `d2h`), so an upload
+//! and a download proceed together on the two copy engines. Each slice has
+//! an event recorded after its DMA; a slice goes back to the pool only once
+//! its event completed, also when a copy fails half way.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use cudarc::driver::result;
+
+use super::{cuda_err, GpuDevice, GpuEvent, PinnedBuf, VramSegment};
+use crate::checksum::Checksummer;
+use crate::TransferError;
+
+/// One pinned slice and the event of the last DMA that used it.
+struct Slot {
+    buf: PinnedBuf,
+    done: GpuEvent,
+    /// A DMA was queued since the last wait on `done`.
+    armed: bool,
+}
+
+impl Slot {
+    fn settle(&mut self) -> Result<(), TransferError> {
+        if self.armed {
+            self.armed = false;
+            self.done.wait()?;
+        }
+        Ok(())
+    }
+}
+
+/// The shared pool of pinned slices (see the module doc).
+pub struct StagingPool {
+    dev: Arc<GpuDevice>,
+    slice: usize,
+    depth: usize,
+    free: Mutex<Vec<Slot>>,
+    returned: Condvar,
+}
+
+/// Slices taken from the pool by one copy; back (settled) on drop.
+struct Taken<'a> {
+    pool: &'a StagingPool,
+    slots: Vec<Slot>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        for s in &mut self.slots {
+            // A failed wait leaves nothing better to do than to return the
+            // slice: its DMA failed with the context, and so will the next use.
+            let _ = s.settle();
+        }
+        let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.append(&mut self.slots);
+        drop(free);
+        self.pool.returned.notify_all();
+    }
+}
+
+impl StagingPool {
+    /// `slots` pinned slices of `slice` bytes; one copy uses at most `depth` of them.
+    pub fn new(
+        dev: &Arc<GpuDevice>,
+        slots: usize,
+        slice: usize,
+        depth: usize,
+    ) -> Result<Self, TransferError> {
+        let slots = slots.max(1);
+        let mut free = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            free.push(Slot {
+                buf: PinnedBuf::new(dev, slice.max(1))?,
+                done: GpuEvent::new(dev)?,
+                armed: false,
+            });
+        }
+        Ok(StagingPool {
+            dev: dev.clone(),
+            slice: slice.max(1),
+            depth: depth.clamp(1, slots),
+            free: Mutex::new(free),
+            returned: Condvar::new(),
+        })
+    }
+
+    /// Bytes per slice.
+    pub fn slice_len(&self) -> usize {
+        self.slice
+    }
+
+    /// Take up to `want` slices, waiting until at least one is free.
+    fn take(&self, want: usize) -> Taken<'_> {
+        let want = want.clamp(1, self.depth);
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while free.is_empty() {
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+        let at = free.len().saturating_sub(want);
+        let slots = free.split_off(at);
+        Taken { pool: self, slots }
+    }
+
+    /// Copy `src` into `seg` at `offset` through pinned slices on the h2d
+    /// stream, feeding `sum` the staged bytes in order. Returns once every
+    /// byte is in VRAM.
+    pub fn upload(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        src: &[u8],
+        sum: &mut Checksummer,
+    ) -> Result<(), TransferError> {
+        seg.addr(offset, src.len())?;
+        let mut taken = self.take(src.len().div_ceil(self.slice));
+        let k = taken.slots.len();
+        let stream = self.dev.h2d();
+        self.dev.bind()?;
+        for (i, piece) in src.chunks(self.slice).enumerate() {
+            let slot = &mut taken.slots[i % k];
+            slot.settle()?;
+            let staged = &mut slot.buf[..piece.len()];
+            sum.copy_and_update(staged, piece);
+            let dst = seg.addr(offset + i * self.slice, piece.len())?;
+            // SAFETY: a checked device range; the pinned slice stays ours and
+            // untouched until its event (recorded next) completes.
+            unsafe { result::memcpy_htod_async(dst, &*staged, stream.cu_stream()) }
+                .map_err(cuda_err)?;
+            slot.done.record(stream)?;
+            slot.armed = true;
+        }
+        for slot in &mut taken.slots {
+            slot.settle()?;
+        }
+        Ok(())
+    }
+
+    /// Copy `dst.len()` bytes of `seg` at `offset` into `dst` through pinned
+    /// slices on the d2h stream, feeding `sum` the bytes in order as they
+    /// leave the slices. The DMA of the next `depth - 1` slices runs while
+    /// the CPU copies one out.
+    pub fn download(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        dst: &mut [u8],
+        sum: &mut Checksummer,
+    ) -> Result<(), TransferError> {
+        seg.addr(offset, dst.len())?;
+        let total = dst.len();
+        let pieces = total.div_ceil(self.slice);
+        let mut taken = self.take(pieces);
+        let k = taken.slots.len();
+        self.dev.bind()?;
+        for i in 0..k.min(pieces) {
+            self.queue_down(seg, offset, total, i, &mut taken.slots[i])?;
+        }
+        for (i, out) in dst.chunks_mut(self.slice).enumerate() {
+            let slot = &mut taken.slots[i % k];
+            slot.settle()?;
+            sum.copy_and_update(out, &slot.buf[..out.len()]);
+            if i + k < pieces {
+                self.queue_down(seg, offset, total, i + k, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue the DMA of piece `i` of the `total`-byte range at `offset` into `slot`.
+    fn queue_down(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        total: usize,
+        i: usize,
+        slot: &mut Slot,
+    ) -> Result<(), TransferError> {
+        let at = i * self.slice;
+        let len = self.slice.min(total - at);
+        let src = seg.addr(offset + at, len)?;
+        let stream = self.dev.d2h();
+        // SAFETY: a checked device range; the pinned slice is read only after
+        // its event (recorded next) completes.
+        unsafe { result::memcpy_dtoh_async(&mut slot.buf[..len], src, stream.cu_stream()) }
+            .map_err(cuda_err)?;
+        slot.done.record(stream)?;
+        slot.armed = true;
+        Ok(())
+    }
+}
