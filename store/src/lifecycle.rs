@@ -126,6 +126,22 @@ impl Reservation {
         self.raw_bytes_mut(f)
     }
 
+    /// Fill the whole block with `f`, which feeds every byte of it, in
+    /// order, to the checksummer it is handed (e.g. a DMA that hashes each
+    /// slice as it lands), so `commit` needs no second pass over the block.
+    /// If `f` fails, drop the reservation: the hash is taken as complete.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the VRAM tier's evictions
+    pub(crate) fn fill_hashed<R>(
+        &mut self,
+        f: impl FnOnce(&mut [u8], &mut Checksummer) -> R,
+    ) -> Result<R, StoreError> {
+        let mut sum = Box::new(Checksummer::new());
+        let out = self.raw_bytes_mut(|buf| f(buf, &mut sum))?;
+        self.hasher = Some(sum);
+        self.hashed = self.len;
+        Ok(out)
+    }
+
     fn raw_bytes_mut<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, StoreError> {
         if self
             .state

@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 /// A tier, as a metric label.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum TierName {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the VRAM tier's
     Vram,
     Ram,
     Disk,

@@ -372,4 +372,40 @@ mod tests {
             assert!(c.validate().is_err(), "{bad}");
         }
     }
+
+    #[test]
+    fn a_vram_tier_needs_the_cuda_build_and_staging_that_can_move_a_block() {
+        let c: NodeConfig = serde_json::from_str(
+            r#"{"vram_capacity":"64MiB","vram_device":1,"vram_staging_slice":"1MiB"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.vram_capacity, ByteSize::mib(64));
+        assert_eq!(c.vram_device, 1);
+        let out = c.validate();
+        if cfg!(feature = "cuda") {
+            out.unwrap();
+        } else {
+            assert!(
+                matches!(out, Err(StoreError::Config(BadConfig::NoCudaBuild))),
+                "{out:?}"
+            );
+        }
+        let bad = [
+            NodeConfig {
+                vram_staging_slice: ByteSize::kib(1),
+                ..c.clone()
+            },
+            NodeConfig {
+                vram_staging_slots: 0,
+                ..c.clone()
+            },
+            NodeConfig {
+                vram_staging_depth: 0,
+                ..c.clone()
+            },
+        ];
+        for b in bad {
+            assert!(b.validate().is_err(), "{b:?}");
+        }
+    }
 }

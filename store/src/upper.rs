@@ -33,6 +33,7 @@ pub(crate) struct UpperLink(Option<Weak<dyn UpperTier>>);
 
 impl UpperLink {
     /// Link `tier` (replaces an earlier one).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // only the VRAM tier links
     pub fn set(&mut self, tier: Weak<dyn UpperTier>) {
         self.0 = Some(tier);
     }

@@ -339,3 +339,19 @@ async fn a_get_stream_keeps_its_block_leased_until_consumed() {
     assert_eq!(got, data(1), "the streamed block was overwritten");
     assert!(!store.exists(&[k(2)])[0], "block 2 was the one to go");
 }
+
+/// `kvfabric node` serves no VRAM tier: a `vram_capacity` is refused with
+/// the reason, not silently ignored.
+#[tokio::test]
+async fn a_node_refuses_a_vram_capacity() {
+    let cfg = NodeConfig {
+        grpc_listen: "127.0.0.1:0".parse().unwrap(),
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        ram_capacity: bytesize::ByteSize::mib(4),
+        vram_capacity: bytesize::ByteSize::mib(64),
+        ..Default::default()
+    };
+    let out = NodeServer::open(cfg, kvfabric_store::cluster::ClusterConfig::default()).await;
+    let err = out.err().expect("refused").to_string();
+    assert!(err.contains("vram_capacity"), "{err}");
+}

@@ -2,19 +2,22 @@
 //! copies on the same GPU, in the same run (needs the `cuda` feature and a
 //! CUDA device).
 //!
-//! - H2D: `VramTier::put` of `blocks` 1.5 MiB blocks from ordinary (pageable)
-//!   host buffers by `clients` threads (staged through the pinned pool,
-//!   checksummed on the host) vs one thread's `cuMemcpyHtoD` of the same
-//!   blocks, one block per call, from a pinned buffer (the physical path's
-//!   rate: what the copy engine does with nothing in its way).
-//! - D2H: `VramTier::get_into` (staged, verified before returning) vs
+//! - H2D: the tier's promotions, `VramTier::lease` of blocks held in RAM
+//!   only, by `clients` threads (each block hashed as its DMA is queued
+//!   straight from the registered RAM arena, committed if the hash is the
+//!   block's) vs one thread's `cuMemcpyHtoD` of the same blocks, one block
+//!   per call, from a pinned buffer (the copy engine with nothing in its way).
+//! - D2H: the tier's copies into RAM, `Store::lease` of blocks held in VRAM
+//!   only (DMA into a RAM reservation, hashed slice by slice as it lands) vs
 //!   `cuMemcpyDtoH` of each block into a pinned buffer.
+//! - Client copies: `VramTier::put` from and `get_into` to ordinary
+//!   (pageable) buffers, through the pinned staging pool (a CPU copy and the
+//!   hash per slice), against the same plain copies.
 //! - Overlap: a compute-bound kernel (`spin`, ~50 ms) on a stream of its own,
 //!   timed by device events alone and while `clients` threads put and get
 //!   through the tier; the slowdown is with / alone - 1.
 //! - Tiering: puts into a tier of half the blocks (each evicting one into
-//!   RAM through the d2h staging), then leases of the evicted ones
-//!   (promotions from RAM).
+//!   RAM), then leases of the evicted ones (promotions from RAM).
 //!
 //! Each comparison runs `ROUNDS` interleaved rounds; every figure is the
 //! median of its rounds.
@@ -65,17 +68,18 @@ pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<
     let peer_seg = VramSegment::allocate(&dev, n * BLOCK)?;
     let mut pinned = PinnedBuf::new(&dev, BLOCK)?;
     pinned.copy_from_slice(&sources[0]);
-    let mut sums = [(); 4].map(|_| Vec::new());
+    let mut rounds: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     for round in 0..=ROUNDS {
-        let figures = copy_round(&tier, &peer_seg, &mut pinned, sources, &keys, clients)?;
+        let mut f = client_copies(&tier, sources, &keys, clients)?;
+        f.extend(tier_moves(&tier, &keys, clients)?);
+        f.extend(plain_copies(&tier, &peer_seg, &mut pinned, n)?);
         if round > 0 {
             // Round 0 warms up (module loads, first touches of the pool).
-            for (s, f) in sums.iter_mut().zip(figures) {
-                s.push(f);
+            for (name, v) in f {
+                rounds.entry(name).or_default().push(v);
             }
         }
     }
-    let [h2d, h2d_peer, d2h, d2h_peer] = sums.map(median);
     let mut out = Map::new();
     out.insert("vram_device".into(), json!(dev.name()));
     let c = tier.store().config();
@@ -85,12 +89,28 @@ pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<
         "depth": c.vram_staging_depth,
     });
     out.insert("vram_staging".into(), staging);
-    out.insert("vram_h2d_gbps".into(), json!(h2d));
-    out.insert("vram_h2d_memcpy_gbps".into(), json!(h2d_peer));
-    out.insert("vram_h2d_vs_memcpy".into(), json!(h2d / h2d_peer.max(1e-9)));
-    out.insert("vram_d2h_gbps".into(), json!(d2h));
-    out.insert("vram_d2h_memcpy_gbps".into(), json!(d2h_peer));
-    out.insert("vram_d2h_vs_memcpy".into(), json!(d2h / d2h_peer.max(1e-9)));
+    let fig: std::collections::BTreeMap<&str, f64> =
+        rounds.into_iter().map(|(k, v)| (k, median(v))).collect();
+    let ratio = |a: &str, b: &str| json!(fig[a] / fig[b].max(1e-9));
+    out.insert(
+        "vram_h2d_vs_memcpy".into(),
+        ratio("vram_h2d_gbps", "vram_h2d_memcpy_gbps"),
+    );
+    out.insert(
+        "vram_d2h_vs_memcpy".into(),
+        ratio("vram_d2h_gbps", "vram_d2h_memcpy_gbps"),
+    );
+    out.insert(
+        "vram_put_vs_memcpy".into(),
+        ratio("vram_put_gbps", "vram_h2d_memcpy_gbps"),
+    );
+    out.insert(
+        "vram_get_vs_memcpy".into(),
+        ratio("vram_get_gbps", "vram_d2h_memcpy_gbps"),
+    );
+    for (name, v) in &fig {
+        out.insert((*name).into(), json!(v));
+    }
     if let Err(e) = overlap(&tier, sources, &keys, clients, &mut out) {
         // The copies' figures stand without it (e.g. no libnvrtc on the host).
         tracing::warn!("overlap not measured: {e:#}");
@@ -103,30 +123,27 @@ pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<
     Ok(out)
 }
 
-/// One round: the tier's puts, the plain H2D copies, the tier's gets, the
-/// plain D2H copies. Returns GB/s of each (tier H2D, plain H2D, tier D2H, plain D2H).
-fn copy_round(
+/// Named GB/s figures of one phase.
+type Figures = Vec<(&'static str, f64)>;
+
+/// Clients' copies through the staging pool: `put` of every block from
+/// its (pageable) source, then `get_into` of every block into a (pageable)
+/// buffer. Leaves every block in VRAM only.
+fn client_copies(
     tier: &VramTier,
-    peer: &VramSegment,
-    pinned: &mut PinnedBuf,
     sources: &[Vec<u8>],
     keys: &[BlockKey],
     clients: usize,
-) -> anyhow::Result<[f64; 4]> {
+) -> anyhow::Result<Figures> {
     let n = sources.len();
-    let bytes = n * BLOCK;
     tier.remove(keys);
+    tier.store().remove(keys)?;
     let t = Instant::now();
     parallel(clients, n, |i| {
         tier.put(keys[i], layout(), &sources[i], PutOptions::default())?;
         Ok(())
     })?;
-    let put = gbps(bytes, t.elapsed());
-    let t = Instant::now();
-    for i in 0..n {
-        peer.copy_in(i * BLOCK, pinned)?;
-    }
-    let h2d_peer = gbps(bytes, t.elapsed());
+    let put = gbps(n * BLOCK, t.elapsed());
     let outs: Vec<_> = (0..clients)
         .map(|_| super::shared::parking(vec![0u8; BLOCK]))
         .collect();
@@ -139,13 +156,74 @@ fn copy_round(
             .with_context(|| format!("block {i} missing from the VRAM tier"))?;
         Ok(())
     })?;
-    let get = gbps(bytes, t.elapsed());
+    Ok(vec![
+        ("vram_put_gbps", put),
+        ("vram_get_gbps", gbps(n * BLOCK, t.elapsed())),
+    ])
+}
+
+/// The tier's own block moves, between VRAM and the (registered) RAM
+/// arena: every VRAM-only block copied into RAM by a store lease (d2h),
+/// then, dropped from VRAM, promoted back by a tier lease (h2d).
+fn tier_moves(tier: &VramTier, keys: &[BlockKey], clients: usize) -> anyhow::Result<Figures> {
+    let n = keys.len();
+    let store = tier.store();
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        store
+            .lease(&keys[i])?
+            .with_context(|| format!("block {i} not copied into RAM"))?;
+        Ok(())
+    })?;
+    let d2h = gbps(n * BLOCK, t.elapsed());
+    tier.remove(keys);
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        tier.lease(&keys[i])?
+            .with_context(|| format!("block {i} not promoted from RAM"))?;
+        Ok(())
+    })?;
+    Ok(vec![
+        ("vram_d2h_gbps", d2h),
+        ("vram_h2d_gbps", gbps(n * BLOCK, t.elapsed())),
+    ])
+}
+
+/// The peer: one thread's `cuMemcpyHtoD`, then `cuMemcpyDtoH`, of `n`
+/// blocks, one per call, from and into a pinned buffer; and the same H2D
+/// copies from the tier's registered RAM arena (is registered memory as
+/// fast as the driver's own pinned memory here?).
+fn plain_copies(
+    tier: &VramTier,
+    peer: &VramSegment,
+    pinned: &mut PinnedBuf,
+    n: usize,
+) -> anyhow::Result<Figures> {
+    let t = Instant::now();
+    for i in 0..n {
+        peer.copy_in(i * BLOCK, pinned)?;
+    }
+    let h2d = gbps(n * BLOCK, t.elapsed());
     let t = Instant::now();
     for i in 0..n {
         peer.copy_out(i * BLOCK, pinned)?;
     }
-    let d2h_peer = gbps(bytes, t.elapsed());
-    Ok([put, h2d_peer, get, d2h_peer])
+    let d2h = gbps(n * BLOCK, t.elapsed());
+    let arena = tier.store().region();
+    let t = Instant::now();
+    for i in 0..n {
+        // SAFETY: read only; the bench writes no RAM block meanwhile.
+        let src = unsafe { arena.slice(i * BLOCK, BLOCK)? };
+        peer.copy_in(i * BLOCK, src)?;
+    }
+    Ok(vec![
+        ("vram_h2d_memcpy_gbps", h2d),
+        ("vram_d2h_memcpy_gbps", d2h),
+        (
+            "vram_h2d_memcpy_from_arena_gbps",
+            gbps(n * BLOCK, t.elapsed()),
+        ),
+    ])
 }
 
 /// Time `spin` (blocks x 256 threads x `iters` FMAs) on its own stream, `runs` times; ms each.

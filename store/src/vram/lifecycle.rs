@@ -37,8 +37,8 @@ pub struct VramReservation {
     tokens: u32,
     /// Bytes written so far (writes come in order, from offset 0).
     written: u64,
-    /// XXH3 of the staged bytes written so far.
-    sum: Checksummer,
+    /// XXH3 of the staged bytes written so far (boxed: its state is ~0.5 KB).
+    sum: Box<Checksummer>,
     /// Still owns `extent` (false once committed).
     open: bool,
     started: Instant,
@@ -74,6 +74,20 @@ impl VramReservation {
         let at = (self.extent.offset + offset) as usize;
         s.staging.upload(&s.seg, at, data, &mut self.sum)?;
         self.written += data.len() as u64;
+        Ok(())
+    }
+
+    /// Write the whole block from bytes of the store's RAM arena: straight
+    /// from them when the arena is registered with the device, else through
+    /// the staging pool (a promotion).
+    pub(super) fn write_from_ram(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        let s = &self.shared;
+        if s.arena.is_none() || self.written != 0 || data.len() as u64 != self.len {
+            return self.write(0, data);
+        }
+        let at = self.extent.offset as usize;
+        s.staging.upload_direct(&s.seg, at, data, &mut self.sum)?;
+        self.written = self.len;
         Ok(())
     }
 
@@ -209,7 +223,7 @@ impl VramTier {
                 tokens
             },
             written: 0,
-            sum: Checksummer::new(),
+            sum: Box::default(),
             open: true,
             started,
         }))

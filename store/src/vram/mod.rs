@@ -38,7 +38,7 @@ mod tests;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvfabric_transfer::cuda::{GpuDevice, StagingPool, VramSegment};
+use kvfabric_transfer::cuda::{GpuDevice, HostRegistration, StagingPool, VramSegment};
 use parking_lot::Mutex;
 
 use crate::extent::{Extent, ExtentAllocator};
@@ -151,6 +151,9 @@ impl VramInner {
 
 /// State every handle, lease and reservation of the tier holds.
 pub(crate) struct VramShared {
+    /// The store's RAM arena registered with the device (dropped, so
+    /// unregistered, before `store`); None if the driver refused it.
+    arena: Option<HostRegistration>,
     dev: Arc<GpuDevice>,
     seg: VramSegment,
     staging: StagingPool,
@@ -196,6 +199,7 @@ impl VramTier {
             cfg.vram_staging_slice.as_u64() as usize,
             cfg.vram_staging_depth as usize,
         )?;
+        let arena = register_arena(&dev, store);
         let metrics = store.shared.metrics.clone();
         let frac = |f: f64| ((capacity as f64) * f) as u64;
         let inner = VramInner {
@@ -218,6 +222,7 @@ impl VramTier {
                 high: frac(cfg.high_watermark),
                 low: frac(cfg.low_watermark),
                 max_block: cfg.max_block_size.as_u64(),
+                arena,
                 dev,
                 seg,
                 staging,
@@ -266,6 +271,30 @@ impl VramTier {
     /// A leased block's room is freed when its last lease goes.
     pub fn remove(&self, keys: &[BlockKey]) -> usize {
         self.shared.drop_blocks(keys)
+    }
+}
+
+/// Register `store`'s RAM arena with the device, so blocks move between RAM
+/// and VRAM as DMA with no staging copy. A refusal is logged, not fatal: the
+/// copies then go through the staging pool.
+fn register_arena(dev: &Arc<GpuDevice>, store: &Store) -> Option<HostRegistration> {
+    let region = store.region();
+    let started = std::time::Instant::now();
+    // SAFETY: the arena stays mapped while the store lives, and the tier
+    // holds the store (and drops the registration first).
+    match unsafe { HostRegistration::new(dev, region.as_ptr(), region.len()) } {
+        Ok(r) => {
+            tracing::info!(
+                bytes = region.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "RAM arena registered with the GPU"
+            );
+            Some(r)
+        }
+        Err(e) => {
+            tracing::warn!("RAM arena not registered with the GPU ({e}); RAM <-> VRAM copies go through the staging pool");
+            None
+        }
     }
 }
 

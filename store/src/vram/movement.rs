@@ -1,7 +1,10 @@
-//! Blocks crossing the VRAM / RAM boundary: eviction into RAM (through the
-//! d2h staging; verified there before RAM commits it) and promotion from
-//! RAM or disk (the store's lease, then the h2d staging; verified before
-//! VRAM commits it). Both copy with the tier's lock released; the block
+//! Blocks crossing the VRAM / RAM boundary: eviction into RAM (d2h DMA
+//! into a RAM reservation, hashed slice by slice as it lands; RAM commits it
+//! only if the hash is the block's) and promotion from RAM or disk (the
+//! store's lease, hashed slice by slice as its h2d DMA is queued; VRAM
+//! commits it only if the hash is the block's). The DMA runs straight
+//! from and into the RAM arena, which the tier registers with the device at
+//! open; if that registration failed, through the staging pool. Both copy with the tier's lock released; the block
 //! (eviction) or the room (promotion) is held by a lease or a reservation
 //! meanwhile.
 
@@ -11,7 +14,7 @@ use parking_lot::MutexGuard;
 use super::{VramBlock, VramInner, VramReserveOutcome, VramShared, VramTier};
 use crate::keys::BlockKey;
 use crate::store::ReserveOutcome;
-use crate::StoreError;
+use crate::{BadArgument, StoreError};
 
 /// How a copy of a block to RAM ended.
 pub(super) enum Demoted {
@@ -81,16 +84,31 @@ impl VramShared {
             ReserveOutcome::Present(_) => return Ok(Demoted::Held),
             ReserveOutcome::Reserved(r) => r,
         };
-        let mut sum = Checksummer::new();
-        r.with_bytes_mut(|buf| {
-            self.staging
-                .download(&self.seg, block.extent.offset as usize, buf, &mut sum)
-        })??;
-        if sum.digest() != block.checksum {
-            return Ok(Demoted::Corrupt); // the reservation is revoked on drop
+        let at = block.extent.offset as usize;
+        r.fill_hashed(|buf, sum| self.to_ram(at, buf, sum))??;
+        match r.commit(Some(block.checksum)) {
+            Ok(_) => Ok(Demoted::Held),
+            // Nothing stored: the reservation was revoked.
+            Err(StoreError::InvalidArgument(BadArgument::ChecksumMismatch { .. })) => {
+                Ok(Demoted::Corrupt)
+            }
+            Err(e) => Err(e),
         }
-        r.commit(Some(block.checksum))?;
-        Ok(Demoted::Held)
+    }
+
+    /// Copy `buf.len()` bytes at `at` of the segment into `buf`, RAM arena
+    /// bytes: straight into them when the arena is registered with the
+    /// device, else through the staging pool.
+    fn to_ram(
+        &self,
+        at: usize,
+        buf: &mut [u8],
+        sum: &mut Checksummer,
+    ) -> Result<(), kvfabric_transfer::TransferError> {
+        match self.arena {
+            Some(_) => self.staging.download_direct(&self.seg, at, buf, sum),
+            None => self.staging.download(&self.seg, at, buf, sum),
+        }
     }
 }
 
@@ -107,14 +125,14 @@ impl VramTier {
             VramReserveOutcome::Present(_) => return Ok(true),
             VramReserveOutcome::Reserved(r) => r,
         };
-        r.write(0, lease.bytes())?;
+        r.write_from_ram(lease.bytes())?;
         drop(lease);
         match r.commit(Some(info.checksum)) {
             Ok(_) => {
                 s.count(&s.metrics.promotions);
                 Ok(true)
             }
-            Err(StoreError::InvalidArgument(crate::BadArgument::ChecksumMismatch { .. })) => {
+            Err(StoreError::InvalidArgument(BadArgument::ChecksumMismatch { .. })) => {
                 s.count(&s.metrics.checksum_failures);
                 tracing::warn!("promotion of {key:?} to VRAM failed its checksum; refused");
                 Ok(false)

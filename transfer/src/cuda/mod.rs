@@ -27,7 +27,7 @@ mod segment;
 mod staging;
 
 pub use device::{device_count, GpuDevice, GpuEvent};
-pub use pinned::PinnedBuf;
+pub use pinned::{HostRegistration, PinnedBuf};
 pub use segment::VramSegment;
 pub use staging::StagingPool;
 

@@ -1,11 +1,12 @@
-//! `PinnedBuf`: page-locked host memory (`cuMemHostAlloc`), the only host
-//! memory the copy engines read and write asynchronously at full speed;
-//! freed on drop.
+//! Page-locked host memory, the only host memory the copy engines read and
+//! write asynchronously at full speed: `PinnedBuf` (allocated by the driver,
+//! `cuMemHostAlloc`, freed on drop) and `HostRegistration` (memory someone
+//! else owns, registered with the driver until drop).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use cudarc::driver::result;
+use cudarc::driver::{result, sys};
 
 use super::{cuda_err, GpuDevice};
 use crate::TransferError;
@@ -59,6 +60,48 @@ impl Drop for PinnedBuf {
             // SAFETY: allocated by malloc_host, freed once; no copy into or
             // out of it is in flight (its users wait for their events).
             let _ = unsafe { result::free_host(self.ptr.cast()) };
+        }
+    }
+}
+
+/// Host memory someone else owns (the store's RAM arena), page-locked and
+/// known to the device while this lives (`cuMemHostRegister`): copies to and
+/// from it run as DMA straight from and into it, with no staging copy.
+pub struct HostRegistration {
+    dev: Arc<GpuDevice>,
+    ptr: *mut u8,
+}
+
+// SAFETY: only the address is kept, to unregister it; the memory is the owner's.
+unsafe impl Send for HostRegistration {}
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Register `len` bytes at `ptr` with the device.
+    ///
+    /// # Safety
+    /// `ptr .. ptr + len` must stay mapped until the registration is dropped.
+    pub unsafe fn new(
+        dev: &Arc<GpuDevice>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> Result<Self, TransferError> {
+        dev.bind()?;
+        sys::cuMemHostRegister_v2(ptr.cast(), len, sys::CU_MEMHOSTREGISTER_PORTABLE)
+            .result()
+            .map_err(cuda_err)?;
+        Ok(HostRegistration {
+            dev: dev.clone(),
+            ptr,
+        })
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.dev.bind().is_ok() {
+            // SAFETY: registered by `new`, unregistered once; still mapped (its contract).
+            let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
         }
     }
 }

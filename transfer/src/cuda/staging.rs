@@ -16,6 +16,12 @@
 //! block's before it commits or hands anything out, so a block whose staged
 //! bytes are not the block's is refused (`kvfabric_store::vram`).
 //!
+//! `upload_direct` / `download_direct` move a block between VRAM and host
+//! memory the device reaches itself (the store's RAM arena, registered with
+//! `cuMemHostRegister` when the VRAM tier opens): the same slices, events
+//! and checksum, with no copy through the pool's buffers. That is the
+//! tier's own traffic (promotion from RAM, eviction and copies into RAM).
+//!
 //! Each direction has its own stream (`GpuDevice::h2d`, `d2h`), so an upload
 //! and a download proceed together on the two copy engines. Each slice has
 //! an event recorded after its DMA; a slice goes back to the pool only once
@@ -179,6 +185,89 @@ impl StagingPool {
             sum.copy_and_update(out, &slot.buf[..out.len()]);
             if i + k < pieces {
                 self.queue_down(seg, offset, total, i + k, slot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy `src`, host memory the device reaches directly (a
+    /// [`super::HostRegistration`]'s, e.g. the store's RAM arena), into `seg`
+    /// at `offset` with no staging copy: every slice's DMA is queued first,
+    /// then `src` is fed to `sum` while they run (the caller must not change
+    /// `src` meanwhile, so the bytes hashed are the bytes copied). Returns
+    /// once every byte is in VRAM. (From unregistered memory the driver
+    /// stages the copy itself: correct, slower.)
+    pub fn upload_direct(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        src: &[u8],
+        sum: &mut Checksummer,
+    ) -> Result<(), TransferError> {
+        seg.addr(offset, src.len())?;
+        let mut taken = self.take(1);
+        let stream = self.dev.h2d();
+        self.dev.bind()?;
+        let slot = &mut taken.slots[0];
+        for (i, piece) in src.chunks(self.slice).enumerate() {
+            let dst = seg.addr(offset + i * self.slice, piece.len())?;
+            // SAFETY: a checked device range; `src` is borrowed until the
+            // event recorded below completes (`settle`). After a failed
+            // enqueue nothing waits, but later copies into the same VRAM
+            // queue behind these on this stream.
+            unsafe { result::memcpy_htod_async(dst, piece, stream.cu_stream()) }
+                .map_err(cuda_err)?;
+        }
+        slot.done.record(stream)?;
+        slot.armed = true;
+        sum.update(src);
+        slot.settle()
+    }
+
+    /// Copy `dst.len()` bytes of `seg` at `offset` straight into `dst`, host
+    /// memory the device reaches directly (see `upload_direct`), feeding
+    /// `sum` each slice as its DMA completes while the next ones run.
+    pub fn download_direct(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        dst: &mut [u8],
+        sum: &mut Checksummer,
+    ) -> Result<(), TransferError> {
+        seg.addr(offset, dst.len())?;
+        let (total, base) = (dst.len(), dst.as_mut_ptr());
+        let pieces = total.div_ceil(self.slice);
+        let mut taken = self.take(pieces);
+        let k = taken.slots.len();
+        let stream = self.dev.d2h();
+        self.dev.bind()?;
+        let piece = |i: usize| {
+            let at = i * self.slice;
+            (at, self.slice.min(total - at))
+        };
+        let queue = |i: usize, slot: &mut Slot| -> Result<(), TransferError> {
+            let (at, len) = piece(i);
+            let src = seg.addr(offset + at, len)?;
+            // SAFETY: `at..at + len` lies inside `dst`, which this call borrows
+            // mutably; no other piece overlaps it, and it is read (hashed)
+            // only after its event completes.
+            let out = unsafe { std::slice::from_raw_parts_mut(base.add(at), len) };
+            unsafe { result::memcpy_dtoh_async(out, src, stream.cu_stream()) }.map_err(cuda_err)?;
+            slot.done.record(stream)?;
+            slot.armed = true;
+            Ok(())
+        };
+        for i in 0..k.min(pieces) {
+            queue(i, &mut taken.slots[i])?;
+        }
+        for i in 0..pieces {
+            let slot = &mut taken.slots[i % k];
+            slot.settle()?;
+            let (at, len) = piece(i);
+            // SAFETY: the DMA into this piece completed (settled above).
+            sum.update(unsafe { std::slice::from_raw_parts(base.add(at), len) });
+            if i + k < pieces {
+                queue(i + k, slot)?;
             }
         }
         Ok(())
