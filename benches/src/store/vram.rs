@@ -13,6 +13,8 @@
 //! - Client copies: `VramTier::put` from and `get_into` to ordinary
 //!   (pageable) buffers, through the pinned staging pool (a CPU copy and the
 //!   hash per slice), against the same plain copies.
+//! - Host hash: `clients` threads' XXH3 of the same blocks in the (cold)
+//!   RAM arena, the part of a promotion its DMA does not hide.
 //! - Overlap: a compute-bound kernel (`spin`, ~50 ms) on a stream of its own,
 //!   timed by device events alone and while `clients` threads put and get
 //!   through the tier; the slowdown is with / alone - 1.
@@ -73,6 +75,7 @@ pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<
         let mut f = client_copies(&tier, sources, &keys, clients)?;
         f.extend(tier_moves(&tier, &keys, clients)?);
         f.extend(plain_copies(&tier, &peer_seg, &mut pinned, n)?);
+        f.extend(arena_hash(&tier, n, clients)?);
         if round > 0 {
             // Round 0 warms up (module loads, first touches of the pool).
             for (name, v) in f {
@@ -224,6 +227,21 @@ fn plain_copies(
             gbps(n * BLOCK, t.elapsed()),
         ),
     ])
+}
+
+/// The host's side of a promotion alone: `clients` threads taking the
+/// XXH3 of the `n` blocks of the RAM arena (cold: the last touch was a
+/// round ago), which a promotion must do before it commits. GB/s.
+fn arena_hash(tier: &VramTier, n: usize, clients: usize) -> anyhow::Result<Figures> {
+    let arena = tier.store().region();
+    let t = Instant::now();
+    parallel(clients, n, |i| {
+        // SAFETY: read only; the bench writes no RAM block meanwhile.
+        let block = unsafe { arena.slice(i * BLOCK, BLOCK)? };
+        std::hint::black_box(kvfabric_transfer::checksum::checksum(block));
+        Ok(())
+    })?;
+    Ok(vec![("host_hash_arena_gbps", gbps(n * BLOCK, t.elapsed()))])
 }
 
 /// Time `spin` (blocks x 256 threads x `iters` FMAs) on its own stream, `runs` times; ms each.
