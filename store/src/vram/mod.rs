@@ -10,14 +10,17 @@
 //! configured eviction order (`eviction`, the same `EvictionOrder` the RAM
 //! tier uses) and promotes from it on a lease that misses VRAM.
 //!
-//! Every byte between host and device goes through the transfer crate's
-//! pinned [`StagingPool`] (a stream per direction, sliced, overlapped), and
-//! its checksum is taken of the staged bytes on the host: a put commits only
-//! when they hash to the block's checksum (the client's, or the RAM copy's on
-//! a promotion), and a read or an eviction hands bytes on only when they do.
-//! A block whose staged bytes do not match is refused, counted in
-//! `kvfabric_store_checksum_failures{tier="Vram"}` and dropped from VRAM
-//! (the same answer as a disk copy that fails its checksum: not stored here).
+//! Bytes move on one stream per direction, in slices, through the transfer
+//! crate's [`StagingPool`]: a client's (pageable) buffers through its pinned
+//! slices; blocks between VRAM and RAM straight from and into the RAM arena,
+//! which the tier registers with the driver at open (through the slices if
+//! the driver refused). The checksum is taken on the host of the bytes the
+//! DMA reads or wrote: a put commits only when they hash to the block's
+//! checksum (the client's, or the RAM copy's on a promotion), and a read or
+//! an eviction hands bytes on only when they do. A block whose bytes do not
+//! match is refused, counted in `kvfabric_store_checksum_failures{tier="Vram"}`
+//! and dropped from VRAM (the same answer as a disk copy that fails its
+//! checksum: not stored here).
 //!
 //! Blocks move between VRAM and RAM whole (exclusive on put, inclusive after
 //! a promotion: the RAM copy stays until RAM evicts it, so evicting a
