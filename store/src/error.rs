@@ -171,6 +171,36 @@ pub enum BadArgument {
     Vocabulary(TypesError),
 }
 
+impl BadArgument {
+    /// A put of `len` bytes: refused unless in `1..=max` (`max_block_size`).
+    /// Every tier's `reserve` asks this.
+    pub(crate) fn check_block_size(len: u64, max: u64) -> Result<(), StoreError> {
+        if len == 0 || len > max {
+            return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
+                len,
+                max,
+            }));
+        }
+        Ok(())
+    }
+
+    /// A write of `len` bytes at `offset` into a `reserved`-byte
+    /// reservation: refused if it runs past the end. Every tier's
+    /// reservation asks this.
+    pub(crate) fn check_write(offset: u64, len: u64, reserved: u64) -> Result<(), StoreError> {
+        if offset.checked_add(len).is_none_or(|e| e > reserved) {
+            return Err(StoreError::InvalidArgument(
+                BadArgument::WriteBeyondReservation {
+                    len,
+                    offset,
+                    reserved,
+                },
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Which tier or region had no room ([`StoreError::ResourceExhausted`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoRoom {

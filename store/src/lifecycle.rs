@@ -95,16 +95,7 @@ impl Reservation {
 
     /// Write `data` at `offset` inside the block.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let end = offset.checked_add(data.len() as u64);
-        if end.is_none_or(|e| e > self.len) {
-            return Err(StoreError::InvalidArgument(
-                BadArgument::WriteBeyondReservation {
-                    len: data.len() as u64,
-                    offset,
-                    reserved: self.len,
-                },
-            ));
-        }
+        BadArgument::check_write(offset, data.len() as u64, self.len)?;
         let mut hasher = self.hasher.take().filter(|_| self.hashed == offset);
         let out = self.raw_bytes_mut(|buf| {
             let dst = &mut buf[offset as usize..offset as usize + data.len()];

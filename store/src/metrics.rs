@@ -35,6 +35,9 @@ pub struct TenantTierLabel {
     pub tier: TierName,
 }
 
+/// A counter per tier (hits, misses, evictions, ...).
+pub type TierCounter = Family<TierLabel, Counter>;
+
 /// An operation, as a metric label.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum OpName {
@@ -218,7 +221,7 @@ impl StoreMetrics {
     }
 
     /// The counter of `family` for `tier`.
-    pub fn tier(family: &Family<TierLabel, Counter>, tier: TierName) -> Counter {
+    pub fn tier(family: &TierCounter, tier: TierName) -> Counter {
         family.get_or_create(&TierLabel { tier }).clone()
     }
 

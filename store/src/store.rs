@@ -153,13 +153,7 @@ impl Store {
     ) -> Result<ReserveOutcome, StoreError> {
         let started = Instant::now();
         layout.validate()?;
-        let max = self.shared.cfg.max_block_size.as_u64();
-        if len == 0 || len > max {
-            return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
-                len,
-                max,
-            }));
-        }
+        BadArgument::check_block_size(len, self.shared.cfg.max_block_size.as_u64())?;
         if durable && self.shared.disk.is_none() {
             return Err(StoreError::InvalidArgument(BadArgument::DurableWithoutDisk));
         }

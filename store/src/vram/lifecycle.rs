@@ -54,16 +54,7 @@ impl VramReservation {
     /// must be where the last write ended (the checksum of the staged bytes
     /// is taken on the way, in order).
     pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), StoreError> {
-        let end = offset.checked_add(data.len() as u64);
-        if end.is_none_or(|e| e > self.len) {
-            return Err(StoreError::InvalidArgument(
-                BadArgument::WriteBeyondReservation {
-                    len: data.len() as u64,
-                    offset,
-                    reserved: self.len,
-                },
-            ));
-        }
+        BadArgument::check_write(offset, data.len() as u64, self.len)?;
         if offset != self.written {
             return Err(StoreError::InvalidArgument(BadArgument::OutOfOrderWrite {
                 offset,
@@ -198,12 +189,7 @@ impl VramTier {
         let started = Instant::now();
         layout.validate()?;
         let s = &self.shared;
-        if len == 0 || len > s.max_block {
-            return Err(StoreError::InvalidArgument(BadArgument::BlockSize {
-                len,
-                max: s.max_block,
-            }));
-        }
+        BadArgument::check_block_size(len, s.max_block)?;
         if s.inner.lock().index.contains_key(&key) {
             return Ok(VramReserveOutcome::Present(PutOutcome {
                 already_present: true,
@@ -255,21 +241,19 @@ impl VramTier {
     pub fn lease(&self, key: &BlockKey) -> Result<Option<VramLease>, StoreError> {
         let started = Instant::now();
         let s = &self.shared;
-        for promoted in [false, true] {
-            if let Some(lease) = self.lease_held(key) {
-                s.count(&s.metrics.hits);
-                s.metrics.observe(OpName::Get, started);
-                return Ok(Some(lease));
-            }
-            if promoted {
-                break;
-            }
+        let mut lease = self.lease_held(key);
+        if lease.is_none() {
             s.count(&s.metrics.misses);
             if !self.promote(key)? {
                 return Ok(None);
             }
+            lease = self.lease_held(key);
         }
-        Ok(None)
+        if lease.is_some() {
+            s.count(&s.metrics.hits);
+            s.metrics.observe(OpName::Get, started);
+        }
+        Ok(lease)
     }
 
     /// A lease on `key` if VRAM holds it (touches it in the order).
@@ -283,14 +267,7 @@ impl VramTier {
         Some(VramLease {
             shared: s.clone(),
             extent: b.extent,
-            info: BlockInfo {
-                key: *key,
-                layout: b.layout,
-                len: b.len,
-                checksum: b.checksum,
-                tokens: b.tokens,
-                tier: Tier::Vram,
-            },
+            info: b.info(key),
         })
     }
 

@@ -20,15 +20,7 @@ use crate::StoreError;
 impl UpperTier for VramShared {
     fn info(&self, key: &BlockKey) -> Option<BlockInfo> {
         let g = self.inner.lock();
-        let (_, b) = g.block(key)?;
-        Some(BlockInfo {
-            key: *key,
-            layout: b.layout,
-            len: b.len,
-            checksum: b.checksum,
-            tokens: b.tokens,
-            tier: Tier::Vram,
-        })
+        g.block(key).map(|(_, b)| b.info(key))
     }
 
     fn copy_down(&self, key: &BlockKey) -> Result<bool, StoreError> {

@@ -46,7 +46,8 @@ use parking_lot::Mutex;
 
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
-use crate::metrics::{StoreMetrics, TierLabel, TierName};
+use crate::lifecycle::BlockInfo;
+use crate::metrics::{StoreMetrics, TierCounter, TierLabel, TierName};
 use crate::node_config::NodeConfig;
 use crate::policy::{EvictionOrder, Slot};
 use crate::state::Rec;
@@ -69,6 +70,20 @@ struct VramBlock {
     slot: Slot,
     /// An eviction of it is copying it to RAM.
     evicting: bool,
+}
+
+impl VramBlock {
+    /// Facts about the block, stored under `key` (tier `Vram`).
+    fn info(&self, key: &BlockKey) -> BlockInfo {
+        BlockInfo {
+            key: *key,
+            layout: self.layout,
+            len: self.len,
+            checksum: self.checksum,
+            tokens: self.tokens,
+            tier: kvfabric_proto::v1::Tier::Vram,
+        }
+    }
 }
 
 /// Leases on one extent; `doomed`: the block left the tier while leased, so
@@ -317,13 +332,7 @@ impl VramShared {
         m.blocks.get_or_create(&label).set(g.index.len() as i64);
     }
 
-    fn count(
-        &self,
-        family: &prometheus_client::metrics::family::Family<
-            TierLabel,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    ) {
+    fn count(&self, family: &TierCounter) {
         StoreMetrics::tier(family, TierName::Vram).inc();
     }
 

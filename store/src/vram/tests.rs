@@ -94,15 +94,7 @@ fn get(t: &VramTier, i: u32) -> Option<Vec<u8>> {
     t.get_into(&key(i), &mut out).unwrap().map(|_| out)
 }
 
-fn counted(
-    t: &VramTier,
-    f: impl Fn(
-        &StoreMetrics,
-    ) -> &prometheus_client::metrics::family::Family<
-        crate::metrics::TierLabel,
-        prometheus_client::metrics::counter::Counter,
-    >,
-) -> u64 {
+fn counted(t: &VramTier, f: impl Fn(&StoreMetrics) -> &crate::metrics::TierCounter) -> u64 {
     StoreMetrics::tier(f(&t.shared.metrics), TierName::Vram).get()
 }
 
