@@ -99,13 +99,13 @@ for i in 1 2 3; do
     cat "$OUT/bench$i.json"
     echo
 done
-# SWEEP=1: the staging's knobs (slice, depth, slots) around the defaults.
+# SWEEP=1: promotions checked by the host instead of the GPU (the peer of
+# the default), and the staging's knobs (slice, depth, slots) around the defaults.
 if [ -n "${SWEEP:-}" ]; then
     j=0
-    for knobs in "--vram-staging-slice 256KiB --vram-staging-depth 8" \
+    for knobs in "--vram-verify host" "--vram-verify host --clients 16" \
         "--vram-staging-slice 1MiB --vram-staging-depth 2" \
-        "--vram-staging-slice 2MiB --vram-staging-depth 2 --clients 16 --vram-staging-slots 64" \
-        "--clients 12 --vram-staging-slots 96"; do
+        "--vram-staging-slice 2MiB --vram-staging-depth 2 --clients 16"; do
         j=$((j + 1))
         echo "== sweep $j: $knobs"
         # shellcheck disable=SC2086

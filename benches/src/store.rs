@@ -76,6 +76,9 @@ pub struct StoreArgs {
     pub vram_staging_slice: Option<bytesize::ByteSize>,
     #[arg(long)]
     pub vram_staging_depth: Option<u32>,
+    /// `--tiers vram`: where promotions are checked (`vram_verify`).
+    #[arg(long, value_enum, default_value_t = VerifyArg::Device)]
+    pub vram_verify: VerifyArg,
     /// Report the metadata-scale figures (ops/s at each of
     /// `--metadata-blocks` resident blocks) instead of the data-path ones.
     #[arg(long)]
@@ -100,6 +103,15 @@ pub struct StoreArgs {
 pub enum BenchTier {
     Ram,
     Vram,
+}
+
+/// `--vram-verify`: the node config's `vram_verify`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyArg {
+    /// The GPU hashes a promoted block in VRAM.
+    Device,
+    /// The CPU hashes the RAM copy while its DMA runs.
+    Host,
 }
 
 /// An eviction order of the metadata-scale report's "policy" section.
@@ -166,6 +178,7 @@ impl Default for StoreArgs {
             vram_staging_slots: None,
             vram_staging_slice: None,
             vram_staging_depth: None,
+            vram_verify: VerifyArg::Device,
             metadata_scale: false,
             metadata_blocks: vec![10_000, 1_000_000],
             metadata_ops: 200_000,

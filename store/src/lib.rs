@@ -54,7 +54,9 @@ pub use changes::{BlockChange, ChangeFeed, KvEventRecord, KV_EVENT_BUFFER};
 pub use error::{BadArgument, BadConfig, NoRoom, StoreError};
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
-pub use node_config::{DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, WritePolicy};
+pub use node_config::{
+    DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, VramVerify, WritePolicy,
+};
 pub use node_server::NodeServer;
 pub use planner::{CapacityReport, CurvePoint, TierCurve, SCALES as PLANNER_SCALES};
 pub use policy::{AdaptiveMode, AdaptiveStats};

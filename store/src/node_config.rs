@@ -47,6 +47,19 @@ pub enum DiskCompression {
     Off,
 }
 
+/// Where the VRAM tier checks a block promoted from RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum VramVerify {
+    /// The GPU hashes the bytes as they landed in VRAM (XXH3 kernels), so
+    /// the CPU does not read the RAM copy beside the DMA; blocks of 240
+    /// bytes or fewer, and hosts where NVRTC is missing, fall back to `host`.
+    #[default]
+    Device,
+    /// The CPU hashes the RAM copy while its DMA runs.
+    Host,
+}
+
 /// Order in which a tier picks the blocks it drops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -90,6 +103,9 @@ pub struct NodeConfig {
     pub vram_staging_slice: ByteSize,
     /// Slices one copy uses at most (its pipeline depth). Default: 4.
     pub vram_staging_depth: u32,
+    /// Where a promotion into VRAM is checked against the block's checksum.
+    /// Default: device.
+    pub vram_verify: VramVerify,
     /// Disk tier data file or raw block device; none = no disk tier. Default: none.
     pub disk_path: Option<PathBuf>,
     /// Directory of the disk tier's RocksDB index. Default: `<disk_path>.index`.
@@ -166,6 +182,7 @@ impl Default for NodeConfig {
             vram_staging_slots: 64,
             vram_staging_slice: ByteSize::kib(512),
             vram_staging_depth: 4,
+            vram_verify: VramVerify::Device,
             disk_path: None,
             disk_index_path: None,
             disk_capacity: ByteSize::gib(8),

@@ -3,9 +3,10 @@
 //! CUDA device).
 //!
 //! - H2D: the tier's promotions, `VramTier::lease` of blocks held in RAM
-//!   only, by `clients` threads (each block hashed as its DMA is queued
-//!   straight from the registered RAM arena, committed if the hash is the
-//!   block's) vs one thread's `cuMemcpyHtoD` of the same blocks, one block
+//!   only, by `clients` threads (each block's DMA straight from the
+//!   registered RAM arena, hashed in VRAM by the GPU, or with `--vram-verify
+//!   host` by the CPU while the DMA runs; committed if the hash is the
+//!   block's; `vram_verify` in the report says which ran) vs one thread's `cuMemcpyHtoD` of the same blocks, one block
 //!   per call, from a pinned buffer (the copy engine with nothing in its way).
 //! - D2H: the tier's copies into RAM, `Store::lease` of blocks held in VRAM
 //!   only (DMA into a RAM reservation, hashed slice by slice as it lands) vs
@@ -15,9 +16,12 @@
 //!   hash per slice), against the same plain copies.
 //! - Host hash: `clients` threads' XXH3 of the same blocks in the (cold)
 //!   RAM arena, the part of a promotion its DMA does not hide.
-//! - Overlap: a compute-bound kernel (`spin`, ~50 ms) on a stream of its own,
-//!   timed by device events alone and while `clients` threads put and get
-//!   through the tier; the slowdown is with / alone - 1.
+//! - Overlap: compute-bound kernels (`spin`, ~50 ms in all: one kernel of
+//!   ~25 ms blocks, `kernel_*`, and 500 of ~0.1 ms, `short_kernels_*`) on a
+//!   stream of their own, timed by device events alone and while `clients`
+//!   threads put, get, copy into RAM and promote back through the tier (the
+//!   promotions' hash kernels included); the slowdown is with / alone - 1,
+//!   and `copies_during_*_gbps` what the tier moved meanwhile.
 //! - Tiering: puts into a tier of half the blocks (each evicting one into
 //!   RAM), then leases of the evicted ones (promotions from RAM).
 //!
@@ -30,13 +34,13 @@ use std::time::Instant;
 use anyhow::Context;
 use bytesize::ByteSize;
 use kvfabric_store::vram::VramTier;
-use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store};
+use kvfabric_store::{BlockKey, NodeConfig, PutOptions, Registry, Store, VramVerify};
 use kvfabric_transfer::cuda::kernels::Kernels;
 use kvfabric_transfer::cuda::{GpuEvent, PinnedBuf, VramSegment};
 use serde_json::{json, Map, Value};
 
 use super::shared::{gbps, key, layout, parallel, BLOCK, ROUNDS};
-use super::StoreArgs;
+use super::{StoreArgs, VerifyArg};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -53,6 +57,10 @@ fn open_tier(args: &StoreArgs, vram_blocks: usize, ram_blocks: usize) -> anyhow:
         vram_staging_slots: args.vram_staging_slots.unwrap_or(d.vram_staging_slots),
         vram_staging_slice: args.vram_staging_slice.unwrap_or(d.vram_staging_slice),
         vram_staging_depth: args.vram_staging_depth.unwrap_or(d.vram_staging_depth),
+        vram_verify: match args.vram_verify {
+            VerifyArg::Device => VramVerify::Device,
+            VerifyArg::Host => VramVerify::Host,
+        },
         high_watermark: 1.0,
         low_watermark: 1.0,
         ..d
@@ -92,6 +100,14 @@ pub(super) fn vram(sources: &[Vec<u8>], args: &StoreArgs) -> anyhow::Result<Map<
         "depth": c.vram_staging_depth,
     });
     out.insert("vram_staging".into(), staging);
+    out.insert(
+        "vram_verify".into(),
+        json!(if tier.verifies_on_device() {
+            "device"
+        } else {
+            "host"
+        }),
+    );
     let fig: std::collections::BTreeMap<&str, f64> =
         rounds.into_iter().map(|(k, v)| (k, median(v))).collect();
     let ratio = |a: &str, b: &str| json!(fig[a] / fig[b].max(1e-9));
@@ -244,13 +260,16 @@ fn arena_hash(tier: &VramTier, n: usize, clients: usize) -> anyhow::Result<Figur
     Ok(vec![("host_hash_arena_gbps", gbps(n * BLOCK, t.elapsed()))])
 }
 
-/// Time `spin` (blocks x 256 threads x `iters` FMAs) on its own stream, `runs` times; ms each.
+/// Time `launches` back-to-back `spin` kernels (blocks x 256 threads x
+/// `iters` FMAs each) on their own stream, `runs` times; ms each.
+#[allow(clippy::too_many_arguments)]
 fn time_kernel(
     tier: &VramTier,
     kernels: &Kernels,
     out: &VramSegment,
     blocks: u32,
     iters: u32,
+    launches: u32,
     runs: usize,
 ) -> anyhow::Result<Vec<f64>> {
     let dev = tier.device();
@@ -259,7 +278,9 @@ fn time_kernel(
     let mut ms = Vec::with_capacity(runs);
     for _ in 0..runs {
         start.record(&stream)?;
-        kernels.spin(out, blocks, iters, &stream)?;
+        for _ in 0..launches {
+            kernels.spin(out, blocks, iters, &stream)?;
+        }
         end.record(&stream)?;
         end.wait()?;
         ms.push(f64::from(start.elapsed_ms(&end)?));
@@ -267,7 +288,19 @@ fn time_kernel(
     Ok(ms)
 }
 
-/// The overlap figure: the kernel alone, then while the tier copies.
+/// One shape of GPU load for the overlap figures: `blocks` x 256 threads,
+/// `launches` kernels of `ms_each` back to back (~50 ms in all).
+struct Load {
+    name: &'static str,
+    blocks: u32,
+    launches: u32,
+    ms_each: f64,
+}
+
+/// The overlap figures, for two loads that fill every SM: one kernel whose
+/// blocks run for ~25 ms (`kernel_*`, the probe of earlier sessions), and
+/// 500 kernels of ~0.1 ms, one wave each (`short_kernels_*`, closer to an
+/// engine's step). Each is timed alone, then while the tier copies.
 fn overlap(
     tier: &VramTier,
     sources: &[Vec<u8>],
@@ -276,41 +309,76 @@ fn overlap(
     out: &mut Map<String, Value>,
 ) -> anyhow::Result<()> {
     let kernels = Kernels::compile(tier.device())?;
-    let blocks = 132 * 16;
-    let buf = VramSegment::allocate(tier.device(), blocks as usize * 256 * 4)?;
-    // Calibrate to ~50 ms.
-    let probe = median(time_kernel(tier, &kernels, &buf, blocks, 1 << 14, 3)?);
-    let iters = ((50.0 / probe.max(1e-3)) * f64::from(1u32 << 14)).clamp(1e3, 1e9) as u32;
-    let alone = median(time_kernel(tier, &kernels, &buf, blocks, iters, 7)?);
-    let stop = AtomicBool::new(false);
-    let moved = std::sync::atomic::AtomicUsize::new(0);
-    let (with, copy_secs) = std::thread::scope(|s| -> anyhow::Result<(f64, f64)> {
-        let t = Instant::now();
-        let copier = s.spawn(|| copy_until(tier, sources, keys, clients, &stop, &moved));
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let with = time_kernel(tier, &kernels, &buf, blocks, iters, 7);
-        stop.store(true, Ordering::Relaxed);
-        copier
-            .join()
-            .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
-        Ok((median(with?), t.elapsed().as_secs_f64()))
-    })?;
-    out.insert("kernel_alone_ms".into(), json!(alone));
-    out.insert("kernel_with_copies_ms".into(), json!(with));
-    out.insert(
-        "kernel_slowdown".into(),
-        json!(with / alone.max(1e-9) - 1.0),
-    );
-    let moved = moved.load(Ordering::Relaxed) as f64;
-    out.insert(
-        "copies_during_kernel_gbps".into(),
-        json!(moved / copy_secs / 1e9),
-    );
+    let loads = [
+        Load {
+            name: "kernel",
+            blocks: 132 * 16,
+            launches: 1,
+            ms_each: 50.0,
+        },
+        Load {
+            name: "short_kernels",
+            blocks: 132 * 8,
+            launches: 500,
+            ms_each: 0.1,
+        },
+    ];
+    let buf = VramSegment::allocate(tier.device(), 132 * 16 * 256 * 4)?;
+    for load in loads {
+        let probe = median(time_kernel(
+            tier,
+            &kernels,
+            &buf,
+            load.blocks,
+            1 << 14,
+            1,
+            3,
+        )?);
+        let iters = ((load.ms_each / probe.max(1e-3)) * f64::from(1u32 << 14)).clamp(1e2, 1e9);
+        let time = |runs| {
+            time_kernel(
+                tier,
+                &kernels,
+                &buf,
+                load.blocks,
+                iters as u32,
+                load.launches,
+                runs,
+            )
+        };
+        let alone = median(time(7)?);
+        let stop = AtomicBool::new(false);
+        let moved = std::sync::atomic::AtomicUsize::new(0);
+        let (with, copy_secs) = std::thread::scope(|s| -> anyhow::Result<(f64, f64)> {
+            let t = Instant::now();
+            let copier = s.spawn(|| copy_until(tier, sources, keys, clients, &stop, &moved));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            let with = time(7);
+            stop.store(true, Ordering::Relaxed);
+            copier
+                .join()
+                .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
+            Ok((median(with?), t.elapsed().as_secs_f64()))
+        })?;
+        let n = load.name;
+        out.insert(format!("{n}_alone_ms"), json!(alone));
+        out.insert(format!("{n}_with_copies_ms"), json!(with));
+        out.insert(format!("{n}_slowdown"), json!(with / alone.max(1e-9) - 1.0));
+        let moved = moved.load(Ordering::Relaxed) as f64;
+        let gbps = json!(moved / copy_secs / 1e9);
+        let key = if n == "kernel" {
+            "copies_during_kernel_gbps".to_string()
+        } else {
+            format!("copies_during_{n}_gbps")
+        };
+        out.insert(key, gbps);
+    }
     Ok(())
 }
 
-/// Put and get blocks through the tier on `clients` threads until `stop`;
-/// counts the bytes moved both ways.
+/// Move blocks every way through the tier on `clients` threads until
+/// `stop`: put, get, copy into RAM, drop from VRAM and promote back; counts
+/// the bytes moved.
 fn copy_until(
     tier: &VramTier,
     sources: &[Vec<u8>],
@@ -331,7 +399,10 @@ fn copy_until(
                         tier.remove(&keys[k..k + 1]);
                         tier.put(keys[k], layout(), &sources[k], PutOptions::default())?;
                         tier.get_into(&keys[k], &mut dst)?;
-                        moved.fetch_add(2 * BLOCK, Ordering::Relaxed);
+                        tier.store().lease(&keys[k])?;
+                        tier.remove(&keys[k..k + 1]);
+                        tier.lease(&keys[k])?;
+                        moved.fetch_add(4 * BLOCK, Ordering::Relaxed);
                         i += clients;
                     }
                     Ok(())

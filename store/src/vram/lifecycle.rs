@@ -39,6 +39,9 @@ pub struct VramReservation {
     written: u64,
     /// XXH3 of the staged bytes written so far (boxed: its state is ~0.5 KB).
     sum: Box<Checksummer>,
+    /// XXH3 of the whole block as the GPU computed it in VRAM (a promotion
+    /// checked on the device); it stands for `sum` then.
+    device_digest: Option<u64>,
     /// Still owns `extent` (false once committed).
     open: bool,
     started: Instant,
@@ -69,15 +72,23 @@ impl VramReservation {
     }
 
     /// Write the whole block from bytes of the store's RAM arena: straight
-    /// from them when the arena is registered with the device, else through
-    /// the staging pool (a promotion).
+    /// from them when the arena is registered with the device (checked on
+    /// the GPU when the tier has its hash and it covers the block), else
+    /// through the staging pool (a promotion).
     pub(super) fn write_from_ram(&mut self, data: &[u8]) -> Result<(), StoreError> {
         let s = &self.shared;
         if s.arena.is_none() || self.written != 0 || data.len() as u64 != self.len {
             return self.write(0, data);
         }
         let at = self.extent.offset as usize;
-        s.staging.upload_direct(&s.seg, at, data, &mut self.sum)?;
+        let addr = s.seg.addr(at, data.len())?;
+        match &s.hasher {
+            Some(h) if h.covers(addr, data.len()) => {
+                let digest = s.staging.upload_direct_device_hashed(&s.seg, at, data, h)?;
+                self.device_digest = Some(digest);
+            }
+            _ => s.staging.upload_direct(&s.seg, at, data, &mut self.sum)?,
+        }
         self.written = self.len;
         Ok(())
     }
@@ -91,7 +102,7 @@ impl VramReservation {
                 len: self.len,
             }));
         }
-        let got = self.sum.digest();
+        let got = self.device_digest.unwrap_or_else(|| self.sum.digest());
         if let Some(want) = checksum.filter(|w| *w != got) {
             return Err(StoreError::InvalidArgument(BadArgument::ChecksumMismatch {
                 want,
@@ -210,6 +221,7 @@ impl VramTier {
             },
             written: 0,
             sum: Box::default(),
+            device_digest: None,
             open: true,
             started,
         }))

@@ -14,10 +14,13 @@
 //! crate's [`StagingPool`]: a client's (pageable) buffers through its pinned
 //! slices; blocks between VRAM and RAM straight from and into the RAM arena,
 //! which the tier registers with the driver at open (through the slices if
-//! the driver refused). The checksum is taken on the host of the bytes the
-//! DMA reads or wrote: a put commits only when they hash to the block's
-//! checksum (the client's, or the RAM copy's on a promotion), and a read or
-//! an eviction hands bytes on only when they do. A block whose bytes do not
+//! the driver refused). The checksum is taken of the bytes the DMA read or
+//! wrote: a put commits only when they hash to the block's checksum (the
+//! client's, or the RAM copy's on a promotion), and a read or an eviction
+//! hands bytes on only when they do. The host hashes them, except a
+//! promotion from the registered arena with `vram_verify = device`: the GPU
+//! hashes the bytes as they landed in VRAM (`DeviceXxh3`, the same XXH3),
+//! so the CPU does not read the block from DRAM beside its DMA. A block whose bytes do not
 //! match is refused, counted in `kvfabric_store_checksum_failures{tier="Vram"}`
 //! and dropped from VRAM (the same answer as a disk copy that fails its
 //! checksum: not stored here).
@@ -41,14 +44,14 @@ mod tests;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvfabric_transfer::cuda::{GpuDevice, HostRegistration, StagingPool, VramSegment};
+use kvfabric_transfer::cuda::{DeviceXxh3, GpuDevice, HostRegistration, StagingPool, VramSegment};
 use parking_lot::Mutex;
 
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
 use crate::lifecycle::BlockInfo;
 use crate::metrics::{StoreMetrics, TierCounter, TierLabel, TierName};
-use crate::node_config::NodeConfig;
+use crate::node_config::{NodeConfig, VramVerify};
 use crate::policy::{EvictionOrder, Slot};
 use crate::state::Rec;
 use crate::{BadConfig, NoRoom, Store, StoreError};
@@ -58,6 +61,10 @@ pub use lifecycle::{VramLease, VramReservation, VramReserveOutcome};
 /// Alignment of VRAM extents (the digest kernel reads 8-byte words; 256 B
 /// keeps each block on its own DMA-friendly boundary).
 const VRAM_ALIGN: u64 = 256;
+
+/// Promotions the GPU checks at once (`vram_verify = device`): each slot is
+/// a stream and scratch of 64 bytes per KiB of `max_block_size`.
+const HASH_SLOTS: usize = 8;
 
 /// One block held in VRAM.
 #[derive(Clone, Copy, Debug)]
@@ -172,6 +179,9 @@ pub(crate) struct VramShared {
     /// The store's RAM arena registered with the device (dropped, so
     /// unregistered, before `store`); None if the driver refused it.
     arena: Option<HostRegistration>,
+    /// Checks promotions from the arena on the GPU (`vram_verify = device`
+    /// and the arena registered); None: the host hashes them.
+    hasher: Option<DeviceXxh3>,
     dev: Arc<GpuDevice>,
     seg: VramSegment,
     staging: StagingPool,
@@ -218,6 +228,10 @@ impl VramTier {
             cfg.vram_staging_depth as usize,
         )?;
         let arena = register_arena(&dev, store);
+        let hasher = match (&arena, cfg.vram_verify) {
+            (Some(_), VramVerify::Device) => device_hasher(&dev, cfg.max_block_size.as_u64()),
+            _ => None,
+        };
         let metrics = store.shared.metrics.clone();
         let frac = |f: f64| ((capacity as f64) * f) as u64;
         let inner = VramInner {
@@ -241,6 +255,7 @@ impl VramTier {
                 low: frac(cfg.low_watermark),
                 max_block: cfg.max_block_size.as_u64(),
                 arena,
+                hasher,
                 dev,
                 seg,
                 staging,
@@ -262,6 +277,12 @@ impl VramTier {
     /// The device segment blocks live in (leases give offsets in it).
     pub fn segment(&self) -> &VramSegment {
         &self.shared.seg
+    }
+
+    /// Whether promotions from RAM are checked on the GPU (`vram_verify =
+    /// device`, the arena registered and the kernels compiled).
+    pub fn verifies_on_device(&self) -> bool {
+        self.shared.hasher.is_some()
     }
 
     /// The store under the tier (RAM and disk).
@@ -311,6 +332,23 @@ fn register_arena(dev: &Arc<GpuDevice>, store: &Store) -> Option<HostRegistratio
         }
         Err(e) => {
             tracing::warn!("RAM arena not registered with the GPU ({e}); RAM <-> VRAM copies go through the staging pool");
+            None
+        }
+    }
+}
+
+/// The GPU's XXH3 for promotions; a failure (no NVRTC on the host) is
+/// logged, not fatal: the host hashes them then.
+fn device_hasher(dev: &Arc<GpuDevice>, max_block: u64) -> Option<DeviceXxh3> {
+    match DeviceXxh3::new(dev, max_block as usize, HASH_SLOTS) {
+        Ok(h) => {
+            tracing::info!("promotions into VRAM are checked on the GPU");
+            Some(h)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "promotions into VRAM are checked on the host: the GPU's hash is unavailable ({e})"
+            );
             None
         }
     }

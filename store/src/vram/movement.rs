@@ -1,12 +1,13 @@
 //! Blocks crossing the VRAM / RAM boundary: eviction into RAM (d2h DMA
 //! into a RAM reservation, hashed slice by slice as it lands; RAM commits it
 //! only if the hash is the block's) and promotion from RAM or disk (the
-//! store's lease, hashed slice by slice as its h2d DMA is queued; VRAM
-//! commits it only if the hash is the block's). The DMA runs straight
-//! from and into the RAM arena, which the tier registers with the device at
-//! open; if that registration failed, through the staging pool. Both copy with the tier's lock released; the block
-//! (eviction) or the room (promotion) is held by a lease or a reservation
-//! meanwhile.
+//! store's lease, hashed by the GPU in VRAM once its h2d DMA landed, or by
+//! the host while the DMA runs; VRAM commits it only if the hash is the
+//! block's). The DMA runs straight from and into the RAM arena, which the
+//! tier registers with the device at open; if that registration failed,
+//! through the staging pool. Both copy with the tier's lock released; the
+//! block (eviction) or the room (promotion) is held by a lease or a
+//! reservation meanwhile.
 
 use kvfabric_transfer::checksum::Checksummer;
 use parking_lot::MutexGuard;

@@ -1,6 +1,6 @@
 //! The VRAM tier on a real GPU: put and get through staging, eviction into
 //! RAM and promotion back (bit-exact), the eviction order, leases, refused
-//! corrupt bytes, bad writes, many threads on a small staging pool, and the
+//! corrupt bytes (promotions checked on the GPU and on the host), bad writes, many threads on a small staging pool, and the
 //! GPU-side consumer (the NVRTC digest of a leased block). Each test prints
 //! why and returns when the host has no CUDA device (CI has none).
 
@@ -13,7 +13,7 @@ use kvfabric_transfer::cuda::kernels::{block_digest_host, Kernels};
 use super::VramTier;
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
 use crate::metrics::{StoreMetrics, TierName};
-use crate::node_config::{EvictionPolicy, NodeConfig};
+use crate::node_config::{EvictionPolicy, NodeConfig, VramVerify};
 use crate::store::{PutOptions, Store};
 use crate::{BadArgument, NoRoom, Registry, StoreError};
 
@@ -262,6 +262,52 @@ fn corrupt_bytes_in_vram_or_ram_are_refused_not_handed_out() {
     // Blocks stored before are untouched.
     for i in 10..14 {
         assert_eq!(get(&t, i).unwrap(), data(i, BLOCK));
+    }
+}
+
+#[test]
+fn promotions_are_checked_alike_on_the_device_and_on_the_host() {
+    if !gpu() {
+        return;
+    }
+    // Lengths: a block, odd tails, one just over XXH3's short path and one
+    // on it (the device mode hashes that one on the host).
+    let lens = [BLOCK, BLOCK - 13, 3 * 1024 + 5, 241, 200];
+    for mode in [VramVerify::Device, VramVerify::Host] {
+        let t = tier(8, 32, |c| c.vram_verify = mode);
+        assert_eq!(t.verifies_on_device(), mode == VramVerify::Device);
+        let store = t.store();
+        for (i, len) in lens.iter().enumerate() {
+            let i = i as u32;
+            store
+                .put(key(i), layout(), &data(i, *len), PutOptions::default())
+                .unwrap();
+            let lease = t.lease(&key(i)).unwrap().unwrap();
+            assert_eq!(lease.info().tier, kvfabric_proto::v1::Tier::Vram);
+            drop(lease);
+            let mut back = vec![0u8; *len];
+            t.get_into(&key(i), &mut back).unwrap().unwrap();
+            assert_eq!(back, data(i, *len), "{mode:?} len {len}");
+        }
+        assert_eq!(counted(&t, |m| &m.promotions), lens.len() as u64);
+        // A RAM copy with one flipped byte is refused, whichever checks it.
+        for (i, at) in [(10u32, 7usize), (11, BLOCK - 1)] {
+            store
+                .put(key(i), layout(), &data(i, BLOCK), PutOptions::default())
+                .unwrap();
+            let ram = store.lease(&key(i)).unwrap().unwrap();
+            // SAFETY: a test flips one byte of a committed block it leases.
+            unsafe {
+                store
+                    .region()
+                    .slice_mut(ram.region_offset() as usize + at, 1)
+                    .unwrap()[0] ^= 1
+            };
+            drop(ram);
+            assert!(t.lease(&key(i)).unwrap().is_none(), "{mode:?} byte {at}");
+            assert_eq!(t.contains(&[key(i)]), vec![false]);
+        }
+        assert_eq!(counted(&t, |m| &m.checksum_failures), 2, "{mode:?}");
     }
 }
 

@@ -75,6 +75,18 @@ impl GpuDevice {
         self.ctx.new_stream().map_err(cuda_err)
     }
 
+    /// A new stream of the highest priority the device has: when SMs free
+    /// up, its blocks are scheduled before those of ordinary streams (the
+    /// fabric's own small kernels, e.g. a promotion's hash, go through
+    /// between an engine's kernels instead of queuing behind them).
+    pub fn new_urgent_stream(&self) -> Result<Arc<CudaStream>, TransferError> {
+        self.bind()?;
+        let (_, greatest) = result::stream::get_priority_range().map_err(cuda_err)?;
+        self.ctx
+            .new_stream_with_priority(greatest)
+            .map_err(cuda_err)
+    }
+
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
     pub fn name(&self) -> String {
         self.ctx.name().unwrap_or_else(|e| format!("unknown ({e})"))
@@ -123,6 +135,20 @@ impl GpuEvent {
         self.dev.bind()?;
         // SAFETY: a live event of this context and a live stream.
         unsafe { result::event::record(self.event, stream.cu_stream()) }.map_err(cuda_err)
+    }
+
+    /// Make `stream` wait for the event (as last recorded) before its later work.
+    pub fn make_wait(&self, stream: &CudaStream) -> Result<(), TransferError> {
+        self.dev.bind()?;
+        // SAFETY: a live event of this context and a live stream.
+        unsafe {
+            result::stream::wait_event(
+                stream.cu_stream(),
+                self.event,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cuda_err)
     }
 
     /// Block the calling thread until the event completes.

@@ -18,18 +18,23 @@
 //! Layout: `device` (context, the copy stream of each direction, events),
 //! `pinned` (page-locked host buffers), `segment` (a device allocation),
 //! `staging` (the pool of pinned slices and the pipelined copies through it),
-//! `kernels` (NVRTC-compiled block digest and the overlap probe).
+//! `kernels` (NVRTC-compiled block digest and the overlap probe), `xxh3`
+//! (the block checksum computed on the device), `pool` (the slot pool the
+//! staging slices and the hash slots are shared through).
 
 mod device;
 pub mod kernels;
 mod pinned;
+mod pool;
 mod segment;
 mod staging;
+mod xxh3;
 
 pub use device::{device_count, GpuDevice, GpuEvent};
 pub use pinned::{HostRegistration, PinnedBuf};
 pub use segment::VramSegment;
 pub use staging::StagingPool;
+pub use xxh3::DeviceXxh3;
 
 use crate::TransferError;
 

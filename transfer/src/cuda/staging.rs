@@ -21,16 +21,21 @@
 //! `cuMemHostRegister` when the VRAM tier opens): the same slices, events
 //! and checksum, with no copy through the pool's buffers. That is the
 //! tier's own traffic (promotion from RAM, eviction and copies into RAM).
+//! `upload_direct_device_hashed` leaves the check of a promotion to the GPU
+//! (`DeviceXxh3`, the same XXH3 over the bytes as they landed in VRAM), so
+//! the CPU does not read the block from DRAM beside the DMA.
 //!
 //! Each direction has its own stream (`GpuDevice::h2d`, `d2h`), so an upload
 //! and a download proceed together on the two copy engines. Each slice has
 //! an event recorded after its DMA; a slice goes back to the pool only once
 //! its event completed, also when a copy fails half way.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::result;
 
+use super::pool::SlotPool;
+use super::xxh3::DeviceXxh3;
 use super::{cuda_err, GpuDevice, GpuEvent, PinnedBuf, VramSegment};
 use crate::checksum::Checksummer;
 use crate::TransferError;
@@ -58,8 +63,7 @@ pub struct StagingPool {
     dev: Arc<GpuDevice>,
     slice: usize,
     depth: usize,
-    free: Mutex<Vec<Slot>>,
-    returned: Condvar,
+    slots: SlotPool<Slot>,
 }
 
 /// Slices taken from the pool by one copy; back (settled) on drop.
@@ -75,10 +79,7 @@ impl Drop for Taken<'_> {
             // slice: its DMA failed with the context, and so will the next use.
             let _ = s.settle();
         }
-        let mut free = self.pool.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.append(&mut self.slots);
-        drop(free);
-        self.pool.returned.notify_all();
+        self.pool.slots.give_back(std::mem::take(&mut self.slots));
     }
 }
 
@@ -103,8 +104,7 @@ impl StagingPool {
             dev: dev.clone(),
             slice: slice.max(1),
             depth: depth.clamp(1, slots),
-            free: Mutex::new(free),
-            returned: Condvar::new(),
+            slots: SlotPool::new(free),
         })
     }
 
@@ -115,13 +115,7 @@ impl StagingPool {
 
     /// Take up to `want` slices, waiting until at least one is free.
     fn take(&self, want: usize) -> Taken<'_> {
-        let want = want.clamp(1, self.depth);
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        while free.is_empty() {
-            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
-        }
-        let at = free.len().saturating_sub(want);
-        let slots = free.split_off(at);
+        let slots = self.slots.take(want.clamp(1, self.depth));
         Taken { pool: self, slots }
     }
 
@@ -204,24 +198,59 @@ impl StagingPool {
         src: &[u8],
         sum: &mut Checksummer,
     ) -> Result<(), TransferError> {
-        seg.addr(offset, src.len())?;
         let mut taken = self.take(1);
+        let slot = &mut taken.slots[0];
+        self.queue_up_direct(seg, offset, src, slot)?;
+        sum.update(src);
+        slot.settle()
+    }
+
+    /// `upload_direct`, with the bytes checked on the device instead of
+    /// the host: returns their XXH3 as `hasher` computed it in VRAM once the
+    /// DMA completed (`hasher` must cover the range: `DeviceXxh3::covers`).
+    /// The CPU never reads `src`, so the copy engine has the host's memory
+    /// bandwidth to itself.
+    pub fn upload_direct_device_hashed(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        src: &[u8],
+        hasher: &DeviceXxh3,
+    ) -> Result<u64, TransferError> {
+        let mut taken = self.take(1);
+        let slot = &mut taken.slots[0];
+        self.queue_up_direct(seg, offset, src, slot)?;
+        let digest = hasher.digest_after(seg, offset, src.len(), &slot.done);
+        // The DMA is done once the hash is; settle in any case, so `src` is
+        // not released while the copy engine may still read it.
+        slot.settle()?;
+        digest
+    }
+
+    /// Queue the DMA of `src` (registered host memory) into `seg` at
+    /// `offset` on the h2d stream, in slices, and arm `slot` behind it.
+    fn queue_up_direct(
+        &self,
+        seg: &VramSegment,
+        offset: usize,
+        src: &[u8],
+        slot: &mut Slot,
+    ) -> Result<(), TransferError> {
+        seg.addr(offset, src.len())?;
         let stream = self.dev.h2d();
         self.dev.bind()?;
-        let slot = &mut taken.slots[0];
         for (i, piece) in src.chunks(self.slice).enumerate() {
             let dst = seg.addr(offset + i * self.slice, piece.len())?;
-            // SAFETY: a checked device range; `src` is borrowed until the
-            // event recorded below completes (`settle`). After a failed
-            // enqueue nothing waits, but later copies into the same VRAM
-            // queue behind these on this stream.
+            // SAFETY: a checked device range; the caller keeps `src` borrowed
+            // until the event recorded below completes (`settle`). After a
+            // failed enqueue nothing waits, but later copies into the same
+            // VRAM queue behind these on this stream.
             unsafe { result::memcpy_htod_async(dst, piece, stream.cu_stream()) }
                 .map_err(cuda_err)?;
         }
         slot.done.record(stream)?;
         slot.armed = true;
-        sum.update(src);
-        slot.settle()
+        Ok(())
     }
 
     /// Copy `dst.len()` bytes of `seg` at `offset` straight into `dst`, host

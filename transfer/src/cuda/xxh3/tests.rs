@@ -1,0 +1,150 @@
+//! The split of XXH3 the kernels compute, modelled on the host thread by
+//! thread and compared with the specification's value (runs everywhere);
+//! NVRTC compiling the kernels (where libnvrtc loads); and the kernels on a
+//! GPU against the host checksum (where a device is).
+
+use super::*;
+use crate::checksum::checksum;
+
+fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn word(p: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&p[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+fn mul32(k: u64) -> u64 {
+    (k & 0xffff_ffff).wrapping_mul(k >> 32)
+}
+
+/// `xxh3_rounds` for one round, lane by lane of its warp, with the warp's
+/// shuffles as index arithmetic.
+fn round_sums(round: &[u8], sec: &[u64; 24]) -> [u64; 8] {
+    let mut prod = [0u64; 32];
+    let mut val = [0u64; 32];
+    for lane in 0..32 {
+        let i = lane & 7;
+        for r in 0..4 {
+            let v = word(round, 8 * (r * 32 + lane));
+            prod[lane] = prod[lane].wrapping_add(mul32(v ^ sec[r * 4 + (lane >> 3) + i]));
+            val[lane] = val[lane].wrapping_add(v);
+        }
+    }
+    let fold = |a: &[u64; 32], lane: usize| {
+        [lane, lane ^ 8, lane ^ 16, lane ^ 24]
+            .iter()
+            .fold(0u64, |s, l| s.wrapping_add(a[*l]))
+    };
+    std::array::from_fn(|lane| fold(&prod, lane).wrapping_add(fold(&val, lane ^ 1)))
+}
+
+/// `xxh3_finish` on the host, thread `i` being accumulator `i`.
+fn finish(data: &[u8], sums: &[[u64; 8]]) -> u64 {
+    let (sec, last, merge) = (stripe_secrets(), last_secrets(), merge_secrets());
+    let len = data.len();
+    let terms = |at: usize, i: usize, key: u64| {
+        word(data, at + 8 * (i ^ 1)).wrapping_add(mul32(word(data, at + 8 * i) ^ key))
+    };
+    let acc: [u64; 8] = std::array::from_fn(|i| {
+        let mut acc = INIT[i];
+        for s in sums {
+            acc = acc.wrapping_add(s[i]);
+            acc ^= acc >> 47;
+            acc ^= sec[16 + i];
+            acc = acc.wrapping_mul(PRIME32_1);
+        }
+        let tail = sums.len() * ROUND;
+        for s in 0..((len - 1) - tail) / 64 {
+            acc = acc.wrapping_add(terms(tail + s * 64, i, sec[s + i]));
+        }
+        acc.wrapping_add(terms(len - 64, i, last[i]))
+    });
+    let mut h = (len as u64).wrapping_mul(PRIME64_1);
+    for k in 0..4 {
+        let (x, y) = (acc[2 * k] ^ merge[2 * k], acc[2 * k + 1] ^ merge[2 * k + 1]);
+        let p = u128::from(x) * u128::from(y);
+        h = h.wrapping_add(p as u64 ^ (p >> 64) as u64);
+    }
+    h ^= h >> 37;
+    h = h.wrapping_mul(PRIME_MX1);
+    h ^ (h >> 32)
+}
+
+fn split_model(data: &[u8]) -> u64 {
+    let sec = stripe_secrets();
+    let rounds = (data.len() - 1) / ROUND;
+    let sums: Vec<[u64; 8]> = (0..rounds)
+        .map(|n| round_sums(&data[n * ROUND..(n + 1) * ROUND], &sec))
+        .collect();
+    finish(data, &sums)
+}
+
+/// Lengths around every boundary of the split: the short path's end, a
+/// stripe, a round, rounds ending exactly at the input's end, odd tails.
+fn lengths() -> Vec<usize> {
+    let mut v = vec![241, 255, 256, 319, 320, 1000, 1023, 1024, 1025, 1087, 1088];
+    v.extend([2047, 2048, 2049, 4096 + 7, 9 * 1024 + 63, 65536, 3 << 19]);
+    v
+}
+
+#[test]
+fn the_split_is_xxh3_at_every_boundary() {
+    for (n, len) in lengths().into_iter().enumerate() {
+        let data = bytes(len, n as u64);
+        assert_eq!(split_model(&data), checksum(&data), "len {len}");
+    }
+}
+
+#[test]
+fn the_secret_words_are_the_specifications() {
+    // Spot values of kSecret read little-endian (xxhash.h).
+    assert_eq!(secret_word(0), 0xbe4b_a423_396c_feb8);
+    assert_eq!(stripe_secrets()[23], 0x7e40_4bbb_cafb_d7af);
+    assert_eq!(INIT.len(), 8);
+}
+
+#[test]
+fn nvrtc_compiles_the_kernels() {
+    match cudarc::nvrtc::compile_ptx(source()) {
+        Ok(ptx) => assert!(ptx.to_src().contains("xxh3_finish")),
+        Err(e) => eprintln!("skipped: NVRTC not usable here ({e})"),
+    }
+}
+
+#[test]
+fn on_the_gpu_the_digest_is_the_checksum() {
+    let dev = match GpuDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let max = 3 << 19;
+    let hasher = DeviceXxh3::new(&dev, max, 2).expect("compile and load the kernels");
+    let seg = VramSegment::allocate(&dev, max + 64).expect("allocate");
+    let written = GpuEvent::new(&dev).expect("event");
+    for (n, len) in lengths().into_iter().enumerate() {
+        let data = bytes(len, n as u64 + 100);
+        seg.copy_in(8, &data).expect("copy in");
+        written.record(dev.h2d()).expect("record");
+        let got = hasher.digest_after(&seg, 8, len, &written).expect("digest");
+        assert_eq!(got, checksum(&data), "len {len}");
+    }
+    // Out of its reach: short, too long, unaligned.
+    assert!(!hasher.covers(0, 240));
+    assert!(!hasher.covers(0, max + 1));
+    assert!(!hasher.covers(4, 4096));
+    assert!(hasher.digest_after(&seg, 4, 4096, &written).is_err());
+}
