@@ -10,12 +10,14 @@
 //! round every word only *adds* a term to one of 8 accumulators, and only
 //! the scramble at the end of a round mixes. So:
 //!
-//! 1. `xxh3_rounds` (one warp per round, every round in parallel, coalesced
-//!    256-byte loads): the 8 sums of each full round's terms, into a device
-//!    scratch array;
-//! 2. `xxh3_finish` (8 threads, one per accumulator): the chain
-//!    `acc = scramble(acc + sum[n])` over the rounds, then XXH3's tail (the
-//!    last partial round and the last stripe) and its merge, into one word.
+//! 1. `xxh3_rounds` on the GPU (one warp per round, every round in
+//!    parallel, coalesced 256-byte loads): the 8 sums of each full round's
+//!    terms, and of the tail's (the last partial round and the last
+//!    stripe), into a device array copied back to pinned host memory (64
+//!    bytes per KiB, 6% of the block);
+//! 2. [`finish`] on the host: the chain `acc = scramble(acc + sum[n])` over
+//!    the rounds, the tail's sums and the merge. It is the sequential part
+//!    but tiny (8 words per KiB, already in the cache).
 //!
 //! The result is the specification's value, bit for bit (tests compare a
 //! host model of the same split with [`crate::checksum::checksum`], and on a
@@ -23,15 +25,15 @@
 //! short path, which the kernels do not have: [`DeviceXxh3::covers`] says no
 //! and the caller hashes those on the host.
 //!
-//! Each hash runs on a slot of its own (a stream, the scratch for
-//! `max_len` bytes, a pinned word for the result and an event), taken from a
-//! shared pool, after the event of the copy that wrote the bytes: the copy
-//! stream goes on with the next block while the GPU hashes this one. The
-//! slots' streams have the device's highest priority, so the hash kernels
-//! (a few microseconds of a few SMs per block) take the first SM room the
-//! engine's kernels leave. A GPU filled by kernels whose blocks run for
-//! milliseconds still makes them wait that long (`bench store --tiers
-//! vram` measures both kinds of load); `vram_verify = host` avoids it.
+//! Each hash runs on a slot of its own (a stream, the sums of a
+//! `max_len`-byte input on the device and pinned on the host, an event),
+//! taken from a shared pool, after the event of the copy that wrote the
+//! bytes: the copy stream goes on with the next block while the GPU hashes
+//! this one. The slots' streams have the device's highest priority, so the
+//! kernel (short blocks that read the block once from HBM) takes the first
+//! SM room the engine's kernels leave rather than queuing behind them; what
+//! that costs a running kernel is measured by `bench store --tiers vram`
+//! (docs/BENCHMARKS.md, session 29).
 
 use std::sync::Arc;
 
@@ -126,15 +128,34 @@ __device__ __forceinline__ u64 load64(const unsigned char* p) {
     return v;
 }
 
-// The 8 term sums of each full round: warp w takes round w (and w + warps...);
-// word r*32 + lane of a round is stripe r*4 + lane/8, accumulator lane & 7.
-extern "C" __global__ void xxh3_rounds(const u64* data, u64 rounds, u64* sums) {
+// One stripe's terms for accumulator i (key: the secret word of lane i).
+__device__ __forceinline__ u64 stripe_terms(const unsigned char* p, unsigned i, u64 key) {
+    return load64(p + 8 * (i ^ 1)) + mul32(load64(p + 8 * i) ^ key);
+}
+
+// The 8 term sums of each full round n < rounds, then of the tail (the
+// last partial round's whole stripes and the last stripe) as entry
+// `rounds`. Warp w takes entry w (and w + warps...); word r*32 + lane of a
+// round is stripe r*4 + lane/8, accumulator lane & 7.
+extern "C" __global__ void xxh3_rounds(const unsigned char* data, u64 len, u64 rounds,
+                                       u64* sums) {
     const unsigned lane = threadIdx.x & 31;
     const unsigned i = lane & 7;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 n = warp; n < rounds; n += warps) {
-        const u64* round = data + n * 128;
+    for (u64 n = warp; n <= rounds; n += warps) {
+        if (n == rounds) {
+            if (lane < 8) {
+                const u64 tail = rounds * 1024;
+                const u64 stripes = ((len - 1) - tail) / 64;
+                u64 acc = 0;
+                for (u64 s = 0; s < stripes; ++s)
+                    acc += stripe_terms(data + tail + s * 64, i, SEC[s + i]);
+                sums[n * 8 + lane] = acc + stripe_terms(data + len - 64, i, LAST[i]);
+            }
+            continue;
+        }
+        const u64* round = (const u64*)data + n * 128;
         u64 prod = 0, val = 0;
         #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -151,66 +172,56 @@ extern "C" __global__ void xxh3_rounds(const u64* data, u64 rounds, u64* sums) {
         if (lane < 8) sums[n * 8 + lane] = prod + other;
     }
 }
-
-// One stripe's terms for accumulator i (key: the secret word of lane i).
-__device__ __forceinline__ u64 stripe_terms(const unsigned char* p, unsigned i, u64 key) {
-    return load64(p + 8 * (i ^ 1)) + mul32(load64(p + 8 * i) ^ key);
-}
-
-// The chain over the rounds' sums, the tail and the merge; 8 threads.
-extern "C" __global__ void xxh3_finish(const unsigned char* data, u64 len, const u64* sums,
-                                       u64* out) {
-    const unsigned i = threadIdx.x;
-    u64 acc = INIT[i];
-    const u64 rounds = (len - 1) / 1024;
-    #pragma unroll 8
-    for (u64 n = 0; n < rounds; ++n) {
-        acc += sums[n * 8 + i];
-        acc ^= acc >> 47;
-        acc ^= SEC[16 + i];
-        acc *= PRIME32_1;
-    }
-    const u64 tail = rounds * 1024;
-    const u64 stripes = ((len - 1) - tail) / 64;
-    for (u64 s = 0; s < stripes; ++s) acc += stripe_terms(data + tail + s * 64, i, SEC[s + i]);
-    acc += stripe_terms(data + len - 64, i, LAST[i]);
-    u64 a[8];
-    #pragma unroll
-    for (int k = 0; k < 8; ++k) a[k] = __shfl_sync(0xffu, acc, k);
-    if (i == 0) {
-        u64 h = len * PRIME64_1;
-        #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const u64 x = a[2 * k] ^ MERGE[2 * k], y = a[2 * k + 1] ^ MERGE[2 * k + 1];
-            h += (x * y) ^ __umul64hi(x, y);
-        }
-        h ^= h >> 37;
-        h *= PRIME_MX1;
-        h ^= h >> 32;
-        *out = h;
-    }
-}
 "#;
+
+/// XXH3-64 of a `len`-byte input (> 240) from its rounds' term sums and
+/// the tail's (`xxh3_rounds`' output, `(len - 1) / 1024 + 1` entries of 8):
+/// the scramble chain, the tail and the merge. The chain is the sequential
+/// part (a few microseconds per MiB here), so the host runs it: on the GPU
+/// one thread per accumulator held an SM slot for tens of microseconds per
+/// block, which delayed an engine's kernels.
+pub(crate) fn finish(sums: &[[u64; 8]], len: u64) -> u64 {
+    let sec = stripe_secrets();
+    let (rounds, tail) = sums.split_at(sums.len().saturating_sub(1));
+    let mut acc = INIT;
+    for s in rounds {
+        for i in 0..8 {
+            let mut a = acc[i].wrapping_add(s[i]);
+            a ^= a >> 47;
+            a ^= sec[16 + i];
+            acc[i] = a.wrapping_mul(PRIME32_1);
+        }
+    }
+    if let Some(t) = tail.first() {
+        for i in 0..8 {
+            acc[i] = acc[i].wrapping_add(t[i]);
+        }
+    }
+    let merge = merge_secrets();
+    let mut h = len.wrapping_mul(PRIME64_1);
+    for k in 0..4 {
+        let (x, y) = (acc[2 * k] ^ merge[2 * k], acc[2 * k + 1] ^ merge[2 * k + 1]);
+        let p = u128::from(x) * u128::from(y);
+        h = h.wrapping_add(p as u64 ^ (p >> 64) as u64);
+    }
+    h ^= h >> 37;
+    h = h.wrapping_mul(PRIME_MX1);
+    h ^ (h >> 32)
+}
 
 /// The kernels' CUDA source, the secret's words written in from [`SECRET`].
 pub fn source() -> String {
-    let mut s = format!(
-        "#define PRIME32_1 {PRIME32_1:#x}ull\n#define PRIME64_1 {PRIME64_1:#x}ull\n#define PRIME_MX1 {PRIME_MX1:#x}ull\n"
-    );
-    s += &c_array("SEC", &stripe_secrets());
+    let mut s = c_array("SEC", &stripe_secrets());
     s += &c_array("LAST", &last_secrets());
-    s += &c_array("MERGE", &merge_secrets());
-    s += &c_array("INIT", &INIT);
     s + KERNELS
 }
 
-/// One hash in flight: its stream, round-sum scratch, result word (device
-/// and pinned host) and the event after its result's copy.
+/// One hash in flight: its stream, the round sums (device and pinned host
+/// copies, for `max_len` bytes) and the event after their copy back.
 struct HashSlot {
     stream: Arc<CudaStream>,
     sums: VramSegment,
-    out: VramSegment,
-    result: PinnedBuf,
+    host: PinnedBuf,
     done: GpuEvent,
 }
 
@@ -218,7 +229,6 @@ struct HashSlot {
 pub struct DeviceXxh3 {
     dev: Arc<GpuDevice>,
     rounds: CudaFunction,
-    finish: CudaFunction,
     max_len: usize,
     slots: SlotPool<HashSlot>,
 }
@@ -226,28 +236,32 @@ pub struct DeviceXxh3 {
 /// Threads per block of `xxh3_rounds` (8 warps: 8 rounds per block).
 const THREADS: u32 = 256;
 
+/// Bytes of the sums of a `len`-byte input: 8 words per full round and 8
+/// for the tail.
+fn sums_len(len: usize) -> usize {
+    (len.saturating_sub(1) / ROUND + 1) * 64
+}
+
 impl DeviceXxh3 {
-    /// Compile the kernels (NVRTC) and make `slots` hash slots, each with
-    /// scratch for inputs of up to `max_len` bytes (64 bytes per KiB).
+    /// Compile the kernel (NVRTC) and make `slots` hash slots, each with
+    /// room for the sums of inputs of up to `max_len` bytes (64 bytes per
+    /// KiB, on the device and pinned on the host).
     pub fn new(dev: &Arc<GpuDevice>, max_len: usize, slots: usize) -> Result<Self, TransferError> {
         let ptx = cudarc::nvrtc::compile_ptx(source())
             .map_err(|e| TransferError::io_other("nvrtc", e))?;
         let module = dev.context().load_module(ptx).map_err(cuda_err)?;
-        let sums_len = (max_len.saturating_sub(1) / ROUND).max(1) * 64;
         let mut free = Vec::with_capacity(slots.max(1));
         for _ in 0..slots.max(1) {
             free.push(HashSlot {
                 stream: dev.new_urgent_stream()?,
-                sums: VramSegment::allocate(dev, sums_len)?,
-                out: VramSegment::allocate(dev, 8)?,
-                result: PinnedBuf::new(dev, 8)?,
+                sums: VramSegment::allocate(dev, sums_len(max_len))?,
+                host: PinnedBuf::new(dev, sums_len(max_len))?,
                 done: GpuEvent::new(dev)?,
             });
         }
         Ok(DeviceXxh3 {
             dev: dev.clone(),
             rounds: module.load_function("xxh3_rounds").map_err(cuda_err)?,
-            finish: module.load_function("xxh3_finish").map_err(cuda_err)?,
             max_len,
             slots: SlotPool::new(free),
         })
@@ -261,7 +275,7 @@ impl DeviceXxh3 {
 
     /// XXH3-64 of `len` bytes of `seg` at `offset`, hashed once `after` (an
     /// event recorded on the stream that writes them) completes. Blocks
-    /// until the digest is back on the host.
+    /// until the sums are back on the host and finished there.
     pub fn digest_after(
         &self,
         seg: &VramSegment,
@@ -273,62 +287,72 @@ impl DeviceXxh3 {
         if !self.covers(data, len) {
             return Err(TransferError::io_other(
                 "xxh3 on the device",
-                format!("{len} bytes at {data:#x}: not longer than {SHORT_MAX}, over {} or not 8-byte aligned", self.max_len),
+                format!(
+                    "{len} bytes at {data:#x}: not longer than {SHORT_MAX}, over {} or not 8-byte aligned",
+                    self.max_len
+                ),
             ));
         }
+        let bytes = sums_len(len);
         let mut taken = self.slots.take(1);
         let slot = &mut taken[0];
-        self.dev.bind()?;
-        after.make_wait(&slot.stream)?;
-        self.launch(slot, data, len as u64)?;
-        // SAFETY: the pinned word is ours and read only after `done`.
-        unsafe {
-            result::memcpy_dtoh_async(
-                &mut slot.result[..8],
-                slot.out.addr(0, 8)?,
-                slot.stream.cu_stream(),
-            )
-        }
-        .map_err(cuda_err)?;
-        slot.done.record(&slot.stream)?;
-        let waited = slot.done.wait();
-        let mut word = [0u8; 8];
-        word.copy_from_slice(&slot.result[..8]);
+        let queued = self.queue(slot, after, data, len as u64, bytes);
+        // Wait even after a failed enqueue: nothing may still write the
+        // slot's pinned sums when it goes back to the pool.
+        let waited = queued.and_then(|()| slot.done.wait());
+        let digest = waited.map(|()| {
+            let sums: Vec<[u64; 8]> = slot.host[..bytes]
+                .chunks_exact(64)
+                .map(|e| std::array::from_fn(|i| le_word(&e[8 * i..8 * i + 8])))
+                .collect();
+            finish(&sums, len as u64)
+        });
         self.slots.give_back(taken);
-        waited.map(|()| u64::from_le_bytes(word))
+        digest
     }
 
-    /// Queue both kernels on the slot's stream.
-    fn launch(&self, slot: &HashSlot, data: u64, len: u64) -> Result<(), TransferError> {
+    /// Queue, on the slot's stream: a wait for `after`, the sums kernel and
+    /// the copy of its `bytes` of sums into the slot's pinned buffer, then
+    /// the slot's event.
+    fn queue(
+        &self,
+        slot: &mut HashSlot,
+        after: &GpuEvent,
+        data: u64,
+        len: u64,
+        bytes: usize,
+    ) -> Result<(), TransferError> {
+        self.dev.bind()?;
+        after.make_wait(&slot.stream)?;
         let rounds = (len - 1) / ROUND as u64;
-        let sums = slot.sums.addr(0, (rounds.max(1) * 64) as usize)?;
-        let out = slot.out.addr(0, 8)?;
-        if rounds > 0 {
-            let blocks = rounds.div_ceil(u64::from(THREADS / 32)).clamp(1, 1024) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut launch = slot.stream.launch_builder(&self.rounds);
-            launch.arg(&data).arg(&rounds).arg(&sums);
-            // SAFETY: arguments match `xxh3_rounds`; `data` covers every
-            // full round (checked by `seg.addr`), `sums` holds 8 words per
-            // round (sized for `max_len`), and both outlive the launch (the
-            // caller waits on the slot's stream).
-            unsafe { launch.launch(cfg) }.map_err(cuda_err)?;
-        }
+        let sums = slot.sums.addr(0, bytes)?;
+        let warps = rounds + 1;
+        let blocks = warps.div_ceil(u64::from(THREADS / 32)).clamp(1, 1024) as u32;
         let cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (8, 1, 1),
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut launch = slot.stream.launch_builder(&self.finish);
-        launch.arg(&data).arg(&len).arg(&sums).arg(&out);
-        // SAFETY: as above; `out` is the slot's 8-byte device word.
+        let mut launch = slot.stream.launch_builder(&self.rounds);
+        launch.arg(&data).arg(&len).arg(&rounds).arg(&sums);
+        // SAFETY: arguments match `xxh3_rounds`; `data` covers `len` bytes
+        // (checked by `seg.addr`), `sums` holds 8 words per round and 8 for
+        // the tail (checked above), and both outlive the launch (the caller
+        // waits for the slot's event).
         unsafe { launch.launch(cfg) }.map_err(cuda_err)?;
-        Ok(())
+        // SAFETY: the pinned buffer is the slot's, read only after `done`.
+        unsafe {
+            result::memcpy_dtoh_async(&mut slot.host[..bytes], sums, slot.stream.cu_stream())
+        }
+        .map_err(cuda_err)?;
+        slot.done.record(&slot.stream)
     }
+}
+
+fn le_word(b: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(b);
+    u64::from_le_bytes(w)
 }
 
 #[cfg(test)]

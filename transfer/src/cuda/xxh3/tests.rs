@@ -49,45 +49,32 @@ fn round_sums(round: &[u8], sec: &[u64; 24]) -> [u64; 8] {
     std::array::from_fn(|lane| fold(&prod, lane).wrapping_add(fold(&val, lane ^ 1)))
 }
 
-/// `xxh3_finish` on the host, thread `i` being accumulator `i`.
-fn finish(data: &[u8], sums: &[[u64; 8]]) -> u64 {
-    let (sec, last, merge) = (stripe_secrets(), last_secrets(), merge_secrets());
+/// The tail entry of `xxh3_rounds`, thread `i` being accumulator `i`.
+fn tail_sums(data: &[u8], rounds: usize) -> [u64; 8] {
+    let (sec, last) = (stripe_secrets(), last_secrets());
     let len = data.len();
     let terms = |at: usize, i: usize, key: u64| {
         word(data, at + 8 * (i ^ 1)).wrapping_add(mul32(word(data, at + 8 * i) ^ key))
     };
-    let acc: [u64; 8] = std::array::from_fn(|i| {
-        let mut acc = INIT[i];
-        for s in sums {
-            acc = acc.wrapping_add(s[i]);
-            acc ^= acc >> 47;
-            acc ^= sec[16 + i];
-            acc = acc.wrapping_mul(PRIME32_1);
-        }
-        let tail = sums.len() * ROUND;
+    std::array::from_fn(|i| {
+        let tail = rounds * ROUND;
+        let mut acc = 0u64;
         for s in 0..((len - 1) - tail) / 64 {
             acc = acc.wrapping_add(terms(tail + s * 64, i, sec[s + i]));
         }
         acc.wrapping_add(terms(len - 64, i, last[i]))
-    });
-    let mut h = (len as u64).wrapping_mul(PRIME64_1);
-    for k in 0..4 {
-        let (x, y) = (acc[2 * k] ^ merge[2 * k], acc[2 * k + 1] ^ merge[2 * k + 1]);
-        let p = u128::from(x) * u128::from(y);
-        h = h.wrapping_add(p as u64 ^ (p >> 64) as u64);
-    }
-    h ^= h >> 37;
-    h = h.wrapping_mul(PRIME_MX1);
-    h ^ (h >> 32)
+    })
 }
 
+/// The kernel's sums, modelled, finished by the production [`finish`].
 fn split_model(data: &[u8]) -> u64 {
     let sec = stripe_secrets();
     let rounds = (data.len() - 1) / ROUND;
-    let sums: Vec<[u64; 8]> = (0..rounds)
+    let mut sums: Vec<[u64; 8]> = (0..rounds)
         .map(|n| round_sums(&data[n * ROUND..(n + 1) * ROUND], &sec))
         .collect();
-    finish(data, &sums)
+    sums.push(tail_sums(data, rounds));
+    finish(&sums, data.len() as u64)
 }
 
 /// Lengths around every boundary of the split: the short path's end, a
@@ -117,7 +104,7 @@ fn the_secret_words_are_the_specifications() {
 #[test]
 fn nvrtc_compiles_the_kernels() {
     match cudarc::nvrtc::compile_ptx(source()) {
-        Ok(ptx) => assert!(ptx.to_src().contains("xxh3_finish")),
+        Ok(ptx) => assert!(ptx.to_src().contains("xxh3_rounds")),
         Err(e) => eprintln!("skipped: NVRTC not usable here ({e})"),
     }
 }
@@ -132,7 +119,7 @@ fn on_the_gpu_the_digest_is_the_checksum() {
         }
     };
     let max = 3 << 19;
-    let hasher = DeviceXxh3::new(&dev, max, 2).expect("compile and load the kernels");
+    let hasher = DeviceXxh3::new(&dev, max, 2).expect("compile and load the kernel");
     let seg = VramSegment::allocate(&dev, max + 64).expect("allocate");
     let written = GpuEvent::new(&dev).expect("event");
     for (n, len) in lengths().into_iter().enumerate() {
