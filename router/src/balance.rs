@@ -166,7 +166,8 @@ impl EndpointSet {
         (guard, affinity)
     }
 
-    /// [`EndpointSet::pick`] with the `prefix` policy's inputs; without
+    /// Pick an endpoint by the policy and reserve `tokens` on it, with the
+    /// `prefix` policy's inputs; without
     /// them (the keys call failed) a `prefix` set picks least-loaded.
     /// Also returns the chosen endpoint's cached leading blocks (0 without a hint).
     pub fn pick_with(

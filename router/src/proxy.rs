@@ -10,7 +10,7 @@
 //! Every hop gets `request_timeout_ms` from sending the request to the last
 //! body byte, and `connect_timeout_ms` to open the TCP connection.
 //! [`RequestRecord`] counts a client request exactly once, whatever path it
-//! leaves by, and [`relay`] hands the answer back: 4xx as is, 5xx as a 502
+//! leaves by, and [`Relay`] hands the answer back: 4xx as is, 5xx as a 502
 //! error body, 2xx JSON (optionally with the prefill side's cached-token
 //! count) or an SSE stream passed through event by event.
 
