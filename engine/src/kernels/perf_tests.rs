@@ -68,6 +68,93 @@ fn perf_matmul_shapes() {
     );
 }
 
+/// The row counts in environment variable `name` (comma-separated), or `default`.
+fn env_rows(name: &str, default: &[usize]) -> Vec<usize> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect())
+        .unwrap_or_else(|| default.to_vec())
+}
+
+/// Best of `reps` runs of `a` and of `b`, run alternately (a shared machine
+/// slows both alike).
+fn min_times(reps: usize, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+    let (mut ta, mut tb) = (f64::MAX, f64::MAX);
+    for _ in 0..reps {
+        ta = ta.min(min_time(1, &mut a));
+        tb = tb.min(min_time(1, &mut b));
+    }
+    (ta, tb)
+}
+
+/// One forward's matmuls of the reference model (SmolLM2-135M: 30 layers of
+/// Q4_1 qkv 960x576, attn_out 576x576, gate_up 3072x576, down 576x1536, and
+/// the Q8_0 lm_head 49152x576) at `m` rows (`PERF_ROWS`, default 1, 2, 3, 4,
+/// 5, 8, 9): the small-batch kernels (`matmul`: the fused rows) against the
+/// scratch path (`matmul_scratch`), interleaved, hot in cache (each shape
+/// timed alone, best of `PERF_REPS`, default 60, scaled down for lm_head).
+/// Ratios are to one row through `matmul` (the fused single-row kernel,
+/// decode): what verifying m - 1 drafted tokens costs in single-row passes.
+/// `PERF_THREADS` (default 1) threads; `PERF_ISA=avx2` times the AVX2
+/// kernels on an AVX-512 machine.
+#[test]
+#[ignore]
+fn perf_matmul_rows() {
+    let threads = env_or("PERF_THREADS", 1);
+    let reps = env_or("PERF_REPS", 60);
+    let pool = ThreadPool::new(threads);
+    let isa = match std::env::var("PERF_ISA").as_deref() {
+        Ok("avx2") => Isa::Avx2,
+        _ => Isa::detect(),
+    };
+    let shapes: [(&str, usize, usize, bool, f64); 5] = [
+        ("qkv", 960, 576, false, 30.0),
+        ("attn_out", 576, 576, false, 30.0),
+        ("gate_up", 3072, 576, false, 30.0),
+        ("down", 576, 1536, false, 30.0),
+        ("lm_head", 49152, 576, true, 1.0),
+    ];
+    let rows = env_rows("PERF_ROWS", &[1, 2, 3, 4, 5, 8, 9]);
+    // Per row count: one forward's matmul time, fused and scratch.
+    let mut forward = vec![(0f64, 0f64); rows.len()];
+    for (name, n, k, q8, mult) in shapes {
+        let (info, bytes, _) = if q8 {
+            random_q8_0(n, k, 3)
+        } else {
+            random_q4_1(n, k, 3)
+        };
+        let w = PackedMatrix::pack(&[(&info, &bytes)]).expect("pack");
+        let reps = if q8 { reps.div_ceil(10) } else { reps };
+        let mut line = format!("{name:>9} {n:>5}x{k:<5} us fused/scratch:");
+        for (i, &m) in rows.iter().enumerate() {
+            let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 / 17.0 - 0.5).collect();
+            let (mut o1, mut o2) = (vec![0f32; m * n], vec![0f32; m * n]);
+            let (tf, ts) = min_times(
+                reps,
+                || w.matmul(&pool, isa, &x, m, &mut o1),
+                || w.matmul_scratch(&pool, isa, &x, m, &mut o2),
+            );
+            assert_eq!(o1, o2, "{name} m={m}");
+            forward[i].0 += tf * mult;
+            forward[i].1 += ts * mult;
+            line += &format!("  m={m}: {:.0}/{:.0}", tf * 1e6, ts * 1e6);
+        }
+        println!("{line}");
+    }
+    let one = forward[rows.iter().position(|&m| m == 1).unwrap_or(0)].0;
+    println!("{isa:?} threads={threads}: one forward's matmuls, ms (x one row through matmul)");
+    for (m, (tf, ts)) in rows.iter().zip(&forward) {
+        println!(
+            "  m={m:>2}: fused {:7.3} ({:.2}x)  scratch {:7.3} ({:.2}x)  fused/scratch {:.3}",
+            tf * 1e3,
+            tf / one,
+            ts * 1e3,
+            ts / one,
+            tf / ts
+        );
+    }
+}
+
 #[test]
 #[ignore]
 fn perf_pool_overhead() {

@@ -76,18 +76,20 @@ pub(crate) unsafe fn fused_cols(
     }
 }
 
-/// Rows of a small batch (2..=[`FUSED_ROWS`]) at once, AVX-512 only: half a
-/// tile (32 columns) of `rows` rows, each dequantized weight vector feeding
-/// one FMA per row. `x` rows are `ldx` floats apart, `out` rows `ldo`.
+/// Rows of a small batch at once (2..=[`fused_rows_per_pass`] of `isa`):
+/// half a tile (32 columns) of `rows` rows, each dequantized weight vector
+/// feeding one FMA per row. `x` rows are `ldx` floats apart, `out` rows `ldo`.
 ///
 /// (Why half tiles and these row counts: see [`super`].)
 ///
 /// # Safety
-/// As [`fused_cols`], with `isa == Isa::Avx512`, `x` holding `rows` rows and
-/// `out` `rows` rows of 32 writable values. `side`: lines a later step will
-/// read, requested evenly over the task's inner loop (see [`crate::kernels::prefetch`]).
+/// As [`fused_cols`], with `x` holding `rows` rows and `out` `rows` rows of
+/// 32 writable values. `side`: lines a later step will read, requested
+/// evenly over the task's inner loop (AVX-512: a share per k step, AVX2: per
+/// chunk; see [`crate::kernels::prefetch`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn fused_rows_avx512(
+pub(crate) unsafe fn fused_rows(
+    isa: Isa,
     format: PackedFormat,
     tile: *const u8,
     kbs: usize,
@@ -99,20 +101,67 @@ pub(crate) unsafe fn fused_rows_avx512(
     ldo: usize,
     side: &mut SideCursor,
 ) {
+    if isa == Isa::Avx512 {
+        macro_rules! by_rows {
+            ($format:ident: $($r:literal)*) => {
+                match rows {
+                    $($r => $format::avx512::rows::<$r>(tile, kbs, col0, x, ldx, out, ldo, side),)*
+                    _ => unreachable!("AVX-512 fused rows take 2..=8 rows"),
+                }
+            };
+        }
+        match format {
+            PackedFormat::Q4_1 => by_rows!(q4_1: 2 3 4 5 6 7 8),
+            PackedFormat::Q8_0 => by_rows!(q8_0: 2 3 4 5 6 7 8),
+            PackedFormat::F32 => unreachable!("fused kernels take Q4_1 and Q8_0"),
+        }
+        return;
+    }
+    // AVX2: the half tile in two passes of 16 columns (the sums of 16 columns
+    // x up to 6 rows fill the registers); only the first requests the chunks
+    // ahead, the second finds the half tile's chunks in L1 or L2. Two rows of
+    // Q8_0 take all 32 columns at once (see `q8_0::avx2::two_rows`).
     macro_rules! by_rows {
         ($format:ident: $($r:literal)*) => {
             match rows {
-                $($r => $format::avx512::rows::<$r>(tile, kbs, col0, x, ldx, out, ldo, side),)*
-                _ => unreachable!("fused_rows_avx512 takes 2..=8 rows"),
+                $($r => {
+                    for c in [0, 16] {
+                        $format::avx2::rows::<$r>(
+                            tile, kbs, col0 + c, x, ldx, out.add(c), ldo, c == 0, side,
+                        );
+                    }
+                })*
+                _ => unreachable!("AVX2 fused rows take 2..=6 rows"),
             }
         };
     }
     match format {
-        PackedFormat::Q4_1 => by_rows!(q4_1: 2 3 4 5 6 7 8),
-        PackedFormat::Q8_0 => by_rows!(q8_0: 2 3 4 5 6 7 8),
+        PackedFormat::Q4_1 => by_rows!(q4_1: 2 3 4 5 6),
+        PackedFormat::Q8_0 if rows == 2 => {
+            q8_0::avx2::two_rows(tile, kbs, col0, x, ldx, out, ldo, side)
+        }
+        PackedFormat::Q8_0 => by_rows!(q8_0: 3 4 5 6),
         PackedFormat::F32 => unreachable!("fused kernels take Q4_1 and Q8_0"),
     }
 }
 
-/// Most rows [`fused_rows_avx512`] takes.
-pub(crate) const FUSED_ROWS: usize = 8;
+/// Most rows one [`fused_rows`] call takes on `isa`: as many as keep the
+/// sums, the weights being made and a broadcast in registers (32 on
+/// AVX-512, 16 on AVX2).
+pub(crate) fn fused_rows_per_pass(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 8,
+        _ => 6,
+    }
+}
+
+/// Most rows the small-batch fused path takes on `isa`, in passes of
+/// [`fused_rows_per_pass`]: on AVX-512 two passes (a decoding sequence and a
+/// 15-token draft); on AVX2 one, as a second pass dequantizes every weight
+/// again and was no faster than the scratch path (see [`super`]).
+pub(crate) fn fused_max_rows(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 2 * fused_rows_per_pass(isa),
+        _ => fused_rows_per_pass(isa),
+    }
+}

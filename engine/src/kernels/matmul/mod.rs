@@ -12,23 +12,34 @@
 //! module's test `fma_dequant_equals_multiply_then_add` checks every finite
 //! f16 `d`). Each output is accumulated with one FMA per k, k = 0..K in
 //! order, starting from 0 — independent of M, of the row grouping and of
-//! the thread split. A single row (decode), and on AVX-512 a small batch,
-//! skips the scratch: the fused kernels dequantize in registers with the
-//! same operations and the same k order, so the bits are the same.
+//! the thread split. A single row (decode) and a small batch skip the
+//! scratch: the fused kernels dequantize in registers with the same
+//! operations and the same k order, so the bits are the same.
 //!
 //! For one row the scratch costs more than it saves (every weight is stored
-//! to and reloaded from L1 for one FMA). Measured on AVX2 (Zen 3), for
-//! 2..=4 rows register dequantization was no faster than the scratch; on
-//! AVX-512 (Emerald Rapids), a batch-8 decode step through the scratch path
-//! stored and reloaded every weight once per tile and split the 9-tile
-//! matrices unevenly between 2 threads, so 2..=[`FUSED_ROWS`] rows take half
-//! tiles with 8 rows x 2 vectors of accumulators in registers (16 of 32);
-//! up to 2 x [`FUSED_ROWS`] rows (a sequence verifying a speculative draft)
-//! take two passes of about half the rows each over the same half tile, its
+//! to and reloaded from L1 for one FMA). A small batch takes half tiles (32
+//! columns: the 9-tile matrices split evenly between 2 threads) with every
+//! row's sums in registers. On AVX-512 (Emerald Rapids), where a batch-8
+//! decode step through the scratch path stored and reloaded every weight
+//! once per tile, 2..=8 rows take 8 rows x 2 vectors of sums (16 of 32
+//! registers), and up to 16 rows (a sequence verifying a speculative draft)
+//! two passes of about half the rows each over the same half tile, its
 //! chunks still in L1 for the second (on the reference model the scratch
 //! path cost about 0.9 ms per row past 8 against 0.55 ms per fused row,
 //! docs/BENCHMARKS.md #26; the two passes' own gain is not yet measured on
-//! a quiet machine: `bench spec`'s `verify_cost`).
+//! a quiet machine: `bench spec`'s `verify_cost`). On AVX2 (Zen 3, 16
+//! registers) 2..=6 rows take passes of 16 columns x up to 6 rows (2 rows
+//! of Q8_0: 32 columns), the inner loop in inline assembly (with intrinsics
+//! LLVM spilled sums: see `q4_1::avx2`). Measured on a Zen 3 with
+//! `perf_matmul_rows` (one forward's matmuls of the reference model, hot in
+//! cache), they cost 0.75-0.87 of the scratch path's time at 2..=6 rows (1 +
+//! 4 rows: 1.84-1.88 single-row passes against 2.23-2.29 on 2 threads,
+//! 1.91-2.09 against 2.54-2.77 on one); in a whole verify pass of the
+//! reference model (`perf_verify_rows`, 2 threads) 1 + 4 rows went from
+//! 1.70-1.87 single-row passes (median 1.82) to 1.55-1.73 (1.58), while
+//! 2..=3 rows, bound by reading the weights, did not measurably change. Past 6 rows a second pass
+//! dequantizes every weight again, and 7..=16 rows in two passes cost
+//! 0.96-1.19 of the scratch path's, so they keep it.
 //!
 //! The code is grouped by format, then ISA (as candle's quantized kernels
 //! are): [`layout`] (the tile layout, a leaf), `pack` (GGUF to tiles),
@@ -56,15 +67,10 @@ use crate::kernels::pool::ThreadPool;
 use crate::kernels::prefetch::SideLines;
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
-use fused::{fused_cols, fused_rows_avx512, FusedCols, FUSED_ROWS};
+use fused::{fused_cols, fused_max_rows, fused_rows, fused_rows_per_pass, FusedCols};
 
 /// Rows processed per dequantized chunk before moving on (cache blocking).
 const ROW_BLOCK: usize = 96;
-
-/// Most passes of [`FUSED_ROWS`] rows the small-batch AVX-512 path makes
-/// (up to 16 rows: a decoding sequence and a 15-token draft).
-#[cfg(target_arch = "x86_64")]
-const FUSED_PASSES: usize = 2;
 
 /// A weight matrix W[N][K] repacked for the kernels.
 #[derive(Debug)]
@@ -125,13 +131,14 @@ impl PackedMatrix {
     }
 
     /// Whether [`Self::matmul_prefetching`] requests side lines for `m` rows:
-    /// on the small-batch AVX-512 path (2..=16 rows of a quantized matrix),
-    /// where the matmul is compute-bound and a batch's next step memory-bound.
+    /// on the small-batch fused path (2..=16 rows of a quantized matrix on
+    /// AVX-512, 2..=6 on AVX2), where the matmul is compute-bound and a
+    /// batch's next step memory-bound.
     pub fn takes_side_lines(&self, isa: Isa, m: usize) -> bool {
         #[cfg(target_arch = "x86_64")]
-        return isa == Isa::Avx512
+        return isa != Isa::Scalar
             && self.format != PackedFormat::F32
-            && (2..=FUSED_PASSES * FUSED_ROWS).contains(&m);
+            && (2..=fused_max_rows(isa)).contains(&m);
         #[cfg(not(target_arch = "x86_64"))]
         {
             let _ = (isa, m);
@@ -187,11 +194,11 @@ impl PackedMatrix {
         #[cfg(target_arch = "x86_64")]
         if self.takes_side_lines(isa, m) {
             // A small batch: half tiles, weights dequantized in registers, every
-            // row at once, or past FUSED_ROWS rows in passes of near-equal rows
-            // (a speculative step's verification rows): the half tile's chunks
-            // are in L1 for the later passes.
+            // row at once, or past the ISA's rows per pass in passes of near-equal
+            // rows (a speculative step's verification rows): the half tile's
+            // chunks are in L1 (or L2) for the later passes.
             let half = TILE_N / 2;
-            let passes = m.div_ceil(FUSED_ROWS);
+            let passes = m.div_ceil(fused_rows_per_pass(isa));
             pool.run(tiles * 2, &|task| {
                 let (tile, col0) = (task / 2, (task % 2) * half);
                 let out_ptr = &out_ptr;
@@ -199,12 +206,14 @@ impl PackedMatrix {
                 let mut r0 = 0;
                 for pass in 0..passes {
                     let rows = (m - r0) / (passes - pass);
-                    // SAFETY: Isa::Avx512 is only chosen when the CPU has it; each
+                    // SAFETY: SIMD ISAs are only chosen when the CPU has them; each
                     // task writes only its own 32 columns of rows r0..r0 + rows, and
-                    // 2 <= rows <= FUSED_ROWS (m <= passes * FUSED_ROWS, m >= 2 * passes
-                    // for m >= 2); shapes were checked.
+                    // 2 <= rows <= fused_rows_per_pass (m <= passes * per_pass; at
+                    // most 2 passes, and m >= 2 * passes when there are 2); shapes
+                    // were checked.
                     unsafe {
-                        fused_rows_avx512(
+                        fused_rows(
+                            isa,
                             self.format,
                             self.chunk(tile, 0).as_ptr(),
                             self.k / CHUNK_K,
@@ -223,6 +232,27 @@ impl PackedMatrix {
             return;
         }
         pool.run(tiles, &|tile| {
+            let out_ptr = &out_ptr;
+            // SAFETY: each task writes only its own 64 columns of every row.
+            unsafe { self.tile(isa, tile, x, m, out_ptr.0) }
+        });
+    }
+
+    /// [`Self::matmul`] through the scratch path whatever the row count: the
+    /// tests and the perf probes compare it with the fused kernels.
+    #[cfg(test)]
+    pub(crate) fn matmul_scratch(
+        &self,
+        pool: &ThreadPool,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+    ) {
+        assert_eq!(x.len(), m * self.k, "matmul input shape");
+        assert_eq!(out.len(), m * self.n, "matmul output shape");
+        let out_ptr = SendPtr(out.as_mut_ptr());
+        pool.run(self.n / TILE_N, &|tile| {
             let out_ptr = &out_ptr;
             // SAFETY: each task writes only its own 64 columns of every row.
             unsafe { self.tile(isa, tile, x, m, out_ptr.0) }

@@ -49,9 +49,10 @@ fn pack_rejects_bad_shapes() {
     assert!(PackedMatrix::pack(&[]).is_err());
 }
 
-/// Every row count, through the fused kernels (1 row; 2..=8 rows on
-/// AVX-512, 9..=16 in two passes of them) and past them (the scratch path), equals the sequential-FMA reference bit for bit, for
-/// both quantized formats, every ISA and thread count.
+/// Every row count, through the fused kernels (1 row; 2..=16 rows in passes
+/// of up to 8 rows on AVX-512, up to 6 on AVX2) and past them (the scratch
+/// path), equals the sequential-FMA reference bit for bit, for both
+/// quantized formats, every ISA and thread count.
 #[test]
 fn fused_rows_equal_sequential_fma_reference() {
     let isas = Isa::all_detected();
@@ -88,6 +89,52 @@ fn fused_rows_equal_sequential_fma_reference() {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "q8={q8} {isa:?} rows={rows} threads={threads}");
+                }
+            }
+        }
+    }
+}
+
+/// The small-batch fused path equals the scratch path bit for bit for every
+/// row count it takes (2..=16: one pass and several), every ISA, both
+/// quantized formats and thread counts, with side lines requested (they
+/// change no value) and without; several matrix shapes, so that half tiles,
+/// 16-column passes and chunk counts vary.
+#[test]
+fn fused_rows_equal_scratch_path_with_and_without_side_lines() {
+    let side_buf = vec![0u8; 64 * 1024];
+    let mut side = SideLines::with_span_bytes(4096);
+    for i in 0..16 {
+        side.push(side_buf[i * 4096..].as_ptr());
+    }
+    for (n, k, seed) in [(64, 32, 5), (320, 96, 6), (128, 544, 7)] {
+        for q8 in [false, true] {
+            let (info, bytes, _) = if q8 {
+                random_q8_0(n, k, seed)
+            } else {
+                random_q4_1(n, k, seed)
+            };
+            let w = PackedMatrix::pack(&[(&info, &bytes)]).expect("pack");
+            let x: Vec<f32> = (0..16 * k)
+                .map(|i| ((i * 29 % 103) as f32 - 51.0) / 17.0)
+                .collect();
+            for threads in [1, 2] {
+                let pool = ThreadPool::new(threads);
+                for isa in Isa::all_detected() {
+                    for m in 2..=16 {
+                        let (x, mut want) = (&x[..m * k], vec![0f32; m * n]);
+                        w.matmul_scratch(&pool, isa, x, m, &mut want);
+                        for lines in [&SideLines::none(), &side] {
+                            let mut out = vec![f32::NAN; m * n];
+                            w.matmul_prefetching(&pool, isa, x, m, &mut out, lines);
+                            let same = out
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            let what = format!("n={n} k={k} q8={q8} {isa:?} m={m}");
+                            assert!(same, "{what} threads={threads} side={}", lines.lines());
+                        }
+                    }
                 }
             }
         }
