@@ -195,6 +195,9 @@ pub enum Missing {
     /// No CUDA device `ordinal` (`count` present).
     #[error("no CUDA device {ordinal} ({count} present)")]
     CudaDevice { ordinal: usize, count: usize },
+    /// No NVRTC library (libnvrtc.so*) to compile the GPU kernels with.
+    #[error("NVRTC (libnvrtc) not found: the GPU kernels cannot be compiled")]
+    Nvrtc,
 }
 
 /// Regions (`kvfabric-types`) report the variants this crate reported when

@@ -84,8 +84,7 @@ pub struct Kernels {
 impl Kernels {
     /// Compile the kernels with NVRTC (needs libnvrtc) and load them.
     pub fn compile(dev: &Arc<GpuDevice>) -> Result<Self, TransferError> {
-        let ptx =
-            cudarc::nvrtc::compile_ptx(SOURCE).map_err(|e| TransferError::io_other("nvrtc", e))?;
+        let ptx = super::compile(SOURCE)?;
         let module = dev.context().load_module(ptx).map_err(cuda_err)?;
         Ok(Kernels {
             dev: dev.clone(),

@@ -38,6 +38,16 @@ pub use xxh3::DeviceXxh3;
 
 use crate::TransferError;
 
+/// Compile CUDA C `source` to PTX with NVRTC, or `Unsupported(Nvrtc)` when
+/// the library is not on the host (cudarc would panic on the first call).
+pub(crate) fn compile(source: &str) -> Result<cudarc::nvrtc::Ptx, TransferError> {
+    // SAFETY: only tries to dlopen the NVRTC library.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(TransferError::Unsupported(crate::error::Missing::Nvrtc));
+    }
+    cudarc::nvrtc::compile_ptx(source).map_err(|e| TransferError::io_other("nvrtc", e))
+}
+
 /// A CUDA error as a transfer error (`Io` of kind other, "cuda: ...").
 pub(crate) fn cuda_err(e: impl std::fmt::Display) -> TransferError {
     TransferError::io_other("cuda", e)

@@ -247,8 +247,7 @@ impl DeviceXxh3 {
     /// room for the sums of inputs of up to `max_len` bytes (64 bytes per
     /// KiB, on the device and pinned on the host).
     pub fn new(dev: &Arc<GpuDevice>, max_len: usize, slots: usize) -> Result<Self, TransferError> {
-        let ptx = cudarc::nvrtc::compile_ptx(source())
-            .map_err(|e| TransferError::io_other("nvrtc", e))?;
+        let ptx = super::compile(&source())?;
         let module = dev.context().load_module(ptx).map_err(cuda_err)?;
         let mut free = Vec::with_capacity(slots.max(1));
         for _ in 0..slots.max(1) {

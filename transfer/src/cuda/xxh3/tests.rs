@@ -103,7 +103,7 @@ fn the_secret_words_are_the_specifications() {
 
 #[test]
 fn nvrtc_compiles_the_kernels() {
-    match cudarc::nvrtc::compile_ptx(source()) {
+    match crate::cuda::compile(&source()) {
         Ok(ptx) => assert!(ptx.to_src().contains("xxh3_rounds")),
         Err(e) => eprintln!("skipped: NVRTC not usable here ({e})"),
     }
