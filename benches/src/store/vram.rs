@@ -365,13 +365,10 @@ fn overlap(
         out.insert(format!("{n}_with_copies_ms"), json!(with));
         out.insert(format!("{n}_slowdown"), json!(with / alone.max(1e-9) - 1.0));
         let moved = moved.load(Ordering::Relaxed) as f64;
-        let gbps = json!(moved / copy_secs / 1e9);
-        let key = if n == "kernel" {
-            "copies_during_kernel_gbps".to_string()
-        } else {
-            format!("copies_during_{n}_gbps")
-        };
-        out.insert(key, gbps);
+        out.insert(
+            format!("copies_during_{n}_gbps"),
+            json!(moved / copy_secs / 1e9),
+        );
     }
     Ok(())
 }

@@ -44,7 +44,7 @@ use super::{cuda_err, GpuDevice, GpuEvent, PinnedBuf, VramSegment};
 use crate::TransferError;
 
 /// XXH3's default secret (the specification's `kSecret`).
-pub(crate) const SECRET: [u8; 192] = [
+const SECRET: [u8; 192] = [
     0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
     0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
     0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
@@ -60,15 +60,15 @@ pub(crate) const SECRET: [u8; 192] = [
 ];
 
 /// Bytes of one round (16 stripes of 64 bytes with the default secret).
-pub(crate) const ROUND: usize = 1024;
+const ROUND: usize = 1024;
 /// Inputs up to this long take XXH3's short path (not on the device).
-pub(crate) const SHORT_MAX: usize = 240;
+const SHORT_MAX: usize = 240;
 
-pub(crate) const PRIME32_1: u64 = 0x9E37_79B1;
-pub(crate) const PRIME64_1: u64 = 0x9E37_79B1_85EB_CA87;
-pub(crate) const PRIME_MX1: u64 = 0x1656_6791_9E37_79F9;
+const PRIME32_1: u64 = 0x9E37_79B1;
+const PRIME64_1: u64 = 0x9E37_79B1_85EB_CA87;
+const PRIME_MX1: u64 = 0x1656_6791_9E37_79F9;
 /// XXH3's initial accumulators.
-pub(crate) const INIT: [u64; 8] = [
+const INIT: [u64; 8] = [
     0xC2B2_AE3D,
     PRIME64_1,
     0xC2B2_AE3D_27D4_EB4F,
@@ -80,7 +80,7 @@ pub(crate) const INIT: [u64; 8] = [
 ];
 
 /// The little-endian word of the secret at byte `at`.
-pub(crate) const fn secret_word(at: usize) -> u64 {
+const fn secret_word(at: usize) -> u64 {
     let mut w = 0u64;
     let mut b = 8;
     while b > 0 {
@@ -91,18 +91,18 @@ pub(crate) const fn secret_word(at: usize) -> u64 {
 }
 
 /// Secret words a stripe's lane reads (`stripe + lane`), and the scramble's (16..24).
-pub(crate) fn stripe_secrets() -> [u64; 24] {
+fn stripe_secrets() -> [u64; 24] {
     std::array::from_fn(|k| secret_word(8 * k))
 }
 
 /// Secret words of the last stripe (XXH3 reads them 7 bytes before the
 /// secret's last 64).
-pub(crate) fn last_secrets() -> [u64; 8] {
+fn last_secrets() -> [u64; 8] {
     std::array::from_fn(|i| secret_word(SECRET.len() - 64 - 7 + 8 * i))
 }
 
 /// Secret words of the final merge (from byte 11).
-pub(crate) fn merge_secrets() -> [u64; 8] {
+fn merge_secrets() -> [u64; 8] {
     std::array::from_fn(|i| secret_word(11 + 8 * i))
 }
 
@@ -175,26 +175,28 @@ extern "C" __global__ void xxh3_rounds(const unsigned char* data, u64 len, u64 r
 "#;
 
 /// XXH3-64 of a `len`-byte input (> 240) from its rounds' term sums and
-/// the tail's (`xxh3_rounds`' output, `(len - 1) / 1024 + 1` entries of 8):
+/// the tail's (`xxh3_rounds`' output as it lands in host memory: `(len - 1)
+/// / 1024 + 1` entries of 8 little-endian words, 64 bytes each):
 /// the scramble chain, the tail and the merge. The chain is the sequential
 /// part (a few microseconds per MiB here), so the host runs it: on the GPU
 /// one thread per accumulator held an SM slot for tens of microseconds per
 /// block, which delayed an engine's kernels.
-pub(crate) fn finish(sums: &[[u64; 8]], len: u64) -> u64 {
+fn finish(sums: &[u8], len: u64) -> u64 {
     let sec = stripe_secrets();
-    let (rounds, tail) = sums.split_at(sums.len().saturating_sub(1));
+    let entry = |e: &[u8], i: usize| le_word(&e[8 * i..8 * i + 8]);
+    let (rounds, tail) = sums.split_at(sums.len().saturating_sub(64));
     let mut acc = INIT;
-    for s in rounds {
+    for s in rounds.chunks_exact(64) {
         for i in 0..8 {
-            let mut a = acc[i].wrapping_add(s[i]);
+            let mut a = acc[i].wrapping_add(entry(s, i));
             a ^= a >> 47;
             a ^= sec[16 + i];
             acc[i] = a.wrapping_mul(PRIME32_1);
         }
     }
-    if let Some(t) = tail.first() {
-        for i in 0..8 {
-            acc[i] = acc[i].wrapping_add(t[i]);
+    if tail.len() == 64 {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = a.wrapping_add(entry(tail, i));
         }
     }
     let merge = merge_secrets();
@@ -210,7 +212,7 @@ pub(crate) fn finish(sums: &[[u64; 8]], len: u64) -> u64 {
 }
 
 /// The kernels' CUDA source, the secret's words written in from [`SECRET`].
-pub fn source() -> String {
+fn source() -> String {
     let mut s = c_array("SEC", &stripe_secrets());
     s += &c_array("LAST", &last_secrets());
     s + KERNELS
@@ -295,17 +297,18 @@ impl DeviceXxh3 {
         let bytes = sums_len(len);
         let mut taken = self.slots.take(1);
         let slot = &mut taken[0];
-        let queued = self.queue(slot, after, data, len as u64, bytes);
-        // Wait even after a failed enqueue: nothing may still write the
-        // slot's pinned sums when it goes back to the pool.
-        let waited = queued.and_then(|()| slot.done.wait());
-        let digest = waited.map(|()| {
-            let sums: Vec<[u64; 8]> = slot.host[..bytes]
-                .chunks_exact(64)
-                .map(|e| std::array::from_fn(|i| le_word(&e[8 * i..8 * i + 8])))
-                .collect();
-            finish(&sums, len as u64)
-        });
+        let digest = match self.queue(slot, after, data, len as u64, bytes) {
+            Ok(()) => slot
+                .done
+                .wait()
+                .map(|()| finish(&slot.host[..bytes], len as u64)),
+            Err(e) => {
+                // Part of the work may be queued: nothing may still write the
+                // slot's pinned sums when it goes back to the pool.
+                let _ = slot.stream.synchronize();
+                Err(e)
+            }
+        };
         self.slots.give_back(taken);
         digest
     }

@@ -19,9 +19,7 @@ fn bytes(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn word(p: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&p[at..at + 8]);
-    u64::from_le_bytes(w)
+    le_word(&p[at..at + 8])
 }
 
 fn mul32(k: u64) -> u64 {
@@ -70,10 +68,11 @@ fn tail_sums(data: &[u8], rounds: usize) -> [u64; 8] {
 fn split_model(data: &[u8]) -> u64 {
     let sec = stripe_secrets();
     let rounds = (data.len() - 1) / ROUND;
-    let mut sums: Vec<[u64; 8]> = (0..rounds)
+    let entries = (0..rounds)
         .map(|n| round_sums(&data[n * ROUND..(n + 1) * ROUND], &sec))
-        .collect();
-    sums.push(tail_sums(data, rounds));
+        .chain([tail_sums(data, rounds)]);
+    // As the kernel leaves them in memory: 8 little-endian words per entry.
+    let sums: Vec<u8> = entries.flatten().flat_map(u64::to_le_bytes).collect();
     finish(&sums, data.len() as u64)
 }
 
