@@ -172,7 +172,8 @@ pub fn measure(args: &KvArgs) -> anyhow::Result<Value> {
         }
         let width = layout.dtype.size();
         let segment = (layout.half_layer_bytes() / width) as u32;
-        let mut report = measure_set(blocks, width, segment, args.rounds.max(1))?;
+        let row = (layout.kv_heads * layout.head_dim) as usize;
+        let mut report = measure_set(blocks, width, segment, row, args.rounds.max(1))?;
         report["source"] = json!(format!("engine kv_dtype={name}"));
         report["bytes_per_token"] = json!(blocks[0].len() / layout.block_tokens as usize);
         report["block_bytes"] = json!(blocks[0].len());
@@ -218,10 +219,12 @@ fn measure_set(
     blocks: &[Vec<u8>],
     width: usize,
     segment: u32,
+    row: usize,
     rounds: usize,
 ) -> anyhow::Result<Value> {
     let methods: Vec<Box<dyn Method>> = vec![
         Box::new(peers::KvCodec { segment }),
+        Box::new(peers::KvCodecFast { segment, row }),
         Box::new(Zstd1),
         Box::new(Lz4),
         Box::new(Planes(Zstd1, "zstd1_planes")),
@@ -368,8 +371,15 @@ mod tests {
                     .collect()
             })
             .collect();
-        let r = measure_set(&blocks, 2, 4096, 1).expect("measure");
-        for m in ["kvcodec", "zstd1", "lz4", "zstd1_planes", "lz4_planes"] {
+        let r = measure_set(&blocks, 2, 4096, 64, 1).expect("measure");
+        for m in [
+            "kvcodec",
+            "kvcodec_fast",
+            "zstd1",
+            "lz4",
+            "zstd1_planes",
+            "lz4_planes",
+        ] {
             assert_eq!(r["methods"][m]["bit_exact"], true, "{m}");
             assert!(
                 r["methods"][m]["ratio"].as_f64().unwrap_or(0.0) > 1.0,

@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     1  codec id (1 = byte planes)
-//!      1     1  format version (1)
+//!      1     1  format version (1: compact; 2: fast, may hold window planes)
 //!      2     1  element width in bytes (2 for f16/bf16, 4 for f32)
 //!      3     1  reserved, 0
 //!      4     8  decoded length, bytes (little-endian)
@@ -21,12 +21,18 @@ use crate::CodecError;
 pub const HEADER_LEN: usize = 24;
 /// Codec id of the byte-plane codec.
 pub const CODEC_PLANES: u8 = 1;
-/// Version of the byte-plane format this crate writes and reads.
+/// Version of the byte-plane format the compact profile writes.
 pub const VERSION: u8 = 1;
+/// Version the fast profile writes: version 1's plane modes, plus the
+/// window code for the high plane of 2-byte elements. Readers that know
+/// only version 1 refuse it as an unknown format, not as corrupt planes.
+pub const VERSION_FAST: u8 = 2;
 
 /// A parsed header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// [`VERSION`] or [`VERSION_FAST`].
+    pub version: u8,
     pub width: usize,
     pub decoded_len: u64,
     pub encoded_len: u64,
@@ -35,7 +41,7 @@ pub struct Header {
 
 impl Header {
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&[CODEC_PLANES, VERSION, self.width as u8, 0]);
+        out.extend_from_slice(&[CODEC_PLANES, self.version, self.width as u8, 0]);
         out.extend_from_slice(&self.decoded_len.to_le_bytes());
         out.extend_from_slice(&self.encoded_len.to_le_bytes());
         out.extend_from_slice(&self.segment.to_le_bytes());
@@ -48,7 +54,7 @@ impl Header {
             len: enc.len(),
             need: HEADER_LEN,
         })?;
-        if b[0] != CODEC_PLANES || b[1] != VERSION || b[3] != 0 {
+        if b[0] != CODEC_PLANES || !(VERSION..=VERSION_FAST).contains(&b[1]) || b[3] != 0 {
             return Err(CodecError::UnknownFormat {
                 id: b[0],
                 version: b[1],
@@ -64,6 +70,7 @@ impl Header {
             u64::from_le_bytes(w)
         };
         let h = Header {
+            version: b[1],
             width,
             decoded_len: u64_at(4),
             encoded_len: u64_at(12),

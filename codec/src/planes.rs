@@ -18,27 +18,74 @@
 //! of a block (a KV block is a layer's K then V; their value ranges differ),
 //! and bounds the decoder's scratch memory to a segment.
 
-use crate::header::{Header, HEADER_LEN};
-use crate::huffman;
+use crate::header::{Header, HEADER_LEN, VERSION, VERSION_FAST};
+use crate::window;
 use crate::CodecError;
+use crate::{huffman, DEFAULT_SEGMENT};
 
 const RAW: u8 = 0;
 const CONSTANT: u8 = 1;
 const HUFFMAN: u8 = 2;
+/// The high plane of 2-byte elements in `window`'s code (format version 2).
+const WINDOW: u8 = 3;
 const RECORD: usize = 5;
+
+/// How planes are coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// Huffman wherever it is smallest (format version 1).
+    Compact,
+    /// For 2-byte elements: the high plane in the window code with rows
+    /// of `row` elements, every other plane raw or constant (version 2).
+    Fast { row: usize },
+}
+
+impl Profile {
+    /// The fast profile where it applies to `width`, else compact.
+    pub fn fast(width: usize, row: usize) -> Profile {
+        if width == 2 && (1..=window::MAX_ROW).contains(&row) {
+            Profile::Fast { row }
+        } else {
+            Profile::Compact
+        }
+    }
+
+    /// Elements per segment: `segment`, except that a fast segment holds
+    /// whole rows (columns restart at each segment): one that does not
+    /// becomes the whole rows nearest [`DEFAULT_SEGMENT`].
+    pub fn segment(self, segment: u32) -> u32 {
+        match self {
+            Profile::Fast { row } if segment == 0 || !(segment as usize).is_multiple_of(row) => {
+                (row * (DEFAULT_SEGMENT as usize / row).max(1)) as u32
+            }
+            _ => segment.max(1),
+        }
+    }
+}
 
 /// Encode `src` (elements of `width` bytes, `segment` elements per
 /// segment) into `out` (cleared first).
-pub fn encode(src: &[u8], width: usize, segment: u32, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub fn encode(
+    src: &[u8],
+    width: usize,
+    segment: u32,
+    profile: Profile,
+    out: &mut Vec<u8>,
+) -> Result<(), CodecError> {
     if !(1..=8).contains(&width) {
         return Err(CodecError::BadWidth { width });
     }
-    let segment = segment.max(1);
+    let segment = profile.segment(segment);
     out.clear();
     out.reserve(src.len() + HEADER_LEN);
     let n = src.len() / width;
     let seg = segment as usize;
+    let version = match profile {
+        Profile::Compact => VERSION,
+        Profile::Fast { .. } => VERSION_FAST,
+    };
     let mut header = Header {
+        version,
         width,
         decoded_len: src.len() as u64,
         encoded_len: 0,
@@ -50,7 +97,11 @@ pub fn encode(src: &[u8], width: usize, segment: u32, out: &mut Vec<u8>) -> Resu
         let m = seg.min(n - start);
         let elems = &src[start * width..(start + m) * width];
         for p in 0..width {
-            encode_plane(elems, width, p, out);
+            match profile {
+                Profile::Fast { row } if p == 1 => encode_window(elems, row, out),
+                Profile::Fast { .. } => encode_plane(elems, width, p, false, out),
+                Profile::Compact => encode_plane(elems, width, p, true, out),
+            }
         }
         start += m;
     }
@@ -60,7 +111,22 @@ pub fn encode(src: &[u8], width: usize, segment: u32, out: &mut Vec<u8>) -> Resu
     Ok(())
 }
 
-fn encode_plane(elems: &[u8], width: usize, p: usize, out: &mut Vec<u8>) {
+/// The high plane of a fast segment: the window code, or raw where that
+/// is no smaller.
+fn encode_window(elems: &[u8], row: usize, out: &mut Vec<u8>) {
+    let hi: Vec<u8> = elems.chunks_exact(2).map(|c| c[1]).collect();
+    let plan = window::plan(&hi, row);
+    if plan.len >= hi.len() {
+        return encode_plane(elems, 2, 1, false, out);
+    }
+    let at = out.len();
+    out.extend_from_slice(&[WINDOW, 0, 0, 0, 0]);
+    window::encode(&hi, row, &plan, out);
+    let len = (out.len() - at - RECORD) as u32;
+    out[at + 1..at + RECORD].copy_from_slice(&len.to_le_bytes());
+}
+
+fn encode_plane(elems: &[u8], width: usize, p: usize, entropy: bool, out: &mut Vec<u8>) {
     let m = elems.len() / width;
     let byte = |i: usize| elems[i * width + p];
     let mut counts = [0u32; 256];
@@ -69,9 +135,10 @@ fn encode_plane(elems: &[u8], width: usize, p: usize, out: &mut Vec<u8>) {
     }
     let at = out.len();
     out.extend_from_slice(&[RAW, 0, 0, 0, 0]);
-    let lengths = huffman::code_lengths(&counts);
+    let constant = m > 0 && counts[byte(0) as usize] as usize == m;
+    let lengths = huffman::code_lengths(&counts).filter(|_| entropy);
     match lengths {
-        None if m > 0 => {
+        _ if constant => {
             out[at] = CONSTANT;
             out.push(byte(0));
         }
@@ -86,11 +153,13 @@ fn encode_plane(elems: &[u8], width: usize, p: usize, out: &mut Vec<u8>) {
 }
 
 /// Where a decoded segment's plane is: raw bytes at an offset of the
-/// encoded block, or in the scratch buffer.
+/// encoded block, in the scratch buffer, or a window payload (the high
+/// plane, decoded straight into the output with the low plane).
 #[derive(Clone, Copy)]
 enum Source {
     Enc(usize),
     Scratch,
+    Window(usize, usize),
 }
 
 /// Decode `enc` into `out`, which must be exactly the decoded length.
@@ -107,23 +176,29 @@ pub fn decode(enc: &[u8], out: &mut [u8]) -> Result<(), CodecError> {
     let n = out.len() / width;
     let mut scratch = vec![0u8; width * seg.min(n)];
     let mut table = huffman::new_table();
+    let mut window = window::Scratch::default();
     let mut at = HEADER_LEN;
     let mut start = 0;
     while start < n {
         let m = seg.min(n - start);
-        let (next, sources) = decode_segment(enc, at, &mut scratch, &mut table, m, width)?;
+        let (next, sources) = decode_segment(enc, at, &mut scratch, &mut table, m, h)?;
         at = next;
         let mut planes: [&[u8]; 8] = [&[]; 8];
         for (p, src) in sources.iter().take(width).enumerate() {
             planes[p] = match *src {
                 Source::Enc(o) => &enc[o..o + m],
                 Source::Scratch => &scratch[p * m..(p + 1) * m],
+                Source::Window(o, len) => &enc[o..o + len],
             };
         }
-        interleave(
-            &planes[..width],
-            &mut out[start * width..(start + m) * width],
-        );
+        let dst = &mut out[start * width..(start + m) * width];
+        if let Source::Window(..) = sources[1] {
+            let parsed = window::parse(planes[1], m, &mut window)?;
+            let ahead = &enc[next.min(enc.len())..];
+            window::decode(&parsed, planes[0], &mut window, dst, ahead)?;
+        } else {
+            interleave(&planes[..width], dst);
+        }
         start += m;
     }
     let tail = enc.get(at..).unwrap_or(&[]);
@@ -145,8 +220,10 @@ fn decode_segment(
     scratch: &mut [u8],
     table: &mut huffman::Table,
     m: usize,
-    width: usize,
+    h: Header,
 ) -> Result<(usize, [Source; 8]), CodecError> {
+    let width = h.width;
+    let window_ok = |p: usize| h.version == VERSION_FAST && width == 2 && p == 1;
     let mut sources = [Source::Scratch; 8];
     for (p, source) in sources.iter_mut().enumerate().take(width) {
         let truncated = CodecError::Truncated {
@@ -166,6 +243,7 @@ fn decode_segment(
             RAW if len == m => *source = Source::Enc(body_at),
             CONSTANT if len == 1 => dst.fill(body[0]),
             HUFFMAN => huffman::decode(body, dst, p, table)?,
+            WINDOW if window_ok(p) => *source = Source::Window(body_at, len),
             RAW | CONSTANT => return Err(corrupt("plane length")),
             _ => return Err(corrupt("plane mode")),
         }

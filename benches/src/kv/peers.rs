@@ -32,6 +32,29 @@ impl Method for KvCodec {
     }
 }
 
+/// The codec's fast profile (`kvfabric_codec::encode_fast`): f16 high
+/// bytes in the window code over rows of `row` channels, decoded by SIMD
+/// loops; other widths fall back to the compact profile.
+pub struct KvCodecFast {
+    pub segment: u32,
+    pub row: usize,
+}
+
+impl Method for KvCodecFast {
+    fn name(&self) -> &'static str {
+        "kvcodec_fast"
+    }
+    fn encode(&self, block: &[u8], width: usize, out: &mut Vec<u8>) -> anyhow::Result<()> {
+        let profile = kvfabric_codec::Profile::fast(width, self.row);
+        kvfabric_codec::encode_with(block, width, self.segment, profile, out)?;
+        Ok(())
+    }
+    fn decode(&self, enc: &[u8], _width: usize, out: &mut [u8]) -> anyhow::Result<()> {
+        kvfabric_codec::decode(enc, out)?;
+        Ok(())
+    }
+}
+
 /// zstd at level 1 on the raw bytes.
 pub struct Zstd1;
 
