@@ -99,7 +99,7 @@ unsafe fn avx512(
         let b4m12 = _mm512_loadu_si512(s.bases4m12.as_ptr().add(col).cast());
         let c4 = _mm512_and_si512(f, x0c);
         let esc1 = _mm512_cmpeq_epi8_mask(c4, x0c);
-        // Expanding from a register: the memory form is microcoded on Zen 4.
+        // Expanding from a register: the memory form measured slower on Zen 4.
         let v2 = _mm512_maskz_expand_epi8(esc1, _mm512_loadu_si512(s.l2.as_ptr().add(k1).cast()));
         k1 += esc1.count_ones() as usize;
         let e4 = _mm512_mask_sub_epi8(_mm512_sub_epi8(b4, c4), esc1, b4m12, v2);
