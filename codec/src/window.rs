@@ -336,7 +336,10 @@ pub fn decode(
     #[cfg(target_arch = "x86_64")]
     let (done, k1, k2) = x86::decode(p, lo, s, out, ahead);
     #[cfg(not(target_arch = "x86_64"))]
-    let (done, k1, k2) = (0, 0, 0 * ahead.len());
+    let (done, k1, k2) = {
+        let _ = ahead;
+        (0, 0, 0)
+    };
     decode_tail(p, lo, s, out, done, (k1, k2))
 }
 
