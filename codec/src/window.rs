@@ -232,9 +232,8 @@ pub fn parse<'a>(body: &'a [u8], m: usize, s: &mut Scratch) -> Result<Parsed<'a>
     let (bases, rest) = body[FIXED..].split_at(lens[0]);
     let (fields, rest) = rest.split_at(lens[1]);
     let (l2, l3) = rest.split_at(lens[2]);
-    s.bases4.resize(row, 0);
-    unpack5(bases, &mut s.bases4);
-    s.bases4.iter_mut().for_each(|b| *b <<= 2);
+    unpack_times4(bases, row, &mut s.bases4, 5);
+    s.bases4.truncate(row);
     s.bases4m12.clear();
     s.bases4m12
         .extend(s.bases4.iter().map(|b| b.wrapping_sub(12)));
@@ -356,6 +355,13 @@ fn decode_tail(
     let corrupt = |what| CodecError::Corrupt { plane: 1, what };
     if k1 > p.n1 || k2 > p.n2 {
         return Err(corrupt("window escapes"));
+    }
+    if from == m {
+        // The vector loops did it all: their cursors must be at the ends.
+        return match (k1 == p.n1, k2 == p.n2) {
+            (true, true) => Ok(()),
+            _ => Err(corrupt("window escapes")),
+        };
     }
     let mut fields = std::mem::take(&mut s.fields);
     fields.resize(m.div_ceil(8) * 8, 0);

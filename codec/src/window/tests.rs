@@ -282,21 +282,20 @@ fn a_window_plane_needs_the_fast_version() {
 #[ignore]
 fn perf_fast_decode() {
     let src = kv_like(2, 1_474_560, 11);
-
-    let t = std::time::Instant::now();
-    let mut fast = Vec::new();
-    encode_fast(&src, 2, 192, &mut fast).unwrap();
-    println!(
-        "fast encode {:.2} GB/s",
-        src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-    );
-    let mut compact = Vec::new();
-    let t = std::time::Instant::now();
-    crate::encode(&src, 2, &mut compact).unwrap();
-    println!(
-        "compact encode {:.2} GB/s",
-        src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-    );
+    let (mut fast, mut compact) = (Vec::new(), Vec::new());
+    type Encoder = fn(&[u8], &mut Vec<u8>);
+    let encoders: [(&str, &mut Vec<u8>, Encoder); 2] = [
+        ("fast", &mut fast, |s, o| encode_fast(s, 2, 192, o).unwrap()),
+        ("compact", &mut compact, |s, o| {
+            crate::encode(s, 2, o).unwrap()
+        }),
+    ];
+    for (name, out, run) in encoders {
+        let t = std::time::Instant::now();
+        run(&src, out);
+        let gbps = src.len() as f64 / t.elapsed().as_secs_f64() / 1e9;
+        println!("{name} encode {gbps:.2} GB/s");
+    }
     let mut out = vec![0u8; src.len()];
     let mut time = |f: &mut dyn FnMut(&mut [u8])| {
         let mut best = f64::MAX;
