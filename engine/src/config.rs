@@ -187,6 +187,7 @@ impl EngineConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::length::PassCost;
 
     #[test]
     fn defaults_round_trip_and_unknown_fields_are_refused() {
@@ -227,10 +228,7 @@ mod tests {
             serde_json::from_str(r#"{"spec": {"verify_base_cost": 0.1, "verify_row_cost": 0.2}}"#)
                 .expect("costs");
         assert!(given.validate().is_ok());
-        assert_eq!(
-            given.spec.given_cost().map(|c| (c.base, c.row)),
-            Some((0.1, 0.2))
-        );
+        assert_eq!(given.spec.given_cost(), Some(PassCost::linear(0.1, 0.2)));
         assert_eq!(EngineConfig::default().spec.given_cost(), None);
         for (base, row) in [
             (Some(0.1), None),

@@ -25,6 +25,9 @@ pub enum EngineError {
     /// The batch API's store failed (`op`: get, put, scan, decode, ...).
     #[error("batch store {op}: {message}")]
     BatchStore { op: &'static str, message: String },
+    /// The speculative pass-cost probe gave no usable timing.
+    #[error("verify pass cost probe: {reason}")]
+    CostProbe { reason: String },
     /// An OS call failed.
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),

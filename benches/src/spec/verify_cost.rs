@@ -88,7 +88,7 @@ pub fn measure(
     // What the engine's own probe (run before its first draft) finds here.
     let engine = calibrate::measure(model, &cx, layout).context("the engine's pass-cost probe")?;
     Ok(json!({
-        "engine_pass_cost": {"base": engine.base, "row": engine.row},
+        "engine_pass_cost": {"by_draft_len": engine.table()},
         "context_tokens": ctx.len(),
         "reps": reps,
         "by_draft_len": per_k,

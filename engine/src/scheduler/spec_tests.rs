@@ -196,7 +196,7 @@ fn the_pass_cost_is_measured_at_start_and_outputs_stay_the_same() {
     assert!(off.pass_cost.is_none());
     let cost = s.pass_cost.expect("measured at start");
     assert!(
-        cost.base.is_finite() && cost.row.is_finite() && cost.row > 0.0,
+        cost.table().iter().all(|c| c.is_finite()) && cost.of(1) > 1.0 && cost.of(9) > cost.of(1),
         "{cost:?}"
     );
     let (events, mut rx) = mpsc::channel(1024);

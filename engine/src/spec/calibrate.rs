@@ -2,20 +2,26 @@
 //! length is chosen by, measured once per scheduler when it starts (so the
 //! probe counts to start-up, not to a request).
 //!
-//! A pass of one sequence with 1, 2 and 1 + [`PROBE_K`] rows after a short
-//! context, best of [`REPS`] each, straight on the model into a KV pool of
-//! its own (the engine's blocks are not touched). At batch 1 the weights are
-//! read once per pass whatever the row count, so an extra row costs only its
-//! compute, and how much that is differs by ISA and core: about 0.16 of a
-//! single-row pass on an AVX-512 Zen 5, over 0.5 on an AVX2 Zen 3. A fixed
-//! model fitted on the first drafted 15% too much on the second (free chat
-//! ran at 0.85 of no speculation, `kvfabric bench spec`). The probe costs
-//! 2 x [`REPS`] + 1 passes and a prefill of [`CONTEXT`] tokens; where it
-//! fails the default model stands and the failure is logged.
+//! A pass of one sequence with 1 + k rows after a short context, for each
+//! k of [`PROBED`], best of [`REPS`] rounds (the rounds go through every k
+//! in turn, so a slow spell of the machine touches all k alike), straight
+//! on the model into a KV pool of its own (the engine's blocks are not
+//! touched); the k's between are interpolated ([`PassCost::from_times`]).
+//! At batch 1 the weights are read once per pass whatever the row count, so
+//! an extra row costs only its compute, and how much that is differs by ISA,
+//! core and row count: on an AVX-512 Zen 4, 0.44 of a single-row pass for
+//! the first row and 0.22-0.25 for each of the next six; about 0.16 on a
+//! Zen 5; over 0.5 on an AVX2 Zen 3. A fixed model fitted on the first
+//! drafted 15% too much on the third (free chat ran at 0.85 of no
+//! speculation, `kvfabric bench spec`), and a line through 1, 2 and 9 rows
+//! overcharged the rows between by 60% on the second. The probe costs
+//! about 40 single-row passes per round and a prefill of [`CONTEXT`]
+//! tokens (0.5 s on the Zen 4); where it fails the default model stands and
+//! the failure is logged.
 
 use std::time::Instant;
 
-use super::length::PassCost;
+use super::length::{PassCost, TABLE_K};
 use crate::kernels::Compute;
 use crate::kv::{BlockId, KvPool};
 use crate::model::{LlamaModel, SeqChunk};
@@ -23,10 +29,11 @@ use crate::EngineError;
 
 /// Tokens of context before the probed rows.
 const CONTEXT: usize = 64;
-/// Drafted rows of the long probe.
-const PROBE_K: usize = 8;
-/// Passes timed per row count (the best is kept).
-const REPS: usize = 2;
+/// Draft lengths timed (the others are interpolated): every k up to the
+/// AVX-512 kernels' first pass of 8 rows and just past it, then sparser.
+const PROBED: [usize; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, TABLE_K];
+/// Rounds over [`PROBED`] (the best time of each k is kept).
+const REPS: usize = 3;
 
 /// Measure this machine's pass cost on `model` with the engine's KV layout.
 pub fn measure(
@@ -35,12 +42,12 @@ pub fn measure(
     layout: kvfabric_types::KvLayout,
 ) -> Result<PassCost, EngineError> {
     let bt = layout.block_tokens as usize;
-    let blocks = (CONTEXT + PROBE_K + 1).div_ceil(bt);
+    let blocks = (CONTEXT + TABLE_K + 1).div_ceil(bt);
     let mut kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)?;
     let table: Vec<BlockId> = (0..blocks as u32).collect();
     // Any tokens do: the cost does not depend on their values.
     let vocab = model.config.vocab.max(2) as u32;
-    let tokens: Vec<u32> = (0..(CONTEXT + PROBE_K + 1) as u32)
+    let tokens: Vec<u32> = (0..(CONTEXT + TABLE_K + 1) as u32)
         .map(|i| (i * 7919 + 17) % vocab)
         .collect();
     let prefill = SeqChunk {
@@ -50,23 +57,24 @@ pub fn measure(
         logits: false,
     };
     model.forward(cx, &mut kv, &[prefill])?;
-    let mut time = |k: usize| -> Result<f64, EngineError> {
-        let chunk = [SeqChunk {
-            tokens: &tokens[CONTEXT..CONTEXT + k + 1],
-            start: CONTEXT,
-            blocks: &table,
-            logits: true,
-        }];
-        let mut best = f64::MAX;
-        for _ in 0..REPS {
+    let mut best = [f64::MAX; PROBED.len()];
+    for _ in 0..REPS {
+        for (i, &k) in PROBED.iter().enumerate() {
+            let chunk = [SeqChunk {
+                tokens: &tokens[CONTEXT..CONTEXT + k + 1],
+                start: CONTEXT,
+                blocks: &table,
+                logits: true,
+            }];
             let t = Instant::now();
             model.forward_rows(cx, &mut kv, &chunk, &[k + 1], &mut |_| {})?;
-            best = best.min(t.elapsed().as_secs_f64());
+            best[i] = best[i].min(t.elapsed().as_secs_f64());
         }
-        Ok(best)
-    };
-    let (t0, t1, tk) = (time(0)?, time(1)?, time(PROBE_K)?);
-    Ok(PassCost::fit(t0, t1, PROBE_K, tk))
+    }
+    let times: Vec<(usize, f64)> = PROBED.iter().copied().zip(best).collect();
+    PassCost::from_times(&times).ok_or_else(|| EngineError::CostProbe {
+        reason: format!("no usable single-row time in {times:?}"),
+    })
 }
 
 /// [`measure`], falling back to [`PassCost::default`] (logged) when the
@@ -80,8 +88,7 @@ pub fn measure_or_default(
     match measure(model, cx, layout) {
         Ok(cost) => {
             tracing::info!(
-                base = cost.base,
-                row = cost.row,
+                by_draft_len = ?cost.table(),
                 ms = started.elapsed().as_millis() as u64,
                 "speculative decoding: verify pass cost measured"
             );

@@ -1,14 +1,15 @@
 //! How many drafted tokens to verify: the length that maximises the
 //! expected tokens per unit of forward-pass cost.
 //!
-//! A verified row is not free: at batch 1 a pass of 1 + k rows costs about
-//! `1 + base + row * k` single-row passes, and what `base` and `row` are
-//! depends on the machine. On an AVX-512 Zen 5 the reference model measured
-//! 1.28 at k = 1 and 2.2 at k = 7 (`kvfabric bench spec`'s `verify_cost`;
-//! [`PassCost::default`]); on an AVX2 Zen 3 each extra row cost about one
-//! whole single-row pass, where drafting by those figures made free chat
-//! 15% slower than no speculation. So the scheduler measures its own
-//! machine's [`PassCost`] (`spec::calibrate`) when it starts. A draft
+//! A verified row is not free: a pass of 1 + k rows costs [`PassCost::of`]
+//! single-row passes, and how much that is depends on the machine and on k
+//! (the kernels take rows in passes, so the cost is a staircase). On an
+//! AVX-512 Zen 5 the reference model measured 1.28 at k = 1 and 2.2 at k =
+//! 7 (`kvfabric bench spec`'s `verify_cost`; [`PassCost::default`]); on an
+//! AVX2 Zen 3 each extra row once cost about one whole single-row pass,
+//! where drafting by those figures made free chat 15% slower than no
+//! speculation. So the scheduler measures its own machine's cost per k
+//! (`spec::calibrate`) when it starts. A draft
 //! pays only when enough of it is accepted, and how much is
 //! accepted depends on how the draft was found: a suffix match of 8 tokens
 //! (a file or a JSON argument being copied) is right far more often than a
@@ -22,47 +23,96 @@
 /// Weight of the prior, in drafts' worth of evidence.
 const PRIOR_WEIGHT: f32 = 16.0;
 
-/// What a pass of 1 + k rows costs, in single-row passes: `1 + base + row * k`
-/// for k > 0.
+/// Draft lengths a [`PassCost`] holds a cost for; past it the cost grows by
+/// the last measured row's.
+pub const TABLE_K: usize = 16;
+
+/// What a pass of 1 + k rows costs, in single-row passes, per k.
+///
+/// Measured per k, not fitted to a line: the kernels take rows in passes
+/// (on AVX-512 up to 8 rows dequantize each weight once, 9..=16 twice), so
+/// the cost is a staircase. On an AVX-512 Zen 4 the first verified row cost
+/// 0.44 of a pass and each of the next six 0.22-0.25, then the ninth row
+/// 0.59 (`bench spec`'s `verify_cost`); a line through 1, 2 and 9 rows put
+/// every row at 0.40, and the drafts chosen by it were shorter than paid.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PassCost {
-    /// Extra cost of a pass with any verified row.
-    pub base: f32,
-    /// Extra cost of each verified row.
-    pub row: f32,
+    /// `by_k[k]`: a pass of 1 + k rows; `by_k[0] = 1`, never decreasing.
+    by_k: [f32; TABLE_K + 1],
 }
 
 impl Default for PassCost {
     /// The reference model on an AVX-512 Zen 5 (module doc).
     fn default() -> Self {
-        PassCost {
-            base: 0.13,
-            row: 0.16,
-        }
+        PassCost::linear(0.13, 0.16)
     }
 }
 
 impl PassCost {
-    /// The cost model through measured pass times: `t0` of 1 row, `t1` of
-    /// 2 rows and `tk` of 1 + `k` rows (k > 1), any unit. Noise that makes a
-    /// term negative leaves it 0.
-    pub fn fit(t0: f64, t1: f64, k: usize, tk: f64) -> PassCost {
-        let t0 = t0.max(f64::MIN_POSITIVE);
-        let row = ((tk - t1) / (k.max(2) - 1) as f64 / t0).max(0.0);
-        let base = (t1 / t0 - 1.0 - row).max(0.0);
+    /// `1 + base + row * k` for k > 0 (`[engine.spec] verify_base_cost`,
+    /// `verify_row_cost`).
+    pub fn linear(base: f32, row: f32) -> PassCost {
         PassCost {
-            base: base as f32,
-            row: row as f32,
+            by_k: std::array::from_fn(|k| {
+                if k == 0 {
+                    1.0
+                } else {
+                    1.0 + base + row * k as f32
+                }
+            }),
         }
+    }
+
+    /// The costs through measured pass times `(k, time)`, any unit, one of
+    /// them at k = 0: k's between two measured ones are interpolated
+    /// linearly, k's past the last one follow its slope. Noise that would
+    /// make a longer draft cheaper than a shorter one is levelled (each
+    /// cost is at least the one before it). None without a positive time at
+    /// k = 0.
+    pub fn from_times(times: &[(usize, f64)]) -> Option<PassCost> {
+        let mut pts: Vec<(usize, f64)> = times
+            .iter()
+            .copied()
+            .filter(|&(k, t)| k <= TABLE_K && t.is_finite())
+            .collect();
+        pts.sort_by_key(|&(k, _)| k);
+        pts.dedup_by_key(|&mut (k, _)| k);
+        let t0 = pts.first().filter(|&&(k, t)| k == 0 && t > 0.0)?.1;
+        let at = |k: usize| -> f64 {
+            let i = pts.partition_point(|&(pk, _)| pk <= k);
+            let (k0, t0) = pts[i - 1];
+            if k0 == k {
+                return t0;
+            }
+            // Between two points, or past the last one on the last slope.
+            let (a, b) = match pts.get(i) {
+                Some(&next) => ((k0, t0), next),
+                None if i >= 2 => (pts[i - 2], (k0, t0)),
+                None => return t0,
+            };
+            a.1 + (b.1 - a.1) * (k - a.0) as f64 / (b.0 - a.0) as f64
+        };
+        let mut by_k = [1.0f32; TABLE_K + 1];
+        for k in 1..=TABLE_K {
+            by_k[k] = by_k[k - 1].max((at(k) / t0) as f32);
+        }
+        Some(PassCost { by_k })
     }
 
     /// Cost of a pass of 1 + `k` rows, in single-row passes.
     pub fn of(&self, k: usize) -> f32 {
-        if k == 0 {
-            1.0
-        } else {
-            1.0 + self.base + self.row * k as f32
+        match self.by_k.get(k) {
+            Some(&c) => c,
+            None => {
+                let last = self.by_k[TABLE_K];
+                last + (last - self.by_k[TABLE_K - 1]) * (k - TABLE_K) as f32
+            }
         }
+    }
+
+    /// The costs of k = 0..=[`TABLE_K`] (for logs and reports).
+    pub fn table(&self) -> &[f32] {
+        &self.by_k
     }
 }
 
@@ -192,7 +242,7 @@ mod tests {
     #[test]
     fn the_chosen_length_maximises_expected_tokens_per_cost() {
         let l = DraftLength::default();
-        let costly = PassCost::fit(10.0, 20.0, 8, 90.0);
+        let costly = PassCost::from_times(&[(0, 10.0), (1, 20.0), (8, 90.0)]).expect("costs");
         for cost in [PassCost::default(), costly] {
             for c in [MatchClass::Short, MatchClass::Mid, MatchClass::Long] {
                 let p = l.acceptance(c);
@@ -214,8 +264,11 @@ mod tests {
     /// less; a request that keeps copying whole long drafts still drafts.
     #[test]
     fn rows_costing_over_half_a_pass_draft_less_and_short_matches_not_at_all() {
-        let cost = PassCost::fit(15.7, 34.6, 8, 97.7);
-        assert!(cost.row > 0.5 && cost.base > 0.5, "{cost:?}");
+        let cost = PassCost::from_times(&[(0, 15.7), (1, 34.6), (8, 97.7)]).expect("costs");
+        assert!(
+            cost.of(1) > 2.0 && cost.of(2) - cost.of(1) > 0.5,
+            "{cost:?}"
+        );
         let mut l = DraftLength::default();
         for c in [MatchClass::Short, MatchClass::Mid] {
             assert_eq!(l.choose(c, 15, &cost), 0, "{c:?}");
@@ -229,13 +282,39 @@ mod tests {
     }
 
     #[test]
-    fn the_fit_recovers_a_linear_cost_and_clamps_noise() {
-        let c = PassCost::fit(4.0, 4.0 * 1.3, 8, 4.0 * (1.1 + 0.2 * 8.0));
+    fn measured_costs_are_interpolated_extrapolated_and_never_decrease() {
+        // A staircase: rows 1..=7 cheap, the 9th row a second pass.
+        let times = [
+            (0, 4.0),
+            (1, 5.6),
+            (4, 8.0),
+            (7, 10.4),
+            (8, 13.0),
+            (9, 14.0),
+        ];
+        let c = PassCost::from_times(&times).expect("costs");
+        assert_eq!(c.of(0), 1.0);
+        assert!((c.of(1) - 1.4).abs() < 1e-6, "{c:?}");
+        assert!((c.of(2) - 1.6).abs() < 1e-6, "interpolated: {c:?}");
+        assert!((c.of(8) - 3.25).abs() < 1e-6, "{c:?}");
+        // Past the last point, on its slope (0.25 per row), also past the table.
+        assert!((c.of(11) - 4.0).abs() < 1e-5, "{c:?}");
         assert!(
-            (c.row - 0.2).abs() < 1e-4 && (c.base - 0.1).abs() < 1e-4,
+            (c.of(TABLE_K + 2) - (3.5 + 0.25 * 9.0)).abs() < 1e-4,
             "{c:?}"
         );
-        let noisy = PassCost::fit(4.0, 3.9, 8, 3.8);
-        assert_eq!((noisy.base, noisy.row), (0.0, 0.0));
+        // The line through a linear machine's points is the linear model.
+        let lin = PassCost::from_times(&[(0, 4.0), (1, 4.0 * 1.3), (8, 4.0 * 2.7)]);
+        let want = PassCost::linear(0.1, 0.2);
+        for k in 0..=TABLE_K + 3 {
+            let (a, b) = (lin.expect("costs").of(k), want.of(k));
+            assert!((a - b).abs() < 1e-4, "k {k}: {a} vs {b}");
+        }
+        // Noise never makes a longer draft cheaper; no time at k = 0, no model.
+        let noisy = PassCost::from_times(&[(0, 4.0), (1, 3.9), (2, 5.0), (3, 4.8)]).expect("noisy");
+        assert_eq!(noisy.table()[..4], [1.0, 1.0, 1.25, 1.25]);
+        assert!(noisy.table().windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(PassCost::from_times(&[(1, 4.0), (2, 5.0)]), None);
+        assert_eq!(PassCost::from_times(&[(0, 0.0), (2, 5.0)]), None);
     }
 }

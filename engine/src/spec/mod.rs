@@ -60,10 +60,10 @@ pub struct SpecConfig {
 impl SpecConfig {
     /// The configured cost model, if one is given (else it is measured).
     pub fn given_cost(&self) -> Option<PassCost> {
-        Some(PassCost {
-            base: self.verify_base_cost?,
-            row: self.verify_row_cost?,
-        })
+        Some(PassCost::linear(
+            self.verify_base_cost?,
+            self.verify_row_cost?,
+        ))
     }
 }
 
