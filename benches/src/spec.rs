@@ -13,10 +13,13 @@
 //! must be identical (`identical`). `on_resent_tps` sends the same prompts
 //! again to the engine that just answered them: the drafts then come from
 //! the earlier requests' outputs (the shared drafter). Acceptance length is
-//! decode tokens per forward pass. The peer is llama-cpp-python (the venv
+//! decode tokens per forward pass. `ceiling_on_vs_off` is the most prompt
+//! lookup could give there with this run's verify costs ([`ceiling`]). The
+//! peer is llama-cpp-python (the venv
 //! `bench engine` builds) generating the same token ids with temp 0, plain
 //! and with `LlamaPromptLookupDecoding` (its defaults).
 
+mod ceiling;
 mod verify_cost;
 mod workload;
 
@@ -119,14 +122,16 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
         .collect();
     let loads = workload::workloads(&tokenizer, &template)?;
     let mut report = Map::new();
+    let mut measured_cost = None;
     if args.verify_reps > 0 {
         let longest = loads[0]
             .1
             .iter()
             .max_by_key(|p| p.len())
             .context("no prompt")?;
-        let cost = verify_cost::measure(&model, threads, longest, args.verify_reps)?;
+        let (cost, table) = verify_cost::measure(&model, threads, longest, args.verify_reps)?;
         report.insert("verify_cost".into(), cost);
+        measured_cost = Some(table);
     }
     let (a, m, s, l) = (args.clone(), model.clone(), stop.clone(), loads.clone());
     let ours = crate::on_own_runtime(move |rt| rt.block_on(measure_ours(&a, &m, &s, &l, threads)))?;
@@ -135,7 +140,8 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
     } else {
         measure_peer(args, &path, &stop, &loads, threads).map_err(|e| format!("{e:#}"))
     };
-    for ((name, _), (off, on, resent)) in loads.iter().zip(ours) {
+    let max_draft = args.max_draft.unwrap_or(SpecConfig::default().max_draft);
+    for ((name, prompts), (off, on, resent)) in loads.iter().zip(ours) {
         if let Some(dir) = &args.dump_tokens {
             dump_tokens(dir, name, &loads, &off.tokens, &tokenizer)?;
         }
@@ -150,6 +156,11 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
             "on_resent_tps": resent.tps,
             "resent_acceptance_length": resent.acceptance_length,
         });
+        if let Some(cost) = &measured_cost {
+            let c = ceiling::ceiling(prompts, &off.tokens, max_draft, cost);
+            w["ceiling_on_vs_off"] = c["ceiling_on_vs_off"].clone();
+            w["ceiling_acceptance_length"] = c["ceiling_acceptance_length"].clone();
+        }
         if let Ok(p) = &peer {
             let pw = &p["workloads"][name];
             let (plain, pld) = (pw["plain_tps"].as_f64(), pw["pld_tps"].as_f64());
@@ -164,7 +175,6 @@ pub fn measure(args: &SpecArgs) -> anyhow::Result<Value> {
     report.insert("threads".into(), json!(threads));
     report.insert("max_tokens".into(), json!(args.max_tokens));
     report.insert("repeats".into(), json!(args.repeats.max(1)));
-    let max_draft = args.max_draft.unwrap_or(SpecConfig::default().max_draft);
     report.insert("max_draft".into(), json!(max_draft));
     match peer {
         Ok(p) => {
@@ -359,20 +369,28 @@ fn measure_peer(
 
 fn print_table(r: &Value) {
     println!(
-        "{:<14} {:>9} {:>9} {:>7} {:>8} {:>9} {:>10} {:>9}",
-        "tok/s b=1", "spec off", "spec on", "on/off", "acc.len", "llama.cpp", "llama PLD", "resent"
+        "{:<14} {:>9} {:>9} {:>7} {:>8} {:>8} {:>9} {:>10} {:>9}",
+        "tok/s b=1",
+        "spec off",
+        "spec on",
+        "on/off",
+        "ceiling",
+        "acc.len",
+        "llama.cpp",
+        "llama PLD",
+        "resent"
     );
     for name in ["tool_calling", "free_chat"] {
         let w = &r[name];
         let f = |k: &str| w[k].as_f64().map_or("-".to_string(), |x| format!("{x:.1}"));
+        let x = |k: &str| w[k].as_f64().map_or("-".into(), |x| format!("{x:.2}x"));
         println!(
-            "{:<14} {:>9} {:>9} {:>7} {:>8} {:>9} {:>10} {:>9}",
+            "{:<14} {:>9} {:>9} {:>7} {:>8} {:>8} {:>9} {:>10} {:>9}",
             name,
             f("off_tps"),
             f("on_tps"),
-            w["on_vs_off"]
-                .as_f64()
-                .map_or("-".into(), |x| format!("{x:.2}x")),
+            x("on_vs_off"),
+            x("ceiling_on_vs_off"),
             f("acceptance_length"),
             f("llamacpp_tps"),
             f("llamacpp_pld_tps"),

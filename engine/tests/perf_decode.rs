@@ -88,7 +88,7 @@ fn perf_decode_steps() {
 }
 
 /// One sequence's pass of `m` rows (1 + k drafted tokens, all with logits)
-/// after 64 tokens of context, for `m` in `PERF_ROWS` (default 1, 2, 3, 4, 5,
+/// after `PERF_CONTEXT` (default 64) tokens of context, for `m` in `PERF_ROWS` (default 1, 2, 3, 4, 5,
 /// 8, 9), best of `PERF_ROUNDS` (default 10) rounds that each time every row
 /// count once; in ms and in single-row passes (`spec::calibrate`'s probe,
 /// every row count). `PERF_ISA=avx2`, `PERF_THREADS=n`: see below.
@@ -116,7 +116,11 @@ fn perf_verify_rows() {
         _ => own,
     };
     let (model, cx) = (common::model(), &own);
-    let (context, bt) = (64, 16);
+    // PERF_CONTEXT: tokens before the rows (default 64).
+    let context: usize = env("PERF_CONTEXT")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let bt = 16;
     let most = rows.iter().copied().max().unwrap_or(1);
     let blocks = (context + most).div_ceil(bt);
     let mut kv = common::pool(bt, blocks, common::DType::F16);

@@ -25,13 +25,14 @@ const KS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15];
 const BT: usize = 16;
 
 /// Best-of-`reps` milliseconds of a pass of 1 + k rows after `prompt`, for
-/// each k of [`KS`]; the report's `verify_cost` object.
+/// each k of [`KS`]: the report's `verify_cost` object, and the costs as the
+/// engine's cost model.
 pub fn measure(
     model: &LlamaModel,
     threads: usize,
     prompt: &[u32],
     reps: usize,
-) -> anyhow::Result<Value> {
+) -> anyhow::Result<(Value, PassCost)> {
     let c = &model.config;
     let cx = Compute::new(threads);
     let dtype = EngineConfig::default().kv_dtype.into();
@@ -87,13 +88,16 @@ pub fn measure(
         .collect();
     // What the engine's own probe (run before its first draft) finds here.
     let engine = calibrate::measure(model, &cx, layout).context("the engine's pass-cost probe")?;
-    Ok(json!({
+    let times: Vec<(usize, f64)> = KS.iter().copied().zip(ms.iter().copied()).collect();
+    let table = PassCost::from_times(&times).context("no single-row pass time")?;
+    let report = json!({
         "engine_pass_cost": {"by_draft_len": engine.table()},
         "context_tokens": ctx.len(),
         "reps": reps,
         "by_draft_len": per_k,
         "draft_lookup_us": draft_lookup_us(prompt, 15),
-    }))
+    });
+    Ok((report, table))
 }
 
 /// Microseconds per draft (index update and lookup) when the request's own
