@@ -77,8 +77,9 @@ pub(crate) unsafe fn fused_cols(
 }
 
 /// Rows of a small batch at once (2..=[`fused_rows_per_pass`] of `isa`):
-/// half a tile (32 columns) of `rows` rows, each dequantized weight vector
-/// feeding one FMA per row. `x` rows are `ldx` floats apart, `out` rows `ldo`.
+/// half a tile (32 columns) of `rows` rows, or on AVX-512 a whole tile of
+/// up to [`fused_whole_rows`] rows, each dequantized weight vector feeding
+/// one FMA per row. `x` rows are `ldx` floats apart, `out` rows `ldo`.
 ///
 /// (Why half tiles and these row counts: see [`super`].)
 ///
@@ -94,6 +95,7 @@ pub(crate) unsafe fn fused_rows(
     tile: *const u8,
     kbs: usize,
     col0: usize,
+    cols: FusedCols,
     x: *const f32,
     ldx: usize,
     rows: usize,
@@ -103,20 +105,23 @@ pub(crate) unsafe fn fused_rows(
 ) {
     if isa == Isa::Avx512 {
         macro_rules! by_rows {
-            ($format:ident: $($r:literal)*) => {
+            ($format:ident, $g:literal: $($r:literal)*) => {
                 match rows {
-                    $($r => $format::avx512::rows::<$r>(tile, kbs, col0, x, ldx, out, ldo, side),)*
-                    _ => unreachable!("AVX-512 fused rows take 2..=8 rows"),
+                    $($r => $format::avx512::rows::<$r, $g>(tile, kbs, col0, x, ldx, out, ldo, side),)*
+                    _ => unreachable!("AVX-512 fused rows: {rows} rows of {} columns", 16 * $g),
                 }
             };
         }
-        match format {
-            PackedFormat::Q4_1 => by_rows!(q4_1: 2 3 4 5 6 7 8),
-            PackedFormat::Q8_0 => by_rows!(q8_0: 2 3 4 5 6 7 8),
-            PackedFormat::F32 => unreachable!("fused kernels take Q4_1 and Q8_0"),
+        match (format, cols) {
+            (PackedFormat::Q4_1, FusedCols::Half) => by_rows!(q4_1, 2: 2 3 4 5 6 7 8),
+            (PackedFormat::Q8_0, FusedCols::Half) => by_rows!(q8_0, 2: 2 3 4 5 6 7 8),
+            (PackedFormat::Q4_1, FusedCols::Whole) => by_rows!(q4_1, 4: 2 3),
+            (PackedFormat::Q8_0, FusedCols::Whole) => by_rows!(q8_0, 4: 2 3 4 5 6),
+            (PackedFormat::F32, _) => unreachable!("fused kernels take Q4_1 and Q8_0"),
         }
         return;
     }
+    debug_assert_eq!(cols, FusedCols::Half, "AVX2 fused rows take half tiles");
     // AVX2: the half tile in two passes of 16 columns (the sums of 16 columns
     // x up to 6 rows fill the registers); only the first requests the chunks
     // ahead, the second finds the half tile's chunks in L1 or L2. Two rows of
@@ -152,6 +157,20 @@ pub(crate) fn fused_rows_per_pass(isa: Isa) -> usize {
     match isa {
         Isa::Avx512 => 8,
         _ => 6,
+    }
+}
+
+/// Most rows a whole-tile [`fused_rows`] call takes (0: none): as many as
+/// keep 4 vectors of sums per row and the tile's scales in the 32 AVX-512
+/// registers. A whole tile per task halves the x broadcasts per weight and
+/// reads each cache line of the weights on one core only (a half tile's
+/// task reads half of every line of its tile), so matrices with enough tiles
+/// to share evenly between threads take it.
+pub(crate) fn fused_whole_rows(isa: Isa, format: PackedFormat) -> usize {
+    match (isa, format) {
+        (Isa::Avx512, PackedFormat::Q4_1) => 3,
+        (Isa::Avx512, PackedFormat::Q8_0) => 6,
+        _ => 0,
     }
 }
 

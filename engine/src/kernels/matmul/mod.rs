@@ -39,7 +39,16 @@
 //! 1.70-1.87 single-row passes (median 1.82) to 1.55-1.73 (1.58), while
 //! 2..=3 rows, bound by reading the weights, did not measurably change. Past 6 rows a second pass
 //! dequantizes every weight again, and 7..=16 rows in two passes cost
-//! 0.96-1.19 of the scratch path's, so they keep it.
+//! 0.96-1.19 of the scratch path's, so they keep it. On AVX-512 a matrix
+//! with tiles enough to share evenly (16 or more: the lm_head, gate_up)
+//! takes whole tiles when that needs no more passes: 2..=3 rows of Q4_1,
+//! 2..=6 and 9..=12 (two passes) of Q8_0, 4 vectors of sums per row. A half
+//! tile's task reads half of every cache line of its tile (the 64 columns
+//! of one k share lines), so two cores pulled each line; with whole tiles
+//! the lm_head at 2 rows went from 1.6-1.7 to 1.35-1.4 single-row times on
+//! a Zen 4 (`perf_matmul_rows`, 2 threads), and one forward's matmuls at 2
+//! rows from 1.44 to 1.23-1.30. Q4_1 stops at 3 rows: at 4, LLVM kept the
+//! sums on the stack.
 //!
 //! The code is grouped by format, then ISA (as candle's quantized kernels
 //! are): [`layout`] (the tile layout, a leaf), `pack` (GGUF to tiles),
@@ -67,7 +76,9 @@ use crate::kernels::pool::ThreadPool;
 use crate::kernels::prefetch::SideLines;
 use crate::EngineError;
 #[cfg(target_arch = "x86_64")]
-use fused::{fused_cols, fused_max_rows, fused_rows, fused_rows_per_pass, FusedCols};
+use fused::{
+    fused_cols, fused_max_rows, fused_rows, fused_rows_per_pass, fused_whole_rows, FusedCols,
+};
 
 /// Rows processed per dequantized chunk before moving on (cache blocking).
 const ROW_BLOCK: usize = 96;
@@ -193,23 +204,32 @@ impl PackedMatrix {
         }
         #[cfg(target_arch = "x86_64")]
         if self.takes_side_lines(isa, m) {
-            // A small batch: half tiles, weights dequantized in registers, every
-            // row at once, or past the ISA's rows per pass in passes of near-equal
-            // rows (a speculative step's verification rows): the half tile's
-            // chunks are in L1 (or L2) for the later passes.
-            let half = TILE_N / 2;
-            let passes = m.div_ceil(fused_rows_per_pass(isa));
-            pool.run(tiles * 2, &|task| {
-                let (tile, col0) = (task / 2, (task % 2) * half);
+            // A small batch: weights dequantized in registers, every row at
+            // once, or past the rows one pass takes in passes of near-equal
+            // rows (a speculative step's verification rows): the task's
+            // chunks are in L1 (or L2) for the later passes. Whole tiles
+            // where they share evenly between threads and take no more
+            // passes than half tiles would.
+            let half_passes = m.div_ceil(fused_rows_per_pass(isa));
+            let (cols, passes) = match fused_whole_rows(isa, self.format) {
+                most if most > 0 && tiles >= 16 && m.div_ceil(most) <= half_passes => {
+                    (FusedCols::Whole, m.div_ceil(most))
+                }
+                _ => (FusedCols::Half, half_passes),
+            };
+            let per_tile = TILE_N / cols.count();
+            pool.run(tiles * per_tile, &|task| {
+                let (tile, col0) = (task / per_tile, (task % per_tile) * cols.count());
                 let out_ptr = &out_ptr;
-                let mut side = side.share(task, tiles * 2);
+                let mut side = side.share(task, tiles * per_tile);
                 let mut r0 = 0;
                 for pass in 0..passes {
                     let rows = (m - r0) / (passes - pass);
                     // SAFETY: SIMD ISAs are only chosen when the CPU has them; each
-                    // task writes only its own 32 columns of rows r0..r0 + rows, and
-                    // 2 <= rows <= fused_rows_per_pass (m <= passes * per_pass; at
-                    // most 2 passes, and m >= 2 * passes when there are 2); shapes
+                    // task writes only its own columns of rows r0..r0 + rows, and
+                    // 2 <= rows <= the pass's most (fused_rows_per_pass, or
+                    // fused_whole_rows for whole tiles): m <= passes * most, at
+                    // most 2 passes, and m >= 2 * passes when there are 2; shapes
                     // were checked.
                     unsafe {
                         fused_rows(
@@ -218,6 +238,7 @@ impl PackedMatrix {
                             self.chunk(tile, 0).as_ptr(),
                             self.k / CHUNK_K,
                             col0,
+                            cols,
                             x.as_ptr().add(r0 * self.k),
                             self.k,
                             rows,

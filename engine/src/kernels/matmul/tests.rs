@@ -99,7 +99,8 @@ fn fused_rows_equal_sequential_fma_reference() {
 /// row count it takes (2..=16: one pass and several), every ISA, both
 /// quantized formats and thread counts, with side lines requested (they
 /// change no value) and without; several matrix shapes, so that half tiles,
-/// 16-column passes and chunk counts vary.
+/// whole tiles (16 tiles or more, up to 3-4 rows), 16-column passes and
+/// chunk counts vary.
 #[test]
 fn fused_rows_equal_scratch_path_with_and_without_side_lines() {
     let side_buf = vec![0u8; 64 * 1024];
@@ -107,7 +108,7 @@ fn fused_rows_equal_scratch_path_with_and_without_side_lines() {
     for i in 0..16 {
         side.push(side_buf[i * 4096..].as_ptr());
     }
-    for (n, k, seed) in [(64, 32, 5), (320, 96, 6), (128, 544, 7)] {
+    for (n, k, seed) in [(64, 32, 5), (320, 96, 6), (128, 544, 7), (1024, 64, 8)] {
         for q8 in [false, true] {
             let (info, bytes, _) = if q8 {
                 random_q8_0(n, k, seed)

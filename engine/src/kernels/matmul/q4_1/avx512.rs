@@ -92,10 +92,12 @@ pub(crate) unsafe fn cols<const G: usize>(
     }
 }
 
-/// 2 vectors of 16 columns from `col0`, `R` rows, Q4_1, AVX-512.
+/// `G` vectors of 16 columns from `col0` (2: half a tile, 4: a whole
+/// one), `R` rows, Q4_1, AVX-512. Each k's weights are made and consumed
+/// before the next k's, so only `G` of them are live at once.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows<const R: usize>(
+pub(crate) unsafe fn rows<const R: usize, const G: usize>(
     tile: *const u8,
     kbs: usize,
     col0: usize,
@@ -107,12 +109,12 @@ pub(crate) unsafe fn rows<const R: usize>(
 ) {
     let cb = Q4_1_CHUNK_BYTES;
     let side_per_step = side.left().div_ceil(kbs * (CHUNK_K / 2));
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut acc = [[_mm512_setzero_ps(); G]; R];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        let mut d = [_mm512_setzero_ps(); 2];
-        let mut m = [_mm512_setzero_ps(); 2];
-        for g in 0..2 {
+        let mut d = [_mm512_setzero_ps(); G];
+        let mut m = [_mm512_setzero_ps(); G];
+        for g in 0..G {
             let col = col0 + 16 * g;
             d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(c.add(2 * col) as *const __m256i));
             m[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
@@ -124,28 +126,26 @@ pub(crate) unsafe fn rows<const R: usize>(
             prefetch_ahead_step(c, cb, p, CHUNK_K / 2);
             side.issue(side_per_step);
             let qp = c.add(4 * TILE_N + p * TILE_N + col0);
-            // w[g][0]: k = 2p, w[g][1]: k = 2p + 1 (low and high nibbles).
-            let w: [[__m512; 2]; 2] = std::array::from_fn(|g| {
-                let b = _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16 * g) as *const __m128i));
-                let (lo, hi) = nibbles_as_f32(b);
-                [
-                    _mm512_fmadd_ps(lo, d[g], m[g]),
-                    _mm512_fmadd_ps(hi, d[g], m[g]),
-                ]
+            let b: [__m512i; G] = std::array::from_fn(|g| {
+                _mm512_cvtepu8_epi32(_mm_loadu_si128(qp.add(16 * g) as *const __m128i))
             });
-            for r in 0..R {
-                let xr = xk.add(r * ldx + 2 * p);
-                for h in 0..2 {
-                    let xb = _mm512_set1_ps(*xr.add(h));
-                    for g in 0..2 {
-                        acc[r][g] = _mm512_fmadd_ps(w[g][h], xb, acc[r][g]);
+            // h = 0: k = 2p (low nibbles), h = 1: k = 2p + 1 (high nibbles).
+            for h in 0..2 {
+                let w: [__m512; G] = std::array::from_fn(|g| {
+                    let (lo, hi) = nibbles_as_f32(b[g]);
+                    _mm512_fmadd_ps(if h == 0 { lo } else { hi }, d[g], m[g])
+                });
+                for r in 0..R {
+                    let xb = _mm512_set1_ps(*xk.add(r * ldx + 2 * p + h));
+                    for g in 0..G {
+                        acc[r][g] = _mm512_fmadd_ps(w[g], xb, acc[r][g]);
                     }
                 }
             }
         }
     }
     for r in 0..R {
-        for g in 0..2 {
+        for g in 0..G {
             _mm512_storeu_ps(out.add(r * ldo + 16 * g), acc[r][g]);
         }
     }

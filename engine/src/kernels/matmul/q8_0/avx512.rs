@@ -64,10 +64,11 @@ pub(crate) unsafe fn cols<const G: usize>(
     }
 }
 
-/// 2 vectors of 16 columns from `col0`, `R` rows, Q8_0, AVX-512.
+/// `G` vectors of 16 columns from `col0` (2: half a tile, 4: a whole
+/// one), `R` rows, Q8_0, AVX-512.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,fma")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn rows<const R: usize>(
+pub(crate) unsafe fn rows<const R: usize, const G: usize>(
     tile: *const u8,
     kbs: usize,
     col0: usize,
@@ -79,11 +80,11 @@ pub(crate) unsafe fn rows<const R: usize>(
 ) {
     let cb = Q8_0_CHUNK_BYTES;
     let side_per_step = side.left().div_ceil(kbs * CHUNK_K);
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut acc = [[_mm512_setzero_ps(); G]; R];
     for kb in 0..kbs {
         let c = tile.add(kb * cb);
-        let mut d = [_mm512_setzero_ps(); 2];
-        for g in 0..2 {
+        let mut d = [_mm512_setzero_ps(); G];
+        for g in 0..G {
             d[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
                 c.add(2 * (col0 + 16 * g)) as *const __m256i
             ));
@@ -93,20 +94,20 @@ pub(crate) unsafe fn rows<const R: usize>(
             prefetch_ahead_step(c, cb, j, CHUNK_K);
             side.issue(side_per_step);
             let qj = c.add(2 * TILE_N + j * TILE_N + col0);
-            let w: [__m512; 2] = std::array::from_fn(|g| {
+            let w: [__m512; G] = std::array::from_fn(|g| {
                 let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(qj.add(16 * g) as *const __m128i));
                 _mm512_mul_ps(_mm512_cvtepi32_ps(q), d[g])
             });
             for r in 0..R {
                 let xb = _mm512_set1_ps(*xk.add(r * ldx + j));
-                for g in 0..2 {
+                for g in 0..G {
                     acc[r][g] = _mm512_fmadd_ps(w[g], xb, acc[r][g]);
                 }
             }
         }
     }
     for r in 0..R {
-        for g in 0..2 {
+        for g in 0..G {
             _mm512_storeu_ps(out.add(r * ldo + 16 * g), acc[r][g]);
         }
     }
