@@ -11,13 +11,13 @@
 //! an extra row costs only its compute, and how much that is differs by ISA,
 //! core and row count: on an AVX-512 Zen 4, 0.27 of a single-row pass for
 //! the first row, 0.25-0.37 for each of the next six and 0.7 for the ninth
-//! (a second pass); about 0.16 on a Zen 5; over 0.5 on an AVX2 Zen 3. A fixed model fitted on the first
-//! drafted 15% too much on the third (free chat ran at 0.85 of no
-//! speculation, `kvfabric bench spec`), and a line through 1, 2 and 9 rows
-//! overcharged the rows between by 60% on the second. The probe costs
-//! about 42 single-row passes per round and a prefill of [`CONTEXT`]
-//! tokens (0.6 s on the Zen 4); where it fails the default model stands and
-//! the failure is logged.
+//! (a second pass); about 0.16 on a Zen 5; over 0.5 on an AVX2 Zen 3. A
+//! fixed model fitted on the Zen 5 drafted 15% too much on the Zen 3 (free
+//! chat ran at 0.85 of no speculation, `kvfabric bench spec`), and a line
+//! through 1, 2 and 9 rows overcharged the rows between by 60% on the Zen
+//! 4. The probe costs about 42 single-row passes per round and a prefill of
+//! [`CONTEXT`] tokens (0.6 s on the Zen 4); where it fails the default model
+//! stands and the failure is logged.
 
 use std::time::Instant;
 
