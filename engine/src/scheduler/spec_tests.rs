@@ -195,8 +195,14 @@ fn the_pass_cost_is_measured_at_start_and_outputs_stay_the_same() {
     });
     assert!(off.pass_cost.is_none());
     let cost = s.pass_cost.expect("measured at start");
+    // Measured beside other tests, near k's may time alike; 16 verified
+    // rows never cost what one row does.
+    let t = cost.table();
     assert!(
-        cost.table().iter().all(|c| c.is_finite()) && cost.of(1) > 1.0 && cost.of(9) > cost.of(1),
+        t.iter().all(|c| c.is_finite())
+            && t.windows(2).all(|w| w[0] <= w[1])
+            && cost.of(0) == 1.0
+            && cost.of(t.len() - 1) > 1.5,
         "{cost:?}"
     );
     let (events, mut rx) = mpsc::channel(1024);
