@@ -53,7 +53,7 @@ pub const DEFAULT_SEGMENT: u32 = 12288;
 /// Encode `src`, a block of `width`-byte elements (2 for f16/bf16, 4 for
 /// f32), into `out` (cleared first), with [`DEFAULT_SEGMENT`] segments.
 pub fn encode(src: &[u8], width: usize, out: &mut Vec<u8>) -> Result<(), CodecError> {
-    planes::encode(src, width, DEFAULT_SEGMENT, Profile::Compact, out)
+    encode_with(src, width, DEFAULT_SEGMENT, Profile::Compact, out)
 }
 
 /// Encode `src` for decoding at memory speed: 2-byte elements (f16) in
@@ -90,7 +90,7 @@ pub fn encode_segmented(
     segment: u32,
     out: &mut Vec<u8>,
 ) -> Result<(), CodecError> {
-    planes::encode(src, width, segment, Profile::Compact, out)
+    encode_with(src, width, segment, Profile::Compact, out)
 }
 
 /// Estimated encoded length of `src` (as [`encode_segmented`] would

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use kvfabric_engine::kernels::Compute;
-use kvfabric_engine::kv::{BlockId, KvPool};
-use kvfabric_engine::model::{LlamaModel, SeqChunk};
+use kvfabric_engine::kv::KvPool;
+use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::spec::calibrate;
 use kvfabric_engine::spec::length::PassCost;
 use kvfabric_engine::spec::shared::SharedContinuations;
@@ -25,7 +25,7 @@ const KS: [usize; 12] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15];
 const BT: usize = 16;
 
 /// Best-of-`reps` milliseconds of a pass of 1 + k rows after `prompt`, for
-/// each k of [`KS`]: the report's `verify_cost` object, and the costs as the
+/// each k of [`KS`] (the engine's probe's timing, [`calibrate::pass_times`]): the report's `verify_cost` object, and the costs as the
 /// engine's cost model.
 pub fn measure(
     model: &LlamaModel,
@@ -38,23 +38,7 @@ pub fn measure(
     let dtype = EngineConfig::default().kv_dtype.into();
     let layout = KvPool::layout_for(c.layers, c.kv_heads, c.head_dim, BT, dtype);
     let kmax = KS[KS.len() - 1];
-    let blocks = (prompt.len() + kmax + 1).div_ceil(BT);
-    let mut kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)
-        .context("KV pool for the verify-cost probe")?;
-    let table: Vec<BlockId> = (0..blocks as u32).collect();
     let (ctx, rest) = prompt.split_at(prompt.len() - 1);
-    model
-        .forward(
-            &cx,
-            &mut kv,
-            &[SeqChunk {
-                tokens: ctx,
-                start: 0,
-                blocks: &table,
-                logits: false,
-            }],
-        )
-        .context("prefill")?;
     // The rows: the prompt's last token, then its own opening as the "draft".
     let rows: Vec<u32> = rest
         .iter()
@@ -62,24 +46,11 @@ pub fn measure(
         .take(kmax + 1)
         .copied()
         .collect();
-    let mut ms = Vec::new();
-    for k in KS {
-        let chunk = [SeqChunk {
-            tokens: &rows[..k + 1],
-            start: ctx.len(),
-            blocks: &table,
-            logits: true,
-        }];
-        let mut best = f64::MAX;
-        for _ in 0..reps.max(1) {
-            let t = Instant::now();
-            model
-                .forward_rows(&cx, &mut kv, &chunk, &[k + 1], &mut |_| {})
-                .context("verify pass")?;
-            best = best.min(t.elapsed().as_secs_f64() * 1e3);
-        }
-        ms.push(best);
-    }
+    let ms: Vec<f64> = calibrate::pass_times(model, &cx, layout, ctx, &rows, &KS, reps)
+        .context("verify passes")?
+        .into_iter()
+        .map(|t| t * 1e3)
+        .collect();
     let base = ms[0];
     let per_k: serde_json::Map<String, Value> = KS
         .iter()

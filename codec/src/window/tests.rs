@@ -219,32 +219,12 @@ fn lying_payloads_are_errors_never_panics() {
         let mut b = body.clone();
         b[2..6].copy_from_slice(&(n1 - fewer).to_le_bytes());
         b.drain(l2_at..l2_at + fewer as usize / 4);
-        let res = run(&b);
-        assert!(
-            matches!(
-                res,
-                Err(CodecError::Corrupt {
-                    what: "window escapes",
-                    ..
-                })
-            ),
-            "{res:?}"
-        );
+        assert_escapes_corrupt(run(&b));
     }
     let mut more = body.clone();
     more[2..6].copy_from_slice(&(n1 + 4).to_le_bytes());
     more.insert(l2_at, 0);
-    let res = run(&more);
-    assert!(
-        matches!(
-            res,
-            Err(CodecError::Corrupt {
-                what: "window escapes",
-                ..
-            })
-        ),
-        "{res:?}"
-    );
+    assert_escapes_corrupt(run(&more));
     // Every flipped byte gives an error or some output, never a panic.
     for i in 0..body.len() {
         let mut b = body.clone();
@@ -384,5 +364,19 @@ fn perf_fast_decode_cold() {
     println!(
         "64 distinct blocks: fast decode {cold:.2} GB/s, memcpy {memcpy:.2}: {:.3}x",
         cold / memcpy
+    );
+}
+
+/// The decoder's refusal of escape counts that disagree with the fields.
+fn assert_escapes_corrupt<T: std::fmt::Debug>(res: Result<T, CodecError>) {
+    assert!(
+        matches!(
+            res,
+            Err(CodecError::Corrupt {
+                what: "window escapes",
+                ..
+            })
+        ),
+        "{res:?}"
     );
 }

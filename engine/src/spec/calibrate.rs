@@ -41,28 +41,50 @@ pub fn measure(
     cx: &Compute,
     layout: kvfabric_types::KvLayout,
 ) -> Result<PassCost, EngineError> {
-    let bt = layout.block_tokens as usize;
-    let blocks = (CONTEXT + TABLE_K + 1).div_ceil(bt);
-    let mut kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)?;
-    let table: Vec<BlockId> = (0..blocks as u32).collect();
     // Any tokens do: the cost does not depend on their values.
     let vocab = model.config.vocab.max(2) as u32;
     let tokens: Vec<u32> = (0..(CONTEXT + TABLE_K + 1) as u32)
         .map(|i| (i * 7919 + 17) % vocab)
         .collect();
+    let (context, rows) = tokens.split_at(CONTEXT);
+    let best = pass_times(model, cx, layout, context, rows, &PROBED, REPS)?;
+    let times: Vec<(usize, f64)> = PROBED.iter().copied().zip(best).collect();
+    PassCost::from_times(&times).ok_or_else(|| EngineError::CostProbe {
+        reason: format!("no usable single-row time in {times:?}"),
+    })
+}
+
+/// Seconds of a pass of one sequence with 1 + k rows (`rows[..=k]`, every
+/// row's logits) after `context`, for each k of `ks` (each at most
+/// `rows.len() - 1`), best of `rounds` rounds that each go through every k
+/// in turn (so a slow spell of the machine touches all k alike). Straight
+/// on the model, into a KV pool of its own in `layout`.
+pub fn pass_times(
+    model: &LlamaModel,
+    cx: &Compute,
+    layout: kvfabric_types::KvLayout,
+    context: &[u32],
+    rows: &[u32],
+    ks: &[usize],
+    rounds: usize,
+) -> Result<Vec<f64>, EngineError> {
+    let bt = layout.block_tokens as usize;
+    let blocks = (context.len() + rows.len()).div_ceil(bt);
+    let mut kv = KvPool::with_bytes(layout, (blocks * layout.block_bytes()) as u64)?;
+    let table: Vec<BlockId> = (0..blocks as u32).collect();
     let prefill = SeqChunk {
-        tokens: &tokens[..CONTEXT],
+        tokens: context,
         start: 0,
         blocks: &table,
         logits: false,
     };
     model.forward(cx, &mut kv, &[prefill])?;
-    let mut best = [f64::MAX; PROBED.len()];
-    for _ in 0..REPS {
-        for (i, &k) in PROBED.iter().enumerate() {
+    let mut best = vec![f64::MAX; ks.len()];
+    for _ in 0..rounds.max(1) {
+        for (i, &k) in ks.iter().enumerate() {
             let chunk = [SeqChunk {
-                tokens: &tokens[CONTEXT..CONTEXT + k + 1],
-                start: CONTEXT,
+                tokens: &rows[..k + 1],
+                start: context.len(),
                 blocks: &table,
                 logits: true,
             }];
@@ -71,10 +93,7 @@ pub fn measure(
             best[i] = best[i].min(t.elapsed().as_secs_f64());
         }
     }
-    let times: Vec<(usize, f64)> = PROBED.iter().copied().zip(best).collect();
-    PassCost::from_times(&times).ok_or_else(|| EngineError::CostProbe {
-        reason: format!("no usable single-row time in {times:?}"),
-    })
+    Ok(best)
 }
 
 /// [`measure`], falling back to [`PassCost::default`] (logged) when the

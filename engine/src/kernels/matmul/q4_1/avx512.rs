@@ -10,21 +10,26 @@ use std::arch::x86_64::*;
 use crate::kernels::matmul::layout::{CHUNK_K, Q4_1_CHUNK_BYTES, TILE_N};
 use crate::kernels::prefetch::{prefetch_ahead, prefetch_ahead_step, SideCursor};
 
-/// The low and high nibbles of 16 bytes (zero-extended to 32-bit lanes) as
-/// f32, by looking them up in `[0.0, 1.0, .., 15.0]`: the permute reads only
-/// an index's low 4 bits, so the low nibble needs no mask, and a lookup is one
-/// instruction where masking and converting were two (same values: integers
-/// below 16 are exact in f32).
+/// The low (`high` false) or high nibbles of 16 bytes (zero-extended to
+/// 32-bit lanes) as f32, by looking them up in `[0.0, 1.0, .., 15.0]`: the
+/// permute reads only an index's low 4 bits, so the low nibble needs no
+/// mask, and a lookup is one instruction where masking and converting were
+/// two (same values: integers below 16 are exact in f32).
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn nibbles_as_f32(q: __m512i) -> (__m512, __m512) {
+unsafe fn nibble_as_f32(q: __m512i, high: bool) -> __m512 {
     let values = _mm512_setr_ps(
         0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
     );
-    (
-        _mm512_permutexvar_ps(q, values),
-        _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), values),
-    )
+    let q = if high { _mm512_srli_epi32(q, 4) } else { q };
+    _mm512_permutexvar_ps(q, values)
+}
+
+/// Both nibbles of 16 bytes as f32 ([`nibble_as_f32`]).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn nibbles_as_f32(q: __m512i) -> (__m512, __m512) {
+    (nibble_as_f32(q, false), nibble_as_f32(q, true))
 }
 
 /// One chunk dequantized into `[32 k][64 columns]` f32 (the scratch path):
@@ -132,8 +137,7 @@ pub(crate) unsafe fn rows<const R: usize, const G: usize>(
             // h = 0: k = 2p (low nibbles), h = 1: k = 2p + 1 (high nibbles).
             for h in 0..2 {
                 let w: [__m512; G] = std::array::from_fn(|g| {
-                    let (lo, hi) = nibbles_as_f32(b[g]);
-                    _mm512_fmadd_ps(if h == 0 { lo } else { hi }, d[g], m[g])
+                    _mm512_fmadd_ps(nibble_as_f32(b[g], h == 1), d[g], m[g])
                 });
                 for r in 0..R {
                     let xb = _mm512_set1_ps(*xk.add(r * ldx + 2 * p + h));
