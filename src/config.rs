@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn config_md_lists_every_key() {
         assert_documented::<crate::model::ModelConfig>("model");
-        assert_documented::<kvfabric_store::cluster::ClusterConfig>("cluster");
+        assert_documented::<kvfabric_node::cluster::ClusterConfig>("cluster");
         assert_documented::<kvfabric_store::NodeConfig>("node");
         assert_documented::<kvfabric_engine::EngineConfig>("engine");
         assert_documented::<kvfabric_connector::ConnectorConfig>("connector");

@@ -91,7 +91,7 @@ pub struct ConnectorFlags {
 /// The fabric side of an engine process.
 pub struct FabricSettings {
     pub node: kvfabric_store::NodeConfig,
-    pub cluster: kvfabric_store::cluster::ClusterConfig,
+    pub cluster: kvfabric_node::cluster::ClusterConfig,
     pub connector: kvfabric_connector::ConnectorConfig,
 }
 
@@ -111,7 +111,7 @@ pub async fn run(
     metrics.register(&mut engine_registry);
     // A remote connector's client certificate: the `[cluster.security]` settings.
     let remote_identity = match fabric.connector.mode.as_str() {
-        "remote" => kvfabric_store::cluster::security::load_client(&fabric.cluster.security)?,
+        "remote" => kvfabric_node::cluster::security::load_client(&fabric.cluster.security)?,
         _ => None,
     };
     let embedded = if fabric.connector.embedded() {

@@ -178,7 +178,7 @@ fn run_node(cmd: NodeCmd, file: Option<&std::path::Path>) -> anyhow::Result<()> 
         cfg.tenants_file = cmd.tenants_file;
     }
     cfg.validate()?;
-    let cluster: kvfabric_store::cluster::ClusterConfig =
+    let cluster: kvfabric_node::cluster::ClusterConfig =
         config::load("cluster", file, &cmd.cluster)?;
     cluster.validate()?;
     tokio::runtime::Runtime::new()?.block_on(node::run(cfg, cluster))?;

@@ -112,10 +112,10 @@ impl SecurityFlags {
 /// Run the node until a shutdown signal.
 pub async fn run(
     cfg: kvfabric_store::NodeConfig,
-    cluster: kvfabric_store::cluster::ClusterConfig,
+    cluster: kvfabric_node::cluster::ClusterConfig,
 ) -> anyhow::Result<()> {
     tracing::info!(node = %cfg.node_id, grpc = %cfg.grpc_listen, http = %cfg.http_listen, "starting node");
-    kvfabric_store::NodeServer::open(cfg, cluster)
+    kvfabric_node::NodeServer::open(cfg, cluster)
         .await?
         .serve(shutdown_signal())
         .await?;

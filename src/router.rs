@@ -13,7 +13,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use clap::Args;
-use kvfabric_store::cluster::{security, ClusterConfig};
+use kvfabric_node::cluster::{security, ClusterConfig};
 use serde::Serialize;
 
 use crate::node::{ClusterFlags, SecurityFlags};

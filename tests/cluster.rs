@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kvfabric_store::cluster::client;
+use kvfabric_node::cluster::client;
 use kvfabric_testkit::procs::node::*;
 use kvfabric_testkit::{eventually, free_port, EtcdProcess};
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use console_support::{find_browser, Browser};
-use kvfabric_store::cluster::client::{self, CacheClient};
+use kvfabric_node::cluster::client::{self, CacheClient};
 use kvfabric_testkit::procs::node::*;
 use kvfabric_testkit::{free_port, EtcdProcess};
 use serde_json::Value;

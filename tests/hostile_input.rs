@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BufMut};
-use kvfabric_store::cluster::client;
+use kvfabric_node::cluster::client;
 use kvfabric_testkit::procs::node::*;
 use kvfabric_testkit::EtcdProcess;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

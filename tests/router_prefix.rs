@@ -18,7 +18,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::client;
+use kvfabric_node::cluster::client;
 use kvfabric_store::BlockKey;
 use kvfabric_testkit::free_port;
 use kvfabric_testkit::procs::{

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvfabric_connector::{ConnectorConfig, RemoteConnector};
-use kvfabric_store::cluster::client;
+use kvfabric_node::cluster::client;
 use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::free_port;
 use kvfabric_testkit::procs::certs_init;

@@ -7,14 +7,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvfabric_node::cluster::client;
+use kvfabric_node::cluster::security::client_tls;
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::holder_service_client::HolderServiceClient;
 use kvfabric_proto::internal::v1::{
     AnnounceRequest, DirectoryEntry, LeaseManyRequest, ReleaseManyRequest,
 };
 use kvfabric_proto::v1::Holder;
-use kvfabric_store::cluster::client;
-use kvfabric_store::cluster::security::client_tls;
 use kvfabric_testkit::procs::certs_init;
 use kvfabric_testkit::procs::node::*;
 use kvfabric_testkit::{eventually, EtcdProcess};
@@ -390,7 +390,7 @@ async fn secure_embedded(
         ram_capacity: bytesize::ByteSize::mib(256),
         ..Default::default()
     };
-    let cluster = kvfabric_store::cluster::ClusterConfig {
+    let cluster = kvfabric_node::cluster::ClusterConfig {
         etcd: vec![etcd.endpoint()],
         etcd_prefix: "/sec-engine".into(),
         lease_ttl_ms: 2000,

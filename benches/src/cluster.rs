@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use futures::StreamExt;
-use kvfabric_store::cluster::{client, ClusterConfig, ClusterNode};
+use kvfabric_node::cluster::{client, ClusterConfig, ClusterNode};
+use kvfabric_node::NodeServer;
 use kvfabric_store::{
-    KeyChain, KvLayout, ModelFingerprint, NodeConfig, NodeServer, PutOptions, Registry, Store,
+    KeyChain, KvLayout, ModelFingerprint, NodeConfig, PutOptions, Registry, Store,
 };
 use serde_json::{json, Value};
 

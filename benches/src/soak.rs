@@ -139,7 +139,7 @@ pub fn measure(args: &SoakArgs) -> anyhow::Result<Value> {
             disk_mib: args.disk_mib,
             // A tight idle cap (the default is 32) so the end-of-run pool
             // bound has teeth: two batches' worth of connections_per_peer.
-            transfer_per_peer: 2 * kvfabric_store::cluster::ClusterConfig::default()
+            transfer_per_peer: 2 * kvfabric_node::cluster::ClusterConfig::default()
                 .transfer_connections_per_peer,
         };
         let mut c = SoakCluster::start(bed, &model, &sizes)?;

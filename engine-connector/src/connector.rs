@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use kvfabric_store::cluster::HolderEntry;
+use kvfabric_node::cluster::HolderEntry;
 use kvfabric_types::{BlockKey, KvLayout};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;

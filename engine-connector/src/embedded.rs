@@ -9,8 +9,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kvfabric_store::cluster::{ClusterConfig, ClusterNode};
-use kvfabric_store::{NodeConfig, NodeServer, Registry, Store};
+use kvfabric_node::cluster::{ClusterConfig, ClusterNode};
+use kvfabric_node::NodeServer;
+use kvfabric_store::{NodeConfig, Registry, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -23,7 +24,7 @@ pub struct EmbeddedNode {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
-    serving: Option<JoinHandle<Result<(), kvfabric_store::StoreError>>>,
+    serving: Option<JoinHandle<Result<(), kvfabric_node::NodeError>>>,
 }
 
 impl std::fmt::Debug for EmbeddedNode {

@@ -6,10 +6,15 @@ pub enum ConnectorError {
     /// A malformed layout, or KV memory that cannot be used.
     #[error("kv memory: {0}")]
     Types(#[from] kvfabric_types::TypesError),
-    /// The store or cluster refused or failed an operation (feature `fabric`).
+    /// The local store refused or failed an operation (feature `fabric`).
     #[cfg(feature = "fabric")]
     #[error("store: {0}")]
     Store(#[from] kvfabric_store::StoreError),
+    /// The fabric node or the cluster refused or failed an operation
+    /// (feature `fabric`).
+    #[cfg(feature = "fabric")]
+    #[error("node: {0}")]
+    Node(#[from] kvfabric_node::NodeError),
     /// The engine's KV memory could not be registered or used (feature `fabric`).
     #[cfg(feature = "fabric")]
     #[error("transfer: {0}")]

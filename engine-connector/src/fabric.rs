@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use kvfabric_store::cluster::{ClusterNode, HolderEntry};
+use kvfabric_node::cluster::{ClusterNode, HolderEntry};
 use kvfabric_store::{Owner, PutOptions, ReserveOutcome, Store};
 use kvfabric_transfer::SegmentId;
 use kvfabric_types::BlockKey;

@@ -5,7 +5,7 @@
 //! trusted key). A refusal of the key becomes
 //! [`ConnectorError::NodeApiKey`], which names the setting to change.
 
-use kvfabric_store::tenant_scope::OWNER_METADATA;
+use kvfabric_node::tenant_scope::OWNER_METADATA;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 
 use crate::{ApiKey, ConnectorError};

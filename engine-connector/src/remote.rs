@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
-use kvfabric_store::cluster::client::{
+use kvfabric_node::cluster::client::{
     check_tls, connect_lazy_with, connect_with, get_block_with, put_block_with, CacheClient,
 };
-use kvfabric_store::cluster::{HolderEntry, HolderTier};
+use kvfabric_node::cluster::{HolderEntry, HolderTier};
+use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_types::{BlockKey, KvLayout};
 
@@ -81,7 +81,7 @@ impl Connector<RemoteBackend> {
                         Ok(id) => {
                             let _ = node_id.set(id);
                         }
-                        Err(e @ (ConnectorError::NodeApiKey { .. } | ConnectorError::Store(_))) => {
+                        Err(e @ (ConnectorError::NodeApiKey { .. } | ConnectorError::Store(_) | ConnectorError::Node(_))) => {
                             tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}")
                         }
                         Err(e) => tracing::debug!(node = %addr, "fabric node not answering yet: {e}"),

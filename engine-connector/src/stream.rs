@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kvfabric_store::cluster::{ClusterNode, LeasedBlock, RangeRead, ReadTarget};
+use kvfabric_node::cluster::{ClusterNode, LeasedBlock, RangeRead, ReadTarget};
 use kvfabric_transfer::{SegmentId, SharedRegion};
 use kvfabric_types::BlockKey;
 

@@ -9,7 +9,7 @@ use bytesize::ByteSize;
 use kvfabric_connector::{
     ConnectorConfig, EmbeddedNode, FabricConnector, KvConnector, KvMemory, SaveBlock,
 };
-use kvfabric_store::cluster::ClusterConfig;
+use kvfabric_node::cluster::ClusterConfig;
 use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout, NodeConfig};
 use kvfabric_transfer::SharedRegion;
 use prometheus_client::registry::Registry;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kvfabric_connector::{ConnectorConfig, EmbeddedNode, FabricConnector};
 use kvfabric_engine::http::EngineMetrics;
 use kvfabric_engine::Role;
-use kvfabric_store::cluster::ClusterConfig;
+use kvfabric_node::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
 use kvfabric_testkit::router::*;
 use kvfabric_testkit::EtcdProcess;

@@ -13,12 +13,12 @@ use super::rpc::{authed, Client};
 
 /// Print the planner's curves of the node at `--addr`, as a table or JSON.
 pub(super) async fn run(c: &mut Client, key: Option<&str>, json: bool) -> anyhow::Result<()> {
-    let r: kvfabric_store::CapacityReport = c
-        .capacity(authed(kvfabric_proto::v1::CapacityRequest {}, key)?)
-        .await
-        .map_err(|s| anyhow!("capacity: {}", s.message()))?
-        .into_inner()
-        .into();
+    let r = kvfabric_node::wire::capacity_from_proto(
+        c.capacity(authed(kvfabric_proto::v1::CapacityRequest {}, key)?)
+            .await
+            .map_err(|s| anyhow!("capacity: {}", s.message()))?
+            .into_inner(),
+    );
     if json {
         println!("{}", serde_json::to_string(&r)?);
         return Ok(());

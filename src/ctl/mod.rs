@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use kvfabric_store::cluster::{client, security, ClusterConfig};
+use kvfabric_node::cluster::{client, security, ClusterConfig};
 
 use crate::node::{ClusterFlags, SecurityFlags};
 

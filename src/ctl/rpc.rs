@@ -3,8 +3,8 @@
 //! subcommands import it, and it imports none of them.
 
 use anyhow::anyhow;
+use kvfabric_node::cluster::client::CacheClient;
 use kvfabric_proto::v1::Tier;
-use kvfabric_store::cluster::client::CacheClient;
 
 /// `msg` with `authorization: Bearer <key>` when a key is given.
 pub(super) fn authed<T>(msg: T, key: Option<&str>) -> anyhow::Result<tonic::Request<T>> {

@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvfabric_proto::v1::Tier;
+use crate::tier::Tier;
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, Notify};
 
@@ -149,7 +149,7 @@ mod tests {
     async fn pushes_come_back_in_order_and_wake_the_subscriber() {
         let f = ChangeFeed::new();
         f.push(BlockKey([1; 32]), BlockChange::Stored, Tier::Ram);
-        f.push(BlockKey([1; 32]), BlockChange::Removed, Tier::Unspecified);
+        f.push(BlockKey([1; 32]), BlockChange::Removed, Tier::Absent);
         // The first push stored a wake-up: this returns at once.
         tokio::time::timeout(std::time::Duration::from_secs(1), f.ready())
             .await

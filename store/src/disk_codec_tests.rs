@@ -3,8 +3,8 @@
 
 use std::os::unix::fs::FileExt;
 
+use crate::tier::Tier;
 use bytesize::ByteSize;
-use kvfabric_proto::v1::Tier;
 
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
 use crate::node_config::{DiskCompression, NodeConfig};
@@ -93,11 +93,11 @@ fn read(s: &Store, i: u32) -> Option<Vec<u8>> {
     s.get_into(&key(i), 0, &mut buf).unwrap().map(|_| buf)
 }
 
-fn disk(s: &Store) -> kvfabric_proto::v1::TierStats {
+fn disk(s: &Store) -> crate::TierStats {
     s.stats()
         .tiers
         .into_iter()
-        .find(|x| x.tier == Tier::Disk as i32)
+        .find(|x| x.tier == Tier::Disk)
         .unwrap()
 }
 

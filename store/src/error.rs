@@ -1,4 +1,5 @@
-//! The store crate's one error type, and its mapping to gRPC status codes.
+//! The store crate's one error type. The node crate maps it to gRPC status
+//! codes at its edge.
 
 use kvfabric_transfer::TransferError;
 use kvfabric_types::TypesError;
@@ -26,16 +27,6 @@ pub enum StoreError {
         /// The key asked for.
         key: BlockKey,
     },
-    /// A node-to-node RPC (`op`: locate, lease, ...) to `peer` failed.
-    #[error("{op} at {peer}: {status}")]
-    PeerRpc {
-        /// The RPC that failed.
-        op: &'static str,
-        /// The node it was sent to (node id).
-        peer: String,
-        /// What the peer (or the channel) answered.
-        status: Box<tonic::Status>,
-    },
     /// A configuration that cannot work.
     #[error("bad configuration: {0}")]
     Config(BadConfig),
@@ -48,49 +39,6 @@ pub enum StoreError {
     /// The RAM arena could not be set up.
     #[error("transfer region: {0}")]
     Region(#[from] TransferError),
-    /// A server this node runs failed: `what` (`grpc`, `http`, `grpc tls`,
-    /// `reflection`, `store open task`).
-    #[error("server: {what}: {source}")]
-    Server {
-        /// Which server, or which step of starting one.
-        what: &'static str,
-        /// What it said.
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// Connecting to the node at `addr` failed.
-    #[error("server: connect {addr}: {source}")]
-    Connect {
-        /// The address dialled.
-        addr: String,
-        /// What the channel said.
-        source: tonic::transport::Error,
-    },
-    /// A remote block read from `holder` failed in the transfer.
-    #[error("server: read from {holder}: transfer: {source}")]
-    RemoteRead {
-        /// The node the blocks were read from (node id).
-        holder: String,
-        /// What the transfer said.
-        source: TransferError,
-    },
-    /// A remote block read from `holder` ran past its time limit.
-    #[error("server: read from {holder}: timed out after {ms} ms")]
-    RemoteReadTimeout {
-        /// The node the blocks were read from (node id).
-        holder: String,
-        /// The limit (`remote_read_timeout_ms`).
-        ms: u64,
-    },
-    /// The read path broke one of its own invariants (`what` says which):
-    /// a bug, not a peer's or a client's fault.
-    #[error("server: {what}")]
-    Internal {
-        /// The invariant that did not hold.
-        what: &'static str,
-    },
-    /// The node's tenants file could not be loaded.
-    #[error("tenants: {0}")]
-    Tenants(#[from] kvfabric_tenants::TenantsError),
 }
 
 /// What was wrong with a client's input ([`StoreError::InvalidArgument`]):
@@ -159,12 +107,6 @@ pub enum BadArgument {
     /// `len` bytes for a disk extent of `extent_len` bytes.
     #[error("{len} bytes do not fit the {extent_len}-byte disk extent")]
     ExtentOverflow { len: u64, extent_len: u64 },
-    /// A node address (`addr`) that is not a URI.
-    #[error("address {addr:?}: {reason}")]
-    Address { addr: String, reason: String },
-    /// etcd membership with no endpoint.
-    #[error("etcd membership needs at least one endpoint")]
-    NoEtcdEndpoint,
     /// A key or layout the shared vocabulary refused (its error, which
     /// reads as its message).
     #[error("{}", kvfabric_transfer::vocabulary_message(.0))]
@@ -261,47 +203,6 @@ pub enum BadConfig {
         "vram_capacity is set but this build has no `cuda` feature (cargo build --features cuda)"
     )]
     NoCudaBuild,
-    /// A VRAM tier asked of `kvfabric node`, which has no GPU-side writer.
-    #[error("vram_capacity: `kvfabric node` serves no VRAM tier; a process with GPU work opens it in-process (kvfabric_store::vram::VramTier::open, docs/CONFIG.md)")]
-    VramInNode,
-    /// Both etcd endpoints and static peers.
-    #[error("give either etcd endpoints or static peers, not both")]
-    EtcdAndPeers,
-    /// A `peers` entry that does not parse.
-    #[error("peer {spec:?} is not node_id=grpc_host:port=transfer_host:port")]
-    Peer { spec: String },
-    /// A `transfer_transport` that is none of the four.
-    #[error("transfer_transport {got:?} is not auto, tcp, shm or rdma")]
-    Transport { got: String },
-    /// The certificate's node id (`cert`) is not the configured `node_id`.
-    #[error("the certificate names node {cert:?} but node_id is {node_id:?}")]
-    CertificateNode { cert: String, node_id: String },
-    /// The `[cluster.security]` settings or files (the transfer crate's
-    /// error, typed there: which setting or file, and why).
-    #[error("{0}")]
-    Security(TransferError),
-    /// TLS for a channel (`what`: `tls`, `peer channel tls`) could not be set up.
-    #[error("{what}: {reason}")]
-    Tls { what: &'static str, reason: String },
-    /// A peer's advertised address (`addr`) is not a URI.
-    #[error("peer address {addr:?}: {reason}")]
-    PeerAddress { addr: String, reason: String },
-    /// The node at `addr` speaks TLS and this client has no certificate.
-    #[error(
-        "the node at {addr} requires mutual TLS and this client has no certificate: give it one \
-         of the cluster CA with --tls-cert, --tls-key and --tls-ca (env KVFABRIC_TLS_CERT, \
-         KVFABRIC_TLS_KEY, KVFABRIC_TLS_CA; or cert, key and ca in [cluster.security] of the \
-         --config file); see docs/SECURITY.md"
-    )]
-    TlsRequired { addr: String },
-    /// This client has a certificate and the node at `addr` speaks plaintext.
-    #[error(
-        "the node at {addr} does not speak TLS (its [cluster.security] mode is none) but this \
-         client was given a certificate: remove --tls-cert, --tls-key and --tls-ca (and \
-         KVFABRIC_TLS_*, [cluster.security] of the --config file), or secure the node; see \
-         docs/SECURITY.md"
-    )]
-    TlsNotSpoken { addr: String },
 }
 
 impl From<TypesError> for StoreError {
@@ -317,57 +218,9 @@ impl From<TypesError> for StoreError {
     }
 }
 
-impl From<StoreError> for tonic::Status {
-    fn from(e: StoreError) -> Self {
-        let msg = e.to_string();
-        match e {
-            StoreError::InvalidArgument(_) => tonic::Status::invalid_argument(msg),
-            StoreError::ResourceExhausted(_) => tonic::Status::resource_exhausted(msg),
-            StoreError::ReservationExpired { .. } => tonic::Status::aborted(msg),
-            StoreError::NotFound { .. } => tonic::Status::not_found(msg),
-            StoreError::Config(_) | StoreError::Tenants(_) => {
-                tonic::Status::failed_precondition(msg)
-            }
-            StoreError::Io(_)
-            | StoreError::Index(_)
-            | StoreError::Region(_)
-            | StoreError::PeerRpc { .. }
-            | StoreError::Server { .. }
-            | StoreError::Connect { .. }
-            | StoreError::RemoteRead { .. }
-            | StoreError::RemoteReadTimeout { .. }
-            | StoreError::Internal { .. } => tonic::Status::internal(msg),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The typed server-side failures keep the message the `Server(String)`
-    /// they replaced gave, and stay INTERNAL over gRPC.
-    #[test]
-    fn typed_server_failures_read_as_before_and_are_internal() {
-        let e = StoreError::RemoteReadTimeout {
-            holder: "node-b".into(),
-            ms: 250,
-        };
-        assert_eq!(
-            e.to_string(),
-            "server: read from node-b: timed out after 250 ms"
-        );
-        assert_eq!(tonic::Status::from(e).code(), tonic::Code::Internal);
-        let e = StoreError::Server {
-            what: "http",
-            source: "address in use".into(),
-        };
-        assert_eq!(e.to_string(), "server: http: address in use");
-        let e = StoreError::Internal {
-            what: "read returned no result",
-        };
-        assert_eq!(tonic::Status::from(e).code(), tonic::Code::Internal);
-    }
 
     /// The typed InvalidArgument / ResourceExhausted / Config fields read as
     /// the strings they replaced, and keep their gRPC codes.
@@ -378,7 +231,6 @@ mod tests {
             e.to_string(),
             "invalid argument: block size 0 is outside 1..=4096 (max_block_size)"
         );
-        assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
         let e = StoreError::InvalidArgument(BadArgument::UnalignedExtent {
             offset: 100,
             len: 8192,
@@ -401,10 +253,6 @@ mod tests {
             e.to_string(),
             "resource exhausted: no 8192-byte range free in the 4096-byte staging region"
         );
-        assert_eq!(
-            tonic::Status::from(e).code(),
-            tonic::Code::ResourceExhausted
-        );
         let e = StoreError::Config(BadConfig::OutOfRange {
             key: "lirs_hir_percent",
             must: "in (0, 50]",
@@ -413,10 +261,6 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "bad configuration: lirs_hir_percent must be in (0, 50], got 60"
-        );
-        assert_eq!(
-            tonic::Status::from(e).code(),
-            tonic::Code::FailedPrecondition
         );
         let e = StoreError::Config(BadConfig::BelowOnePage {
             key: "staging_capacity",
@@ -440,43 +284,6 @@ mod tests {
             }
             other => panic!("expected OutOfRange, got {other:?}"),
         }
-        let cluster = crate::cluster::ClusterConfig {
-            rpc_timeout_ms: 0,
-            ..crate::cluster::ClusterConfig::default()
-        };
-        assert!(matches!(
-            cluster.validate(),
-            Err(StoreError::Config(BadConfig::Zero {
-                key: "rpc_timeout_ms"
-            }))
-        ));
-    }
-
-    /// A refused `[cluster.security]` holds the transfer crate's typed error
-    /// (which setting), and reads as the string it replaced.
-    #[test]
-    fn security_config_error_is_typed() {
-        let cluster = crate::cluster::ClusterConfig {
-            security: kvfabric_transfer::security::SecurityConfig {
-                cert: Some("node.pem".into()),
-                ..Default::default()
-            },
-            ..crate::cluster::ClusterConfig::default()
-        };
-        let e = cluster.validate().unwrap_err();
-        assert!(
-            matches!(
-                &e,
-                StoreError::Config(BadConfig::Security(TransferError::InvalidArgument(
-                    kvfabric_transfer::BadInput::SecurityFilesPartial
-                )))
-            ),
-            "{e:?}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "bad configuration: invalid argument: security: give cert, key and ca together"
-        );
     }
 
     /// A layout the vocabulary refuses holds its typed error, reads as its
@@ -489,6 +296,5 @@ mod tests {
             StoreError::InvalidArgument(BadArgument::Vocabulary(TypesError::InvalidArgument(_)))
         ));
         assert_eq!(e.to_string(), "invalid argument: unknown layout dtype 9");
-        assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
     }
 }

@@ -12,10 +12,8 @@
 //! With the `cuda` feature, `vram::VramTier` adds GPU memory as the first
 //! tier above a [`Store`].
 
-mod cache_service;
+mod block_info;
 mod changes;
-pub mod cluster;
-pub mod console;
 mod disk;
 mod disk_codec;
 #[cfg(test)]
@@ -28,40 +26,41 @@ pub mod keys;
 mod lifecycle;
 mod metrics;
 mod node_config;
-mod node_server;
 mod planner;
 mod policy;
 mod probe;
-mod shared;
-mod shares;
-#[cfg(test)]
-mod shares_tests;
+mod rec;
 mod state;
 mod store;
+mod store_core;
 mod store_stats;
 #[cfg(test)]
 mod store_tests;
-pub mod tenant_scope;
+mod tenant_shares;
+#[cfg(test)]
+mod tenant_shares_tests;
 mod tenant_usage;
+pub mod tier;
 mod tiering;
 mod upper;
 mod uring;
 #[cfg(feature = "cuda")]
 pub mod vram;
 
-pub use cache_service::CacheServer;
+pub use block_info::{BlockInfo, PutOutcome};
 pub use changes::{BlockChange, ChangeFeed, KvEventRecord, KV_EVENT_BUFFER};
 pub use error::{BadArgument, BadConfig, NoRoom, StoreError};
 pub use keys::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
-pub use lifecycle::{BlockInfo, PutOutcome, ReadLease, Reservation};
+pub use lifecycle::{ReadLease, Reservation};
 pub use node_config::{
     DiskAdmission, DiskCompression, EvictionPolicy, NodeConfig, VramVerify, WritePolicy,
 };
-pub use node_server::NodeServer;
 pub use planner::{CapacityReport, CurvePoint, TierCurve, SCALES as PLANNER_SCALES};
 pub use policy::{AdaptiveMode, AdaptiveStats};
-pub use shares::{Owner, TierUsage};
 pub use store::{PutOptions, ReserveOutcome, Store};
+pub use store_stats::{StoreStats, TierStats};
+pub use tenant_shares::{Owner, TierUsage};
+pub use tier::Tier;
 
 /// The Prometheus registry type `Store::open` registers into.
 pub use prometheus_client::registry::Registry;

@@ -12,38 +12,17 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvfabric_proto::v1::Tier;
 use kvfabric_transfer::checksum::Checksummer;
 
+use crate::block_info::{BlockInfo, PutOutcome};
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
 use crate::metrics::OpName;
-use crate::shared::Shared;
-use crate::shares::{Owner, TierIx};
 use crate::state::{Block, RES_CLOSED, RES_IDLE, RES_WRITING};
+use crate::store_core::Shared;
+use crate::tenant_shares::{Owner, TierIx};
+use crate::tier::Tier;
 use crate::{BadArgument, NoRoom, StoreError};
-
-/// What a put did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PutOutcome {
-    /// The key was already stored; nothing changed.
-    pub already_present: bool,
-    /// Fastest tier the block is in after the put.
-    pub tier: Tier,
-}
-
-/// Facts about one stored block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockInfo {
-    pub key: BlockKey,
-    pub layout: KvLayout,
-    pub len: u64,
-    /// xxh3-64 of the bytes.
-    pub checksum: u64,
-    pub tokens: u32,
-    /// Tier the read was served from (fastest holding the block).
-    pub tier: Tier,
-}
 
 /// Room reserved in the RAM arena for one block that is being written.
 pub struct Reservation {
@@ -285,7 +264,7 @@ impl Shared {
                         Tier::Disk
                     }
                 }
-                None => Tier::Unspecified,
+                None => Tier::Absent,
             }
         };
         if durable {

@@ -232,12 +232,3 @@ impl StoreMetrics {
             .observe(started.elapsed().as_secs_f64());
     }
 }
-
-/// Prometheus text exposition of `registry`.
-pub fn encode_text(registry: &Registry) -> String {
-    let mut s = String::new();
-    if prometheus_client::encoding::text::encode(&mut s, registry).is_err() {
-        tracing::error!("metrics encoding failed");
-    }
-    s
-}

@@ -38,7 +38,7 @@ mod tests;
 
 use crate::keys::BlockKey;
 use crate::node_config::{EvictionPolicy, NodeConfig};
-use crate::state::Rec;
+use crate::rec::Rec;
 
 pub use adaptive::{Adaptive, AdaptiveKnobs, AdaptiveMode, AdaptiveStats};
 pub use lirs::Lirs;

@@ -17,15 +17,14 @@ use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
 use crate::policy::EvictionOrder;
-use crate::shares::{Shares, TierIx};
+use crate::rec::Rec;
+use crate::tenant_shares::{Shares, TierIx};
 use crate::upper::UpperLink;
 
 mod block;
 mod blocks;
-mod rec;
 pub(crate) use block::Block;
 pub(crate) use blocks::BlockMap;
-pub(crate) use rec::Rec;
 
 /// A reservation's shared state word: lets the reaper and the owner race safely.
 pub(crate) const RES_IDLE: u8 = 0;
@@ -215,9 +214,9 @@ impl Inner {
     pub fn note(&self, key: &BlockKey, change: BlockChange) {
         if let Some(feed) = &self.changes {
             let tier = match self.blocks.get(key) {
-                Some(b) if b.ram.is_some() => kvfabric_proto::v1::Tier::Ram,
-                Some(_) => kvfabric_proto::v1::Tier::Disk,
-                None => kvfabric_proto::v1::Tier::Unspecified,
+                Some(b) if b.ram.is_some() => crate::tier::Tier::Ram,
+                Some(_) => crate::tier::Tier::Disk,
+                None => crate::tier::Tier::Absent,
             };
             // A block the tier above still holds stays stored, in that tier.
             match self.upper.info(key) {

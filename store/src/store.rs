@@ -16,18 +16,19 @@ use kvfabric_transfer::SharedRegion;
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 
+use crate::block_info::{BlockInfo, PutOutcome};
 use crate::changes::ChangeFeed;
 use crate::disk::{DiskTier, DISK_ALIGN};
 use crate::keys::{BlockKey, KvLayout};
-use crate::lifecycle::{BlockInfo, PutOutcome, RangeCopy, ReadLease, Reservation};
+use crate::lifecycle::{RangeCopy, ReadLease, Reservation};
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::NodeConfig;
 use crate::planner::CapacityReport;
-use crate::shared::Shared;
-use crate::shares::{Owner, TierIx};
 use crate::state::{Block, Inner, ReservationSlot, RES_CLOSED, RES_IDLE};
+use crate::store_core::Shared;
+use crate::tenant_shares::{Owner, TierIx};
+use crate::tier::Tier;
 use crate::{BadArgument, StoreError};
-use kvfabric_proto::v1::Tier;
 
 /// Options of a one-call put.
 #[derive(Clone, Copy, Debug, Default)]
@@ -404,6 +405,14 @@ impl Store {
     pub fn note_lookup(&self, keys: &[BlockKey], found: usize) {
         self.shared.inner.lock().ram_order.lookup(keys, found);
         self.shared.planner.on_lookup(keys);
+    }
+
+    /// Count a cluster lookup's `hit` and `missed` blocks in the node's
+    /// lookup counters (the Stats RPC's hit ratio, `kvfabric_lookup_*`).
+    pub fn count_lookup(&self, hit: u64, missed: u64) {
+        let m = &self.shared.metrics;
+        m.lookup_hit_blocks.inc_by(hit);
+        m.lookup_miss_blocks.inc_by(missed);
     }
 
     /// This store is a cluster node's: from now on its directory shard feeds

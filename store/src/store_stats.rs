@@ -1,14 +1,45 @@
 //! `Store::stats`: the per-tier gauges and counters behind the Stats RPC and
 //! the Prometheus tier gauges, kept apart from the data path in `store.rs`.
 
-use kvfabric_proto::v1::{StatsResponse, Tier, TierStats};
+use crate::tier::Tier;
 
 use crate::metrics::{TierLabel, TierName};
 use crate::store::Store;
 
+/// A node's store at one moment: per-tier use and counters, and lookup
+/// hits and misses since start ([`Store::stats`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoreStats {
+    /// The node's id (`node_id` of its config).
+    pub node_id: String,
+    /// RAM first, then disk when the node has one.
+    pub tiers: Vec<TierStats>,
+    /// Looked-up blocks found / not found.
+    pub hit_blocks: u64,
+    pub miss_blocks: u64,
+    /// The same in tokens.
+    pub hit_tokens: u64,
+    pub miss_tokens: u64,
+}
+
+/// One tier's gauges and counters in [`StoreStats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    pub tier: Tier,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub blocks: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub promotions: u64,
+    pub demotions: u64,
+    pub checksum_failures: u64,
+}
+
 impl Store {
     /// Per-tier gauges and counters (also refreshes the Prometheus gauges).
-    pub fn stats(&self) -> StatsResponse {
+    pub fn stats(&self) -> StoreStats {
         let s = &self.shared;
         let (ram_used, ram_blocks, disk_used, disk_blocks) = {
             let g = s.inner.lock();
@@ -34,14 +65,13 @@ impl Store {
             ));
         }
         let m = &s.metrics;
-        StatsResponse {
+        StoreStats {
             node_id: s.cfg.node_id.clone(),
             tiers,
             hit_blocks: m.lookup_hit_blocks.get(),
             miss_blocks: m.lookup_miss_blocks.get(),
             hit_tokens: m.lookup_hit_tokens.get(),
             miss_tokens: m.lookup_miss_tokens.get(),
-            ..Default::default()
         }
     }
 
@@ -63,7 +93,7 @@ impl Store {
             prometheus_client::metrics::counter::Counter,
         >| { f.get_or_create(&label).get() };
         TierStats {
-            tier: tier as i32,
+            tier,
             capacity_bytes: cap,
             used_bytes: used,
             blocks,

@@ -5,8 +5,8 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::tier::Tier;
 use bytesize::ByteSize;
-use kvfabric_proto::v1::Tier;
 
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
 use crate::node_config::{DiskAdmission, EvictionPolicy, NodeConfig, WritePolicy};
@@ -70,12 +70,8 @@ fn read(s: &Store, i: u32) -> Option<Vec<u8>> {
     s.get_into(&key(i), 0, &mut buf).unwrap().map(|_| buf)
 }
 
-fn tier(s: &Store, t: Tier) -> kvfabric_proto::v1::TierStats {
-    s.stats()
-        .tiers
-        .into_iter()
-        .find(|x| x.tier == t as i32)
-        .unwrap()
+fn tier(s: &Store, t: Tier) -> crate::TierStats {
+    s.stats().tiers.into_iter().find(|x| x.tier == t).unwrap()
 }
 
 #[test]

@@ -7,9 +7,9 @@
 use kvfabric_tenants::Tenants;
 
 use crate::metrics::{TenantTierLabel, TierName};
-use crate::shares::{Owner, TierUsage};
 #[cfg(doc)]
 use crate::store::PutOptions;
+use crate::tenant_shares::{Owner, TierUsage};
 use crate::Store;
 
 impl Store {

@@ -18,9 +18,9 @@ use crate::keys::BlockKey;
 use crate::lifecycle::RangeCopy;
 use crate::metrics::{OpName, StoreMetrics, TierName};
 use crate::node_config::{DiskAdmission, DiskCompression, WritePolicy};
-use crate::shared::Shared;
-use crate::shares::TierIx;
 use crate::state::{Block, Inner};
+use crate::store_core::Shared;
+use crate::tenant_shares::TierIx;
 use crate::{NoRoom, StoreError};
 
 impl Shared {

@@ -13,8 +13,8 @@
 
 use std::sync::{Arc, Weak};
 
+use crate::block_info::BlockInfo;
 use crate::keys::BlockKey;
-use crate::lifecycle::BlockInfo;
 use crate::StoreError;
 
 /// What the store needs of the tier above it.

@@ -10,7 +10,7 @@
 //! unproven, so LIRS and `adaptive` hit nothing here either.
 
 use kvfabric_store::{EvictionPolicy, NodeConfig, PutOptions, Registry, Store};
-use kvfabric_testkit::cluster::{key, layout};
+use kvfabric_testkit::blocks::{key, layout};
 
 const TIER: usize = 200;
 const LOOPED: u32 = 300;

@@ -2,47 +2,21 @@
 //! peers, tcp transport), each with its own store, gRPC server, directory
 //! shard and transfer engine; and a tcp proxy in front of a holder's
 //! transfer port that a test can freeze or cut mid-stream (a holder that
-//! stalls or dies mid-read). Used by the store's cluster tests.
+//! stalls or dies mid-read). Used by the node's cluster tests.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::{ClusterConfig, ClusterNode, HolderEntry, ReadTarget};
-use kvfabric_store::NodeServer;
-use kvfabric_store::{
-    BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store,
-};
+use kvfabric_node::cluster::{ClusterConfig, ClusterNode, HolderEntry, ReadTarget};
+use kvfabric_node::NodeServer;
+use kvfabric_store::{BlockKey, KvLayout, NodeConfig, PutOptions, Registry, Store};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::free_port;
 
-/// 2 layers x K,V x 64 tokens x 1 head x `head_dim` f16.
-pub fn layout(head_dim: u32) -> KvLayout {
-    KvLayout {
-        layers: 2,
-        kv_heads: 1,
-        head_dim,
-        dtype: DType::F16,
-        block_tokens: 64,
-        order: BlockOrder::LayerKvTokenHead,
-    }
-}
-
-pub fn key(tag: u8, i: u32) -> BlockKey {
-    let mut k = [tag; 32];
-    k[..4].copy_from_slice(&i.to_le_bytes());
-    BlockKey(k)
-}
-
-/// Distinct bytes per key.
-pub fn data(k: &BlockKey, len: usize) -> Vec<u8> {
-    let seed = u64::from_le_bytes(k.0[..8].try_into().unwrap_or_default());
-    (0..len)
-        .map(|j| (seed.wrapping_mul(31).wrapping_add(j as u64 * 7) >> 3) as u8 ^ (j as u8))
-        .collect()
-}
+pub use crate::blocks::{data, key, layout};
 
 #[derive(Clone)]
 pub struct Options {

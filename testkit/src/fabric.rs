@@ -13,7 +13,7 @@ use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, RunningEngine, SamplingParams,
     TransferParams, Usage,
 };
-use kvfabric_store::cluster::ClusterConfig;
+use kvfabric_node::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
 use tokio::sync::mpsc;
 

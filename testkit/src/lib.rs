@@ -13,8 +13,10 @@
 //!   a running scheduler, and the real engine behind its HTTP API.
 //! - feature `transfer`: [`transfer`], transfer engines, regions holding the
 //!   stream, and a spawned peer process.
-//! - feature `cluster`: [`cluster`], N store nodes in this process on
-//!   loopback and a tcp proxy a test can freeze or cut.
+//! - feature `store`: [`blocks`], a test layout, keys and distinct bytes
+//!   per key.
+//! - feature `cluster`: [`cluster`], N nodes in this process on loopback
+//!   and a tcp proxy a test can freeze or cut.
 //! - feature `procs`: [`procs`], real `kvfabric node` and `kvfabric engine`
 //!   processes (the binary cargo built beside the test) and a blocking
 //!   HTTP client for them.
@@ -32,6 +34,8 @@ pub mod testdata;
 
 mod poll;
 
+#[cfg(feature = "store")]
+pub mod blocks;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 #[cfg(feature = "engine")]

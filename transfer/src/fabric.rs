@@ -6,6 +6,7 @@
 //! (Named `fabric` so as not to be confused with the LLM engine crate.)
 
 use std::net::SocketAddr;
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -185,8 +186,9 @@ impl TransferEngine {
     }
 
     /// Arm the next `count` checksummed payloads this engine sends (or copies,
-    /// for shm) to be corrupted in flight. Fault injection for tests.
-    #[doc(hidden)]
+    /// for shm) to be corrupted in flight. Fault injection for tests: only
+    /// with the `fault-injection` feature, which the test kit enables.
+    #[cfg(feature = "fault-injection")]
     pub fn inject_payload_corruption(&self, count: u32) {
         self.inner.corrupt.store(count, Ordering::Relaxed);
     }

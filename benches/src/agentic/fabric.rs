@@ -20,7 +20,7 @@ use kvfabric_engine::model::LlamaModel;
 use kvfabric_engine::{
     EngineConfig, EngineHandle, GenerationEvent, GenerationRequest, SamplingParams,
 };
-use kvfabric_store::cluster::ClusterConfig;
+use kvfabric_node::cluster::ClusterConfig;
 use kvfabric_store::NodeConfig;
 use kvfabric_testbed::EtcdProcess;
 use kvfabric_transfer::security::SecurityConfig;

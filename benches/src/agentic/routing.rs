@@ -286,7 +286,7 @@ mod tests {
             sequence: 0,
             key: k,
             change,
-            tier: kvfabric_proto::v1::Tier::Ram,
+            tier: kvfabric_store::Tier::Ram,
         };
         // Engine 1's node holds the prompt's first 3 blocks.
         for k in &keys {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use anyhow::anyhow;
-use kvfabric_store::cluster::{ClusterNode, ReadTarget};
+use kvfabric_node::cluster::{ClusterNode, ReadTarget};
 use kvfabric_store::{BlockKey, KeyChain, ModelFingerprint, PutOptions};
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferOp};
 

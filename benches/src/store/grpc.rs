@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use kvfabric_node::cluster::client::CacheClient;
 use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
-use kvfabric_store::cluster::client::CacheClient;
 use kvfabric_store::{NodeConfig, Registry, Store};
 use serde_json::{json, Value};
 
@@ -28,7 +28,7 @@ pub(super) fn grpc(
         let mut cs = Vec::new();
         for _ in 0..clients {
             // The store's own client: the same windows and frame size as the server.
-            cs.push(kvfabric_store::cluster::client::connect(&url, Duration::from_secs(60)).await?);
+            cs.push(kvfabric_node::cluster::client::connect(&url, Duration::from_secs(60)).await?);
         }
         // Shared, not cloned per put: the timed loop moves no bytes of its own.
         let sources: Arc<Vec<bytes::Bytes>> = Arc::new(
@@ -56,7 +56,7 @@ async fn grpc_node(
 ) -> anyhow::Result<(
     String,
     tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), kvfabric_store::StoreError>>,
+    tokio::task::JoinHandle<Result<(), kvfabric_node::NodeError>>,
 )> {
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((n * BLOCK + (64 << 20)) as u64),
@@ -69,7 +69,7 @@ async fn grpc_node(
     let url = format!("http://{}", g.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
-        kvfabric_store::NodeServer::standalone(store, registry, g, h).serve(async {
+        kvfabric_node::NodeServer::standalone(store, registry, g, h).serve(async {
             let _ = stopped.await;
         }),
     );

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::ClusterNode;
+use kvfabric_node::cluster::ClusterNode;
 use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout, PutOptions};
 use serde::Serialize;
 use tokio::sync::oneshot;

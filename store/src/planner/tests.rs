@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use super::{Planner, MIN_SAMPLES, QUEUE, SCALES};
 use crate::keys::spot;
 use crate::keys::{BlockKey, BlockOrder, DType, KvLayout};
-use crate::metrics::encode_text;
 use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::store::{PutOptions, Store};
 use crate::Registry;
@@ -172,7 +171,8 @@ fn report_json_and_metric_shapes() {
     assert_eq!(pts[0]["scale"], 0.25);
     assert_eq!(pts[0]["capacity_bytes"], 16 * 4096);
     assert!(pts[0]["token_hit_ratio"].is_f64());
-    let text = encode_text(&registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     for scale in ["0.25", "1", "4"] {
         let name = format!("kvfabric_planner_hit_ratio{{tier=\"ram\",scale=\"{scale}\"}}");
         assert!(text.contains(&name), "{name} missing from:\n{text}");
@@ -234,7 +234,8 @@ fn a_full_queue_drops_and_counts() {
     assert_eq!(rep.dropped_samples, 10);
     assert_eq!(rep.sampled_lookups, QUEUE as u64);
     assert_eq!(rep.lookups, QUEUE as u64 + 10);
-    let text = encode_text(&registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     assert!(
         text.contains("kvfabric_planner_dropped_samples_total 10"),
         "{text}"

@@ -67,7 +67,7 @@ use super::lirs::Lirs;
 use super::list::Slot;
 use super::lru::Lru;
 use crate::keys::BlockKey;
-use crate::state::Rec;
+use crate::rec::Rec;
 
 /// Which order the tier's victims come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

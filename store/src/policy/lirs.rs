@@ -67,7 +67,7 @@ use allocator_api2::vec::Vec as HugeVec;
 use super::list::Slot;
 use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
-use crate::state::Rec;
+use crate::rec::Rec;
 
 const NIL: u32 = u32::MAX;
 

@@ -18,7 +18,7 @@ use allocator_api2::vec::Vec as HugeVec;
 
 use crate::huge_alloc::HugeAlloc;
 use crate::keys::BlockKey;
-use crate::state::Rec;
+use crate::rec::Rec;
 
 /// No node (end of a list, or an empty queue).
 const NIL: u32 = u32::MAX;

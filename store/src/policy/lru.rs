@@ -4,7 +4,7 @@
 
 use super::list::{Queues, Slot};
 use crate::keys::BlockKey;
-use crate::state::Rec;
+use crate::rec::Rec;
 
 /// Least recently used: one queue, oldest access at the front.
 #[derive(Debug, Default)]

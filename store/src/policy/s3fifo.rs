@@ -19,7 +19,7 @@
 use super::ghosts::Ghosts;
 use super::list::{Queues, Slot};
 use crate::keys::BlockKey;
-use crate::state::Rec;
+use crate::rec::Rec;
 
 const SMALL: usize = 0;
 const MAIN: usize = 1;

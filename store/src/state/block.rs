@@ -8,7 +8,7 @@ use crate::disk_codec::DiskCodec;
 use crate::extent::Extent;
 use crate::keys::KvLayout;
 use crate::policy::Slot;
-use crate::shares::Owner;
+use crate::tenant_shares::Owner;
 
 /// One stored block and where its copies are.
 #[derive(Debug)]

@@ -39,7 +39,7 @@ use crate::huge_alloc::{prefetch, HugeAlloc};
 use crate::keys::BlockKey;
 use crate::probe::ProbeTable;
 
-pub(crate) use super::rec::Rec;
+use crate::rec::Rec;
 
 /// One slab entry: a key and its record, or a free entry (`block` None).
 #[derive(Debug)]

@@ -8,13 +8,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvfabric_proto::v1::Tier;
+use crate::tier::Tier;
 use kvfabric_transfer::checksum::Checksummer;
 
 use super::{VramBlock, VramShared, VramTier};
+use crate::block_info::{BlockInfo, PutOutcome};
 use crate::extent::Extent;
 use crate::keys::{BlockKey, KvLayout};
-use crate::lifecycle::{BlockInfo, PutOutcome};
 use crate::metrics::OpName;
 use crate::store::PutOptions;
 use crate::{BadArgument, StoreError};

@@ -7,13 +7,13 @@
 
 use std::sync::{Arc, Weak};
 
-use kvfabric_proto::v1::Tier;
+use crate::tier::Tier;
 
 use super::movement::Demoted;
 use super::{VramShared, VramTier};
+use crate::block_info::BlockInfo;
 use crate::changes::BlockChange;
 use crate::keys::BlockKey;
-use crate::lifecycle::BlockInfo;
 use crate::upper::UpperTier;
 use crate::StoreError;
 
@@ -62,7 +62,7 @@ impl VramShared {
             (true, None) => feed.push(*key, BlockChange::Stored, Tier::Vram),
             (true, Some(_)) => feed.push(*key, BlockChange::Tier, Tier::Vram),
             (false, Some(tier)) => feed.push(*key, BlockChange::Tier, tier),
-            (false, None) => feed.push(*key, BlockChange::Removed, Tier::Unspecified),
+            (false, None) => feed.push(*key, BlockChange::Removed, Tier::Absent),
         }
     }
 

@@ -47,13 +47,13 @@ use std::sync::Arc;
 use kvfabric_transfer::cuda::{DeviceXxh3, GpuDevice, HostRegistration, StagingPool, VramSegment};
 use parking_lot::Mutex;
 
+use crate::block_info::BlockInfo;
 use crate::extent::{Extent, ExtentAllocator};
 use crate::keys::{BlockKey, KvLayout};
-use crate::lifecycle::BlockInfo;
 use crate::metrics::{StoreMetrics, TierCounter, TierLabel, TierName};
 use crate::node_config::{NodeConfig, VramVerify};
 use crate::policy::{EvictionOrder, Slot};
-use crate::state::Rec;
+use crate::rec::Rec;
 use crate::{BadConfig, NoRoom, Store, StoreError};
 
 pub use lifecycle::{VramLease, VramReservation, VramReserveOutcome};
@@ -88,7 +88,7 @@ impl VramBlock {
             len: self.len,
             checksum: self.checksum,
             tokens: self.tokens,
-            tier: kvfabric_proto::v1::Tier::Vram,
+            tier: crate::tier::Tier::Vram,
         }
     }
 }

@@ -113,7 +113,7 @@ fn put_and_get_are_bit_exact_and_the_gpu_reads_the_leased_block() {
     assert_eq!(t.stats().blocks, 8);
     // Nothing went to RAM: puts go to VRAM alone, and the store sees them there.
     let info = t.store().block_infos(&[key(0)])[0].unwrap();
-    assert_eq!(info.tier, kvfabric_proto::v1::Tier::Vram);
+    assert_eq!(info.tier, crate::tier::Tier::Vram);
     assert_eq!(t.store().exists(&[key(0)]), vec![true]);
     // The GPU-side consumer: digest the leased block on the device.
     let kernels = Kernels::compile(t.device()).unwrap();
@@ -159,7 +159,7 @@ fn eviction_goes_to_ram_and_promotion_brings_it_back_bit_exact() {
     }
     // A lease promotes from RAM; the bytes in VRAM are the block's.
     let lease = t.lease(&key(2)).unwrap().unwrap();
-    assert_eq!(lease.info().tier, kvfabric_proto::v1::Tier::Vram);
+    assert_eq!(lease.info().tier, crate::tier::Tier::Vram);
     drop(lease);
     assert_eq!(counted(&t, |m| &m.promotions), 1);
     assert_eq!(t.contains(&[key(2)]), vec![true]);
@@ -283,7 +283,7 @@ fn promotions_are_checked_alike_on_the_device_and_on_the_host() {
                 .put(key(i), layout(), &data(i, *len), PutOptions::default())
                 .unwrap();
             let lease = t.lease(&key(i)).unwrap().unwrap();
-            assert_eq!(lease.info().tier, kvfabric_proto::v1::Tier::Vram);
+            assert_eq!(lease.info().tier, crate::tier::Tier::Vram);
             drop(lease);
             let mut back = vec![0u8; *len];
             t.get_into(&key(i), &mut back).unwrap().unwrap();
@@ -434,7 +434,7 @@ fn the_change_feed_follows_blocks_into_and_out_of_vram() {
         let e = events.try_recv().unwrap();
         (e.key, e.change, e.tier)
     };
-    use kvfabric_proto::v1::Tier;
+    use crate::tier::Tier;
     put(&t, 1);
     assert_eq!(next(&mut events), (key(1), BlockChange::Stored, Tier::Vram));
     // Copied down into RAM by a store reader: still fastest in VRAM.
@@ -463,6 +463,6 @@ fn the_change_feed_follows_blocks_into_and_out_of_vram() {
     t.remove(&[key(1)]);
     assert_eq!(
         next(&mut events),
-        (key(1), BlockChange::Removed, Tier::Unspecified)
+        (key(1), BlockChange::Removed, Tier::Absent)
     );
 }

@@ -10,7 +10,7 @@ use super::command::{kvfabric_command, log_tail};
 use crate::{eventually, free_port};
 use std::time::{Duration, Instant};
 
-use kvfabric_store::cluster::client::{self, CacheClient};
+use kvfabric_node::cluster::client::{self, CacheClient};
 use kvfabric_store::{BlockKey, BlockOrder, DType, KeyChain, KvLayout, ModelFingerprint};
 
 /// A small layout: 2 layers x 2 heads x 16 dims x 16 tokens of f16 = 4 KiB blocks.

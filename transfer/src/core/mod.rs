@@ -9,6 +9,7 @@
 
 mod results;
 
+#[cfg(feature = "fault-injection")]
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +47,8 @@ pub(crate) struct Inner {
     pub metrics: TransferMetrics,
     pub hello: Hello,
     pub node: String,
+    /// Armed payload corruptions (feature `fault-injection`, tests only).
+    #[cfg(feature = "fault-injection")]
     pub corrupt: AtomicU32,
     pub notify_tx: broadcast::Sender<Notification>,
     /// The key this engine MACs the read capabilities it issues with.
@@ -71,6 +74,7 @@ impl Inner {
             metrics,
             hello,
             node,
+            #[cfg(feature = "fault-injection")]
             corrupt: AtomicU32::new(0),
             notify_tx,
             caps,
@@ -79,11 +83,20 @@ impl Inner {
         }
     }
 
-    /// Consume one armed payload corruption (test hook), if any.
+    /// Consume one armed payload corruption (feature `fault-injection`,
+    /// which only tests enable), if any; always false in what users deploy.
+    #[cfg(feature = "fault-injection")]
     pub fn take_corruption(&self) -> bool {
         self.corrupt
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
             .is_ok()
+    }
+
+    /// No corruption is ever armed without the `fault-injection` feature.
+    #[cfg(not(feature = "fault-injection"))]
+    #[inline(always)]
+    pub fn take_corruption(&self) -> bool {
+        false
     }
 
     /// Check the local side of an op before anything moves.

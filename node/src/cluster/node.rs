@@ -1,0 +1,581 @@
+//! `ClusterNode`: one node's cluster side — membership, its directory shard,
+//! the transfer engine with the RAM arena registered, and the cluster-wide
+//! read path (locate at owners, read from the best holder).
+//!
+//! Whole-block reads (local, else remote holders) live in `read.rs`;
+//! announcements and membership handling in `announce.rs`.
+//!
+//! Directory entries are soft state kept in step with what the store holds
+//! by the announcer (`announce.rs`): the store reports each put, tier change
+//! and removal on a [`ChangeFeed`]; [`ClusterNode::sync`] re-reads those keys
+//! and sends one batched Announce / Withdraw per owner (the gRPC put path
+//! calls it before acknowledging). Nothing periodic scans the store; a paced,
+//! chunked full refresh (`refresh.rs`) re-seeds owners after a membership
+//! change or when an owner's directory epoch changes (it restarted).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
+use kvfabric_proto::internal::v1::LocateRequest;
+use kvfabric_store::Tier;
+use kvfabric_transfer::security::NodeIdentity;
+use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tokio::sync::Notify;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cluster::cluster_config::ClusterConfig;
+use crate::cluster::directory::{DirectoryShard, HolderEntry};
+use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
+pub use crate::cluster::node_state::ClusterNode;
+use crate::cluster::node_state::{holder_entry, tier_of, HeldLease, MAX_LEASE};
+pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
+use crate::cluster::read_staging::Staging;
+use crate::cluster::refresh::SyncState;
+use crate::{BadNodeConfig, NodeError};
+use kvfabric_store::keys::BlockKey;
+use kvfabric_store::ChangeFeed;
+use kvfabric_store::Store;
+use kvfabric_store::{BlockInfo, ReadLease};
+
+/// A directory epoch for a node starting now: differs between restarts.
+fn start_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl ClusterNode {
+    /// Start the transfer engine (RAM arena registered), the staging region and
+    /// membership; `grpc_addr` is the bound gRPC address (advertised unless
+    /// `advertise_grpc` says otherwise).
+    pub async fn start(
+        store: Store,
+        cfg: ClusterConfig,
+        grpc_addr: SocketAddr,
+        registry: &mut Registry,
+    ) -> Result<Arc<Self>, NodeError> {
+        cfg.validate()?;
+        let node_id = store.config().node_id.clone();
+        let identity = crate::cluster::security::load(&cfg, &node_id)?;
+        let transfer =
+            TransferEngine::start(cfg.transfer_config(&node_id, identity.clone())?, registry)
+                .await?;
+        let ram_segment = transfer.register(store.region().clone());
+        let staging_region = Arc::new(SharedRegion::create(
+            "kvfabric-staging",
+            cfg.staging_capacity.as_u64() as usize,
+        )?);
+        let staging = Staging::new(staging_region.clone(), transfer.register(staging_region));
+        let me = NodeInfo {
+            node_id,
+            grpc_addr: cfg
+                .advertise_grpc
+                .clone()
+                .unwrap_or_else(|| grpc_addr.to_string()),
+            transfer_addr: cfg
+                .advertise_transfer
+                .clone()
+                .unwrap_or_else(|| transfer.local_addr().to_string()),
+        };
+        let membership = Membership::start(me.clone(), cfg.membership_source()?).await?;
+        let view_rx = membership.subscribe();
+        crate::cluster::membership_metrics::register(registry, &membership);
+        tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
+        let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
+        let changes = Arc::new(ChangeFeed::new());
+        let held = store.watch_changes(changes.clone());
+        // `adaptive` judges the cluster's lookups of the keys this node's
+        // shard owns (`order_feed`), not only this node's.
+        if super::order_feed::order_fed(store.config()) {
+            store.feed_order_from_cluster();
+        }
+        let lease_requests = Counter::default();
+        let leased_blocks = Counter::default();
+        registry.register(
+            "kvfabric_holder_lease_requests",
+            "Lease RPCs served to remote readers (one per reader batch)",
+            lease_requests.clone(),
+        );
+        registry.register(
+            "kvfabric_holder_leased_blocks",
+            "Blocks leased to remote readers",
+            leased_blocks.clone(),
+        );
+        let node = Arc::new(ClusterNode {
+            me,
+            cfg,
+            identity,
+            store,
+            membership: Mutex::new(Some(membership)),
+            view_rx,
+            transfer,
+            ram_segment,
+            staging,
+            shard: Mutex::new(DirectoryShard::default()),
+            channels: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+            next_lease: AtomicU64::new(1),
+            changes,
+            sync_state: tokio::sync::Mutex::new(SyncState::new(held)),
+            epoch: AtomicU64::new(start_epoch()),
+            kick: Notify::new(),
+            releases,
+            lease_requests,
+            leased_blocks,
+        });
+        tokio::spawn(crate::cluster::lease::releaser(
+            Arc::downgrade(&node),
+            release_rx,
+        ));
+        tokio::spawn(crate::cluster::announce::background(
+            Arc::downgrade(&node),
+            node.view_rx.clone(),
+        ));
+        Ok(node)
+    }
+
+    /// This node as peers see it.
+    pub fn info(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// The store's change feed (announcer queue and KV-event publisher).
+    pub fn change_feed(&self) -> &Arc<ChangeFeed> {
+        &self.changes
+    }
+
+    /// The local store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// This node's certificate identity (None in security mode `none`).
+    pub fn identity(&self) -> Option<&NodeIdentity> {
+        self.identity.as_deref()
+    }
+
+    /// The cluster settings.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// The transfer engine (its RAM arena is registered).
+    pub fn transfer(&self) -> &TransferEngine {
+        &self.transfer
+    }
+
+    /// The transfer segment id of this node's RAM arena.
+    pub fn ram_segment(&self) -> SegmentId {
+        self.ram_segment
+    }
+
+    /// The current membership view.
+    pub fn view(&self) -> Arc<MembershipView> {
+        self.view_rx.borrow().clone()
+    }
+
+    /// (lease RPCs served as a holder, blocks leased to remote readers) so far.
+    pub fn holder_lease_counts(&self) -> (u64, u64) {
+        (self.lease_requests.get(), self.leased_blocks.get())
+    }
+
+    /// The store's stats with the blocks served to peers filled in.
+    pub fn stats(&self) -> kvfabric_proto::v1::StatsResponse {
+        let mut s = crate::wire::stats_to_proto(self.store.stats());
+        s.served_blocks = self.leased_blocks.get();
+        (s.transfer_in_bytes, s.transfer_out_bytes) = self.transfer.metrics().bytes_in_out();
+        s
+    }
+
+    /// Leases this node holds for remote readers right now.
+    pub fn remote_leases_held(&self) -> usize {
+        self.leases.lock().len()
+    }
+
+    /// Leave the cluster cleanly (etcd: the lease is revoked, peers see it at once).
+    pub async fn leave(&self) {
+        let m = self.membership.lock().take();
+        if let Some(m) = m {
+            m.leave().await;
+        }
+    }
+
+    /// Ask for a reconcile soon (e.g. after a put that bypassed the gRPC API).
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, NodeError> {
+        if let Some(c) = self.channels.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let scheme = if self.identity.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| {
+                NodeError::Config(BadNodeConfig::PeerAddress {
+                    addr: addr.to_string(),
+                    source: e,
+                })
+            })?
+            .connect_timeout(self.cfg.rpc_timeout())
+            .tcp_nodelay(true);
+        if let Some(id) = &self.identity {
+            ep = ep
+                .tls_config(crate::cluster::security::client_tls(id))
+                .map_err(|e| {
+                    NodeError::Config(BadNodeConfig::Tls {
+                        what: "peer channel tls",
+                        source: e,
+                    })
+                })?;
+        }
+        let ch = ep.connect_lazy();
+        self.channels.lock().insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    pub(super) fn directory_client(
+        &self,
+        addr: &str,
+    ) -> Result<DirectoryServiceClient<Channel>, NodeError> {
+        let limit = 256 << 20;
+        Ok(DirectoryServiceClient::new(self.channel(addr)?)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit))
+    }
+
+    // ---- directory shard (owner side) ----
+
+    pub(crate) fn shard_announce(&self, entries: Vec<(BlockKey, HolderEntry)>) -> usize {
+        let n = entries.len();
+        let (entered, held) = {
+            let mut shard = self.shard.lock();
+            let mut entered = Vec::new();
+            for (k, e) in entries {
+                if shard.announce(k, e) {
+                    entered.push(k);
+                }
+            }
+            (entered, shard.in_ram_len())
+        };
+        self.feed_order_puts(&entered, held);
+        n
+    }
+
+    pub(crate) fn shard_withdraw(&self, node_id: &str, keys: &[BlockKey]) -> usize {
+        let mut shard = self.shard.lock();
+        keys.iter().filter(|k| shard.withdraw(node_id, k)).count()
+    }
+
+    /// Holders of `keys` in this node's shard, best first, live nodes only.
+    /// Entries naming this node for blocks it no longer stores are dropped.
+    pub(crate) fn shard_locate(&self, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        let view = self.view();
+        let mut out: Vec<Vec<HolderEntry>> = {
+            let shard = self.shard.lock();
+            keys.iter()
+                .map(|k| {
+                    shard
+                        .locate(k)
+                        .iter()
+                        .filter(|h| view.contains(&h.node_id))
+                        .cloned()
+                        .collect()
+                })
+                .collect()
+        };
+        let mine: Vec<usize> = (0..keys.len())
+            .filter(|&i| out[i].iter().any(|h| h.node_id == self.me.node_id))
+            .collect();
+        if !mine.is_empty() {
+            let probe: Vec<BlockKey> = mine.iter().map(|&i| keys[i]).collect();
+            let present = self.store.exists(&probe);
+            let mut gone = Vec::new();
+            for (&i, here) in mine.iter().zip(present) {
+                if !here {
+                    out[i].retain(|h| h.node_id != self.me.node_id);
+                    gone.push(keys[i]);
+                }
+            }
+            self.shard_withdraw(&self.me.node_id.clone(), &gone);
+        }
+        out
+    }
+
+    // ---- cluster-wide reads ----
+
+    /// Holders of each key anywhere in the cluster, best first (this node
+    /// first, then remote RAM, then remote disk). One Locate per owner, in
+    /// parallel; an owner that fails to answer yields no holders (misses).
+    pub async fn locate(&self, keys: &[BlockKey]) -> Vec<Vec<HolderEntry>> {
+        self.locate_for(keys, false).await
+    }
+
+    /// [`Self::locate`]; `lookup`: the keys are a client lookup's, which
+    /// each owner replays on its eviction order's shadows (`order_feed`).
+    async fn locate_for(&self, keys: &[BlockKey], lookup: bool) -> Vec<Vec<HolderEntry>> {
+        let view = self.view();
+        let local = self.store.block_infos(keys);
+        let mut out: Vec<Vec<HolderEntry>> = local
+            .iter()
+            .map(|i| {
+                i.iter()
+                    .map(|i| HolderEntry {
+                        node_id: self.me.node_id.clone(),
+                        tier: tier_of(i.tier),
+                        size: i.len,
+                        checksum: i.checksum,
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut by_owner: HashMap<String, (NodeInfo, Vec<usize>)> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            if let Some(owner) = view.owner(k) {
+                by_owner
+                    .entry(owner.node_id.clone())
+                    .or_insert_with(|| (owner.clone(), Vec::new()))
+                    .1
+                    .push(i);
+            }
+        }
+        let asks = by_owner.into_values().map(|(owner, idx)| async move {
+            let ks: Vec<BlockKey> = idx.iter().map(|&i| keys[i]).collect();
+            let found = if owner.node_id == self.me.node_id {
+                let found = self.shard_locate(&ks);
+                if lookup {
+                    self.feed_order_lookup(&ks, &found);
+                }
+                found
+            } else {
+                self.remote_locate(&owner, &ks, lookup).await
+            };
+            (idx, found)
+        });
+        for (idx, found) in futures::future::join_all(asks).await {
+            for (i, holders) in idx.into_iter().zip(found) {
+                for h in holders {
+                    if h.node_id != self.me.node_id && view.contains(&h.node_id) {
+                        out[i].push(h);
+                    }
+                }
+            }
+        }
+        for holders in &mut out {
+            if holders.len() > 2 {
+                holders[1..]
+                    .sort_by(|a, b| a.tier.cmp(&b.tier).then_with(|| a.node_id.cmp(&b.node_id)));
+            }
+        }
+        out
+    }
+
+    async fn remote_locate(
+        &self,
+        owner: &NodeInfo,
+        keys: &[BlockKey],
+        lookup: bool,
+    ) -> Vec<Vec<HolderEntry>> {
+        let req = LocateRequest {
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+            lookup,
+        };
+        let call = async {
+            let mut c = self.directory_client(&owner.grpc_addr)?;
+            c.locate(req).await.map_err(|s| NodeError::PeerRpc {
+                op: "locate",
+                peer: owner.node_id.clone(),
+                status: Box::new(s),
+            })
+        };
+        match tokio::time::timeout(self.cfg.rpc_timeout(), call).await {
+            Ok(Ok(resp)) => {
+                let located = resp.into_inner().located;
+                if located.len() != keys.len() {
+                    tracing::warn!(owner = %owner.node_id, "locate answered {} of {} keys", located.len(), keys.len());
+                    return vec![Vec::new(); keys.len()];
+                }
+                located
+                    .iter()
+                    .map(|l| l.holders.iter().map(holder_entry).collect())
+                    .collect()
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "locate failed: counted as misses");
+                vec![Vec::new(); keys.len()]
+            }
+            Err(_) => {
+                tracing::debug!(owner = %owner.node_id, "locate timed out: counted as misses");
+                vec![Vec::new(); keys.len()]
+            }
+        }
+    }
+
+    /// Longest prefix of `keys` present anywhere, with the best holder of each
+    /// of its blocks. Counts the hits and misses in the node's lookup metrics,
+    /// feeds this node's part of the lookup to its store's capacity planner
+    /// (a cluster node's lookups do not go through `Store::lookup`), and
+    /// each key's owner replays its keys on its RAM order's shadows (the
+    /// locate says it is a lookup; `order_feed`).
+    pub async fn lookup(&self, keys: &[BlockKey]) -> Vec<HolderEntry> {
+        let located = self.locate_for(keys, true).await;
+        let (mine, here) = self.own_part(keys, &located);
+        self.store.note_lookup(&mine, here);
+        let prefix: Vec<HolderEntry> = located
+            .into_iter()
+            .map_while(|mut h| (!h.is_empty()).then(|| h.swap_remove(0)))
+            .collect();
+        self.store
+            .count_lookup(prefix.len() as u64, (keys.len() - prefix.len()) as u64);
+        prefix
+    }
+
+    /// What this node's tier has to do with a lookup of `keys` (`located`):
+    /// the blocks of the found prefix it holds, and every key from the first
+    /// one missing everywhere on (the engine computes those and puts them
+    /// here), in order; and how many of them lead the found prefix: what the
+    /// capacity planner's what-if tiers of this node see. A block only other
+    /// nodes hold is theirs to keep: counted here it would break this node's
+    /// prefix (a shared system prompt saved on another node).
+    fn own_part(&self, keys: &[BlockKey], located: &[Vec<HolderEntry>]) -> (Vec<BlockKey>, usize) {
+        let mut mine = Vec::with_capacity(keys.len());
+        let mut here = 0;
+        let mut found = true;
+        for (k, holders) in keys.iter().zip(located) {
+            // `locate` lists this node first where it holds a block.
+            match holders.first() {
+                _ if !found => mine.push(*k),
+                Some(h) if h.node_id == self.me.node_id => {
+                    mine.push(*k);
+                    here += 1;
+                }
+                Some(_) => {}
+                None => {
+                    found = false;
+                    mine.push(*k);
+                }
+            }
+        }
+        (mine, here)
+    }
+
+    /// Presence of each key anywhere in the cluster.
+    pub async fn exists(&self, keys: &[BlockKey]) -> Vec<bool> {
+        self.locate(keys)
+            .await
+            .into_iter()
+            .map(|h| !h.is_empty())
+            .collect()
+    }
+
+    // ---- holder side ----
+
+    /// Store leases of `keys` held here (None where not stored): RAM blocks
+    /// lease under the store lock alone, disk blocks are promoted in one
+    /// blocking task. A block that fails to lease is a miss (logged).
+    pub(crate) async fn lease_local(&self, keys: &[BlockKey]) -> Vec<Option<ReadLease>> {
+        let mut out: Vec<Option<ReadLease>> = (0..keys.len()).map(|_| None).collect();
+        let mut on_disk = Vec::new();
+        for (i, info) in self.store.block_infos(keys).into_iter().enumerate() {
+            match info {
+                Some(info) if info.tier == Tier::Ram => match self.store.lease(&keys[i]) {
+                    Ok(l) => out[i] = l,
+                    Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
+                },
+                Some(_) => on_disk.push(i),
+                None => {}
+            }
+        }
+        if on_disk.is_empty() {
+            return out;
+        }
+        let store = self.store.clone();
+        let ks: Vec<BlockKey> = on_disk.iter().map(|&i| keys[i]).collect();
+        let promoted = tokio::task::spawn_blocking(move || {
+            ks.iter().map(|k| store.lease(k)).collect::<Vec<_>>()
+        })
+        .await;
+        match promoted {
+            Ok(leases) => {
+                for (i, l) in on_disk.into_iter().zip(leases) {
+                    match l {
+                        Ok(l) => out[i] = l,
+                        Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "disk lease task failed"),
+        }
+        out
+    }
+
+    /// Lease `keys` for a remote reader (promoting from disk if needed):
+    /// (lease id, RAM segment, offset, info) each; None when not stored here.
+    pub(crate) async fn lease_for_peer(
+        &self,
+        keys: &[BlockKey],
+        ttl: Duration,
+    ) -> Vec<Option<(u64, SegmentId, u64, BlockInfo)>> {
+        let leases = self.lease_local(keys).await;
+        self.lease_requests.inc();
+        self.leased_blocks
+            .inc_by(leases.iter().filter(|l| l.is_some()).count() as u64);
+        let deadline = Instant::now() + ttl.min(MAX_LEASE);
+        let mut held = self.leases.lock();
+        leases
+            .into_iter()
+            .map(|lease| {
+                let lease = lease?;
+                let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+                let (offset, info) = (lease.region_offset(), *lease.info());
+                held.insert(
+                    id,
+                    HeldLease {
+                        _lease: lease,
+                        deadline,
+                    },
+                );
+                Some((id, self.ram_segment, offset, info))
+            })
+            .collect()
+    }
+
+    pub(crate) fn release_leases(&self, ids: &[u64]) {
+        let released: Vec<HeldLease> = {
+            let mut held = self.leases.lock();
+            ids.iter().filter_map(|id| held.remove(id)).collect()
+        };
+        for id in ids {
+            self.transfer.revoke_capability(*id);
+        }
+        // Store leases end outside the lease-table lock.
+        drop(released);
+    }
+
+    pub(super) fn reap_leases(&self) {
+        let now = Instant::now();
+        self.leases.lock().retain(|id, l| {
+            let live = l.deadline > now;
+            if !live {
+                self.transfer.revoke_capability(*id);
+            }
+            live
+        });
+    }
+}
