@@ -14,6 +14,7 @@ use super::client;
 use super::conn::Link;
 use super::wire::CodecSpeeds;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
 use crate::transport::idle::{Idle, IdleLimits};
@@ -87,9 +88,8 @@ impl TcpPeer {
         note: &[u8],
     ) -> Result<(), TransferError> {
         let mut conns = self.checkout(inner, peer, 1).await?;
-        let mut c = conns.pop().ok_or_else(|| TransferError::Connection {
-            peer: peer.into(),
-            reason: "no connection".into(),
+        let mut c = conns.pop().ok_or_else(|| {
+            TransferError::connection(peer, ConnectionFault::NoLink { transport: "tcp" })
         })?;
         client::notify(inner, peer, &mut c, note).await?;
         self.put_back(vec![c], false, IdleLimits::of(&inner.config));
