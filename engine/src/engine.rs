@@ -285,14 +285,14 @@ fn hex(b: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use bytesize::ByteSize;
-    use kvfabric_connector::ConnectorError;
+    use kvfabric_connector::{ConfigProblem, ConnectorError};
 
     use super::*;
 
     #[test]
     fn a_connector_that_fails_to_attach_is_a_connector_error() {
         let connect: ConnectFn =
-            Box::new(|_, _| Err(ConnectorError::Config("no fabric here".into())));
+            Box::new(|_, _| Err(ConnectorError::Config(ConfigProblem::NoRuntime)));
         let cfg = EngineConfig {
             kv_pool: ByteSize::mib(8),
             ..EngineConfig::default()
