@@ -124,7 +124,10 @@ impl EngineBuilder {
         let path = model_path.to_path_buf();
         let model = tokio::task::spawn_blocking(move || load_with_progress(&path))
             .await
-            .map_err(|e| EngineError::Model(format!("model loading task: {e}")))??;
+            .map_err(|source| EngineError::Task {
+                task: "model loading",
+                source,
+            })??;
         let model = Arc::new(model);
         let gguf = GgufFile::open(model_path)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
