@@ -163,9 +163,9 @@ pub(crate) async fn send_payload<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut tag = mac.map(|m| m.sending(head));
     // Without a MAC nothing is computed per piece: the body goes in one
-    // vectored write with its header. In pieces it cost tcp throughput
+    // vectored write with its header. In pieces it costs tcp throughput
     // ~12% (four writes per 1 MiB slice, each waking the reader on a
-    // 2-core machine; issue #20's before/after bench).
+    // 2-core machine).
     let step = if tag.is_some() {
         PIECE
     } else {

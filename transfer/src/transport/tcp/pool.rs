@@ -71,9 +71,9 @@ impl TcpPeer {
 
     /// Close the idle connections the peer has closed (a killed or
     /// restarted peer) and those idle past `limits`: without this they
-    /// stayed open, in CLOSE_WAIT, until the next batch to that peer, which
-    /// may never come (the soak saw both other engines hold 3-4 such
-    /// sockets to a restarted one at the end, issue #23).
+    /// stay open, in CLOSE_WAIT, until the next batch to that peer, which
+    /// may never come (in the soak both other engines would hold 3-4 such
+    /// sockets to a restarted one at the end).
     pub fn sweep(&self, limits: IdleLimits, now: Instant) {
         let closed = lock(&self.idle).sweep(limits, now, |l| l.conn.peer_closed());
         // Closed outside the lock.
