@@ -19,7 +19,7 @@ pub struct RocksBatchStore {
 fn failed(op: &'static str, e: rocksdb::Error) -> EngineError {
     EngineError::BatchStore {
         op,
-        message: e.to_string(),
+        source: e.into(),
     }
 }
 

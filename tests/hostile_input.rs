@@ -1,6 +1,6 @@
 //! Hostile input against every listener of real `kvfabric node` processes
-//! (issue 21, "every listener keeps serving after the hostile-input suite,
-//! and nothing already stored is lost"): two nodes on real etcd store
+//! (what must hold: "every listener keeps serving after the hostile-input
+//! suite, and nothing already stored is lost"): two nodes on real etcd store
 //! blocks; then each node's gRPC port (CacheService, DirectoryService,
 //! HolderService), transfer tcp port and HTTP port (metrics, health,
 //! console) gets garbage: random bytes from a seeded RNG, truncated frames,

@@ -1,4 +1,4 @@
-//! Clients of a secured cluster (issue 21), end to end: certificates made by
+//! Clients of a secured cluster, end to end: certificates made by
 //! `kvfabric certs init`, real etcd, real `kvfabric node` / `kvfabric engine`
 //! processes in `authenticate` mode. `kvfabric ctl` works with a certificate
 //! given as flags, env or config file, and without one fails at once naming

@@ -1,4 +1,4 @@
-//! Node identity and the data plane, end to end (issue 21): certificates
+//! Node identity and the data plane, end to end: certificates
 //! made by `kvfabric certs init`, real etcd, real `kvfabric node` processes
 //! in `authenticate` mode, and in-process transfer engines as the members
 //! (or outsiders) that try what the threat model says must fail.

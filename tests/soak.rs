@@ -13,14 +13,14 @@ use std::time::{Duration, Instant};
 
 use kvfabric_testbed::Testbed;
 
-// fd rule (issue #23): pool-aware (benches/src/soak/growth.rs). Each
+// fd rule: pool-aware (benches/src/soak/growth.rs). Each
 // process's fds are split into its pooled TCP connections (transfer pools
 // per peer and direction, HTTP pools) and the rest: the rest may not grow
 // after warm-up; at the end, after the load stopped, every pool holds at
 // most the idle bound its config gives (transfer_idle_connections_per_peer per
 // peer and direction) and no process holds a connection whose other end is
-// gone (a killed peer's old incarnation). A pool that fills late (the run
-// that failed the old rule by one fd under load 66) passes; a leak of one
+// gone (a killed peer's old incarnation). A pool that fills late (a run
+// whose pool grew by one fd at the end, under load 66) passes; a leak of one
 // fd or one connection per round fails.
 #[test]
 fn three_minute_soak_loses_no_request_and_changes_no_output() {
@@ -67,8 +67,8 @@ fn three_minute_soak_loses_no_request_and_changes_no_output() {
     let text = std::fs::read_to_string(&out_path).expect("report");
     // The whole report goes to a file that outlives the test; the output
     // gets one short line per broken rule. A CI log keeps only a window of
-    // the output: the old `{r}` in every message (12 KB) pushed the reason
-    // out of it (stop 36's CI run: the soak failed and no reason survived).
+    // the output: the whole report (12 KB) in every message would push the
+    // reason out of it, leaving a failed soak with no reason in the log.
     let kept = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("soak-report.json");
     let _ = std::fs::write(&kept, &text);
     assert!(
@@ -111,7 +111,7 @@ fn broken_rules(r: &serde_json::Value) -> Vec<String> {
     // turn (so reuse was exercised), and requests started in at least three
     // of the run's 30-second windows. Not a throughput floor: on a loaded
     // machine a turn (router + no-cache reference) took 26 s and the run
-    // sent 14 requests, all verified; the old `> 20` failed it.
+    // sent 14 requests, all verified, which a floor of 20 would fail.
     let sessions = n("sessions").unwrap_or(0);
     let sent = n("requests_sent").unwrap_or(0);
     check(

@@ -1,4 +1,4 @@
-//! Owners of the blocks engines save (issue 21): real `kvfabric engine`
+//! Owners of the blocks engines save: real `kvfabric engine`
 //! processes whose tenants send prompts through the OpenAI API.
 //!
 //! * Embedded node: the blocks an engine saves count to the request's

@@ -1,5 +1,5 @@
-//! Per-tenant shares of a node's tiers, end to end (issue 21, "one tenant
-//! filling the cache does not evict another tenant's blocks below its
+//! Per-tenant shares of a node's tiers, end to end (what must hold: "one
+//! tenant filling the cache does not evict another tenant's blocks below its
 //! share"): a `kvfabric node` process with a tenants file of two untrusted
 //! tenants; tenant b stores blocks through the gRPC CacheService with its
 //! key, tenant a then writes three times the RAM tier with its own; every

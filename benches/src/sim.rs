@@ -80,7 +80,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 10.0)]
     pub link_gbit: f64,
     /// Fraction of the line rate a load reaches (0.87: `bench reuse --hosts
-    /// 2 --link-gbit 10`, docs/BENCHMARKS.md #23).
+    /// 2 --link-gbit 10`, docs/BENCHMARKS.md, "across hosts").
     #[arg(long, default_value_t = 0.87)]
     pub link_efficiency: f64,
     /// Prefill cost per request, ms (with the two below: no measurement).

@@ -17,7 +17,7 @@
 //!
 //! Sign and the 2 mantissa bits ride raw beside the code: each element has
 //! a 5-bit field `sign << 4 | code << 2 | mantissa`. On the engine's f16
-//! blocks this gives 1.165 (BENCHMARKS.md, session 30) against the Huffman
+//! blocks this gives 1.165 (docs/BENCHMARKS.md, "the codec's fast profile") against the Huffman
 //! planes' 1.163, with every field a fixed width.
 //!
 //! Payload of a window plane (all packed streams little-endian bit order;

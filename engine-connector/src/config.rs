@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ConnectorError;
+use crate::{ConfigProblem, ConnectorError};
 
 /// How an engine uses the fabric.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -78,23 +78,23 @@ impl ConnectorConfig {
     /// Refuse settings the connector cannot run with.
     pub fn validate(&self) -> Result<(), ConnectorError> {
         if !matches!(self.mode.as_str(), "embedded" | "remote" | "off") {
-            return Err(ConnectorError::Config(format!(
-                "mode {:?}: expected embedded, remote or off",
-                self.mode
-            )));
+            return Err(ConnectorError::Config(ConfigProblem::Mode {
+                mode: self.mode.clone(),
+            }));
         }
         if let Some(k) = &self.node_api_key {
             let printable = k.0.bytes().all(|b| b.is_ascii_graphic());
             if k.0.is_empty() || !printable {
-                return Err(ConnectorError::Config(
-                    "node_api_key (KVFABRIC_NODE_API_KEY) must be non-empty printable ASCII".into(),
-                ));
+                return Err(ConnectorError::Config(ConfigProblem::NodeApiKey));
             }
         }
-        if self.max_pending_saves == 0 || self.load_concurrency == 0 {
-            return Err(ConnectorError::Config(
-                "max_pending_saves and load_concurrency must be > 0".into(),
-            ));
+        for (key, value) in [
+            ("max_pending_saves", self.max_pending_saves),
+            ("load_concurrency", self.load_concurrency),
+        ] {
+            if value == 0 {
+                return Err(ConnectorError::Config(ConfigProblem::Zero { key }));
+            }
         }
         Ok(())
     }

@@ -138,11 +138,12 @@ where
 fn check_memory(mem: &KvMemory) -> Result<(), ConnectorError> {
     mem.layout.validate()?;
     if mem.region.len() < mem.blocks * mem.block_bytes() {
-        return Err(ConnectorError::Config(format!(
-            "KV memory of {} bytes is smaller than {} blocks",
-            mem.region.len(),
-            mem.blocks
-        )));
+        return Err(ConnectorError::Config(
+            crate::ConfigProblem::KvMemoryTooSmall {
+                bytes: mem.region.len(),
+                blocks: mem.blocks,
+            },
+        ));
     }
     Ok(())
 }
@@ -179,9 +180,7 @@ impl<B: Backend> Connector<B> {
     {
         let rt = Handle::try_current();
         Box::new(move |mem, registry| {
-            let rt = rt.map_err(|_| {
-                ConnectorError::Config("the fabric connector needs a tokio runtime".into())
-            })?;
+            let rt = rt.map_err(|_| ConnectorError::Config(crate::ConfigProblem::NoRuntime))?;
             check_memory(&mem)?;
             let backend = make(mem, &rt)?;
             let c: Arc<dyn KvConnector> = Connector::start(backend, rt, cfg, registry)?;

@@ -63,7 +63,10 @@ impl EmbeddedNode {
             Store::open(node, &mut registry).map(|s| (s, registry))
         })
         .await
-        .map_err(|e| ConnectorError::Config(format!("store open task: {e}")))??;
+        .map_err(|e| ConnectorError::Task {
+            task: "store open",
+            source: e.into(),
+        })??;
         let cluster_node = ClusterNode::start(store, cluster, grpc_addr, &mut registry).await?;
         let (stop, stopped) = oneshot::channel::<()>();
         let serving = tokio::spawn(

@@ -143,8 +143,14 @@ impl Backend for EmbeddedBackend {
             })
             .await
             .unwrap_or_else(|e| {
+                let source = std::sync::Arc::new(e);
                 (0..n)
-                    .map(|_| Err(ConnectorError::Config(format!("save task: {e}"))))
+                    .map(|_| {
+                        Err(ConnectorError::Task {
+                            task: "save",
+                            source: source.clone(),
+                        })
+                    })
                     .collect()
             });
             let new: Vec<BlockKey> = keys

@@ -59,7 +59,7 @@ pub use config::{ApiKey, ConnectorConfig};
 pub use connector::{Backend, Connector, LoadBlock, LoadOptions};
 #[cfg(feature = "fabric")]
 pub use embedded::EmbeddedNode;
-pub use error::ConnectorError;
+pub use error::{ConfigProblem, ConnectorError};
 #[cfg(feature = "fabric")]
 pub use fabric::{EmbeddedBackend, FabricConnector};
 pub use metrics::ConnectorStats;

@@ -21,11 +21,9 @@ impl NodeKey {
     pub fn new(key: Option<&ApiKey>) -> Result<Self, ConnectorError> {
         let bearer = key
             .map(|k| {
-                format!("Bearer {}", k.expose()).parse().map_err(|_| {
-                    ConnectorError::Config(
-                        "node_api_key (KVFABRIC_NODE_API_KEY) must be printable ASCII".into(),
-                    )
-                })
+                format!("Bearer {}", k.expose())
+                    .parse()
+                    .map_err(|_| ConnectorError::Config(crate::ConfigProblem::NodeApiKey))
             })
             .transpose()?;
         Ok(NodeKey { bearer })

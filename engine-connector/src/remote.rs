@@ -130,7 +130,11 @@ async fn probe(
                 return Err(e);
             }
             check_tls(addr, RPC_TIMEOUT, tls).await?;
-            Err(ConnectorError::Config(format!("node at {addr}: {s}")))
+            Err(ConnectorError::Node {
+                node: addr.to_string(),
+                call: "stats",
+                status: s,
+            })
         }
     }
 }
@@ -269,7 +273,11 @@ impl Backend for RemoteBackend {
                             .map(|r| !r.already_present)
                             .map_err(|s| {
                                 self.key.refused(&self.addr, &s).unwrap_or_else(|| {
-                                    ConnectorError::Config(format!("put at {}: {s}", self.addr))
+                                    ConnectorError::Node {
+                                        node: self.addr.clone(),
+                                        call: "put",
+                                        status: s,
+                                    }
                                 })
                             })
                     }

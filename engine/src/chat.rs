@@ -79,7 +79,10 @@ impl ChatTemplate {
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| EngineError::Model(format!("chat template syntax: {e}")))?;
+            .map_err(|e| EngineError::ModelPart {
+                part: "chat template syntax",
+                source: e.into(),
+            })?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -89,7 +92,10 @@ impl ChatTemplate {
             },
         );
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
-            .map_err(|e| EngineError::Model(format!("chat template: {e}")))?;
+            .map_err(|e| EngineError::ModelPart {
+                part: "chat template",
+                source: e.into(),
+            })?;
         Ok(ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
@@ -134,10 +140,13 @@ impl ChatTemplate {
         tools: Option<&[serde_json::Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, EngineError> {
-        let template = self
-            .env
-            .get_template(TEMPLATE_NAME)
-            .map_err(|e| EngineError::Model(format!("chat template: {e}")))?;
+        let template =
+            self.env
+                .get_template(TEMPLATE_NAME)
+                .map_err(|e| EngineError::ModelPart {
+                    part: "chat template",
+                    source: e.into(),
+                })?;
         template
             .render(minijinja::value::Serde(RenderContext {
                 messages,
@@ -214,6 +223,15 @@ mod tests {
     #[test]
     fn a_broken_template_is_a_model_error() {
         let err = ChatTemplate::new("{% for %}", "", "").expect_err("syntax error");
-        assert!(matches!(err, EngineError::Model(_)), "{err}");
+        assert!(
+            matches!(
+                err,
+                EngineError::ModelPart {
+                    part: "chat template",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }

@@ -124,7 +124,10 @@ impl EngineBuilder {
         let path = model_path.to_path_buf();
         let model = tokio::task::spawn_blocking(move || load_with_progress(&path))
             .await
-            .map_err(|e| EngineError::Model(format!("model loading task: {e}")))??;
+            .map_err(|source| EngineError::Task {
+                task: "model loading",
+                source,
+            })??;
         let model = Arc::new(model);
         let gguf = GgufFile::open(model_path)?;
         let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
@@ -285,14 +288,14 @@ fn hex(b: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use bytesize::ByteSize;
-    use kvfabric_connector::ConnectorError;
+    use kvfabric_connector::{ConfigProblem, ConnectorError};
 
     use super::*;
 
     #[test]
     fn a_connector_that_fails_to_attach_is_a_connector_error() {
         let connect: ConnectFn =
-            Box::new(|_, _| Err(ConnectorError::Config("no fabric here".into())));
+            Box::new(|_, _| Err(ConnectorError::Config(ConfigProblem::NoRuntime)));
         let cfg = EngineConfig {
             kv_pool: ByteSize::mib(8),
             ..EngineConfig::default()

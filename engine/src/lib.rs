@@ -25,7 +25,7 @@ pub mod tokenizer;
 
 pub use config::{EngineConfig, IsaChoice, KvDtype, Role};
 pub use engine::{EngineBuilder, RunningEngine};
-pub use error::EngineError;
+pub use error::{EngineError, GrammarFault, LibraryError};
 pub use metrics::EngineMetrics;
 pub use request::{
     EngineHandle, FinishReason, Fork, GenerationEvent, GenerationRequest, KeyBasis, SamplingParams,

@@ -69,9 +69,9 @@ impl Sampler {
     pub fn constrain(&mut self, logits: &mut [f32]) -> Result<(), EngineError> {
         match &mut self.grammar {
             Some(g) => g.mask(logits),
-            None if self.params.constraint.is_some() => Err(EngineError::Grammar {
-                reason: "the grammar matcher was lost".into(),
-            }),
+            None if self.params.constraint.is_some() => {
+                Err(EngineError::Grammar(crate::GrammarFault::MatcherLost))
+            }
             None => Ok(()),
         }
     }

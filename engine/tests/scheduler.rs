@@ -164,7 +164,7 @@ fn scheduler_reports_batch_size_and_kv_pool_use() {
     collect(rx);
     stop(e);
     assert_eq!(metrics.kv_blocks_total.get(), 32);
-    // A true gauge (issue #24): reported after every step, so once the
+    // A true gauge: reported after every step, so once the
     // request finished (40 prompt + 3 generated tokens held 3 16-token
     // blocks while it ran) the pool reads 0 blocks in use.
     assert_eq!(metrics.kv_blocks_used.get(), 0);

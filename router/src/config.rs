@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use hyper::Uri;
 use serde::{Deserialize, Serialize};
 
-use crate::error::RouterError;
+use crate::error::{ConfigProblem, RouterError, UrlProblem};
 pub use crate::pick::{PickParams, Policy};
 use crate::pick::{DEFAULT_PREFIX_SESSION_WEIGHT, PREFIX_INDEX_MAX_ENGINES};
 
@@ -131,16 +131,20 @@ impl RouterConfig {
     pub fn validate(&self) -> Result<Mode, RouterError> {
         self.policy()?;
         if !(self.affinity_load_factor.is_finite() && self.affinity_load_factor >= 1.0) {
-            return Err(config("affinity_load_factor must be a number >= 1"));
+            return Err(config(ConfigProblem::Below {
+                key: "affinity_load_factor",
+                min: 1,
+            }));
         }
-        if self.affinity_sessions == 0 || self.affinity_ttl_ms == 0 {
-            return Err(config("affinity_sessions and affinity_ttl_ms must be > 0"));
-        }
-        if self.request_timeout_ms == 0 {
-            return Err(config("request_timeout_ms must be > 0"));
-        }
-        if self.connect_timeout_ms == 0 {
-            return Err(config("connect_timeout_ms must be > 0"));
+        for (key, value) in [
+            ("affinity_sessions", self.affinity_sessions as u64),
+            ("affinity_ttl_ms", self.affinity_ttl_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err(config(ConfigProblem::Zero { key }));
+            }
         }
         let prefill = normalize_all("prefill", &self.prefill)?;
         let decode = normalize_all("decode", &self.decode)?;
@@ -149,24 +153,25 @@ impl RouterConfig {
         match (prefill.is_empty(), decode.is_empty(), engines.is_empty()) {
             (false, false, true) => Ok(Mode::Disaggregated { prefill, decode }),
             (true, true, false) => Ok(Mode::Plain { engines }),
-            (true, true, true) => Err(config(
-                "no endpoints: set prefill and decode (disaggregated) or engines (plain)",
-            )),
-            (_, _, false) => Err(config(
-                "engines (plain mode) cannot be combined with prefill/decode (disaggregated mode)",
-            )),
-            (true, false, true) => Err(config("decode is set but prefill is empty")),
-            (false, true, true) => Err(config("prefill is set but decode is empty")),
+            (true, true, true) => Err(config(ConfigProblem::NoEndpoints)),
+            (_, _, false) => Err(config(ConfigProblem::MixedModes)),
+            (true, false, true) => Err(config(ConfigProblem::HalfDisaggregated {
+                set: "decode",
+                empty: "prefill",
+            })),
+            (false, true, true) => Err(config(ConfigProblem::HalfDisaggregated {
+                set: "prefill",
+                empty: "decode",
+            })),
         }
     }
 
     /// The parsed `policy`.
     pub fn policy(&self) -> Result<Policy, RouterError> {
         Policy::parse(&self.policy).ok_or_else(|| {
-            config(&format!(
-                "policy must be \"least-loaded\", \"random\", \"affinity\" or \"prefix\", not {:?}",
-                self.policy
-            ))
+            config(ConfigProblem::Policy {
+                policy: self.policy.clone(),
+            })
         })
     }
 
@@ -188,30 +193,36 @@ impl RouterConfig {
             ("prefix_session_weight", self.prefix_session_weight),
         ] {
             if !(w.is_finite() && w >= 0.0) {
-                return Err(config(&format!("{name} must be a number >= 0")));
+                return Err(config(ConfigProblem::Below { key: name, min: 0 }));
             }
         }
         if self.prefix_keys_timeout_ms == 0 {
-            return Err(config("prefix_keys_timeout_ms must be > 0"));
+            return Err(config(ConfigProblem::Zero {
+                key: "prefix_keys_timeout_ms",
+            }));
         }
         let too_many = sets.iter().any(|s| s.len() > PREFIX_INDEX_MAX_ENGINES);
         if self.policy == Policy::Prefix.as_str() && too_many {
-            return Err(config(&format!(
-                "policy \"prefix\" routes at most {PREFIX_INDEX_MAX_ENGINES} engines per set"
-            )));
+            return Err(config(ConfigProblem::PrefixSetTooLarge {
+                max: PREFIX_INDEX_MAX_ENGINES,
+            }));
         }
         for (url, node) in &self.engine_nodes {
-            let base =
-                normalize(url).map_err(|why| config(&format!("engine_nodes: {url:?}: {why}")))?;
+            let base = normalize(url).map_err(|why| {
+                config(ConfigProblem::Url {
+                    field: "engine_nodes",
+                    url: url.clone(),
+                    why,
+                })
+            })?;
             if !sets.iter().any(|s| s.contains(&base)) {
-                return Err(config(&format!(
-                    "engine_nodes: {url:?} is not one of the engines, prefill or decode engines"
-                )));
+                return Err(config(ConfigProblem::UnknownEngine { url: url.clone() }));
             }
             if node.is_empty() || node.contains('/') {
-                return Err(config(&format!(
-                    "engine_nodes: {url:?}: give the node's gRPC address as host:port, not {node:?}"
-                )));
+                return Err(config(ConfigProblem::NodeAddress {
+                    url: url.clone(),
+                    node: node.clone(),
+                }));
             }
         }
         Ok(())
@@ -226,16 +237,20 @@ impl RouterConfig {
     }
 }
 
-fn config(message: &str) -> RouterError {
-    RouterError::Config(format!("router config: {message}"))
+fn config(problem: ConfigProblem) -> RouterError {
+    RouterError::Config(problem)
 }
 
-fn normalize_all(field: &str, urls: &[String]) -> Result<Vec<String>, RouterError> {
+fn normalize_all(field: &'static str, urls: &[String]) -> Result<Vec<String>, RouterError> {
     let mut out: Vec<String> = Vec::with_capacity(urls.len());
     for url in urls {
-        let base = normalize(url).map_err(|why| config(&format!("{field}: {url:?}: {why}")))?;
+        let url = url.clone();
+        let base = match normalize(&url) {
+            Ok(base) => base,
+            Err(why) => return Err(config(ConfigProblem::Url { field, url, why })),
+        };
         if out.contains(&base) {
-            return Err(config(&format!("{field}: {url:?} is listed twice")));
+            return Err(config(ConfigProblem::Duplicate { field, url }));
         }
         out.push(base);
     }
@@ -243,16 +258,14 @@ fn normalize_all(field: &str, urls: &[String]) -> Result<Vec<String>, RouterErro
 }
 
 /// `http://host:port[/]` -> `http://host:port`; anything else is refused.
-fn normalize(url: &str) -> Result<String, &'static str> {
-    let uri: Uri = url
-        .parse()
-        .map_err(|_| "not a URL like http://127.0.0.1:8001")?;
+fn normalize(url: &str) -> Result<String, UrlProblem> {
+    let uri: Uri = url.parse().map_err(|_| UrlProblem::NotAUrl)?;
     if uri.scheme_str() != Some("http") {
-        return Err("only http:// engines are supported");
+        return Err(UrlProblem::NotHttp);
     }
-    let authority = uri.authority().ok_or("the URL has no host")?;
+    let authority = uri.authority().ok_or(UrlProblem::NoHost)?;
     if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        return Err("give the engine's base URL, without a path");
+        return Err(UrlProblem::HasPath);
     }
     Ok(format!("http://{authority}"))
 }
@@ -315,6 +328,42 @@ mod tests {
             let e = bad.validate().expect_err("refused");
             assert!(matches!(e, RouterError::Config(_)), "{e:?}");
         }
+    }
+
+    /// A refused setting is a typed problem naming the field, and reads as
+    /// "router config: <what is wrong>".
+    #[test]
+    fn refused_settings_name_the_field() {
+        let problem = |c: RouterConfig| match c.validate() {
+            Err(RouterError::Config(p)) => p,
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let p = problem(with(&[], &["http://a:1"], &[]));
+        assert_eq!(
+            RouterError::Config(p).to_string(),
+            "router config: decode is set but prefill is empty"
+        );
+        let p = problem(with(&[], &[], &["https://a:1"]));
+        assert_eq!(
+            p,
+            ConfigProblem::Url {
+                field: "engines",
+                url: "https://a:1".into(),
+                why: UrlProblem::NotHttp,
+            }
+        );
+        assert_eq!(
+            p.to_string(),
+            "engines: \"https://a:1\": only http:// engines are supported"
+        );
+        let mut c = with(&[], &[], &["http://a:1"]);
+        c.affinity_ttl_ms = 0;
+        assert_eq!(
+            problem(c),
+            ConfigProblem::Zero {
+                key: "affinity_ttl_ms"
+            }
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use crate::balance::EndpointSet;
-use crate::error::RouterError;
+use crate::error::{AnswerProblem, RouterError};
 use crate::prefix::RequestKeys;
 use crate::proxy::{Relay, RequestRecord};
 use crate::request::ClientRequest;
@@ -145,9 +145,12 @@ async fn prefill_exchange(
         return Ok(Prefilled::Refused(collected.into_response()));
     }
     let v: Value =
-        serde_json::from_slice(&collected.bytes).map_err(|e| RouterError::BadAnswer {
+        serde_json::from_slice(&collected.bytes).map_err(|source| RouterError::BadAnswer {
             endpoint: endpoint.to_owned(),
-            message: format!("the prefill answer is not JSON: {e}"),
+            problem: AnswerProblem::NotJson {
+                what: "prefill answer",
+                source,
+            },
         })?;
     let transfer = v
         .get("kv_transfer_params")

@@ -49,7 +49,7 @@ use tokio::net::TcpListener;
 pub use tonic::transport::ClientTlsConfig;
 
 pub use config::{Mode, Policy, RouterConfig};
-pub use error::{ApiError, RouterError};
+pub use error::{AnswerProblem, ApiError, ConfigProblem, Hop, RouterError, UrlProblem};
 pub use metrics::{EndpointLabels, RequestLabels, RouteLabels, RouterMetrics, UpstreamErrorLabels};
 pub use request::{estimate_text_tokens, DEFAULT_COMPLETION_ESTIMATE, SESSION_AFFINITY_HEADER};
 

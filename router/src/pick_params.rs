@@ -28,5 +28,6 @@ impl Default for PickParams {
     }
 }
 
-/// The default [`PickParams::prefix_session_weight`] (see docs/BENCHMARKS.md, #25).
+/// The default [`PickParams::prefix_session_weight`] (see docs/BENCHMARKS.md,
+/// "routing modes compared").
 pub const DEFAULT_PREFIX_SESSION_WEIGHT: f64 = 4.0;

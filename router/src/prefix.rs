@@ -27,7 +27,7 @@ use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use crate::balance::{EndpointSet, PrefixHint};
-use crate::error::RouterError;
+use crate::error::{AnswerProblem, RouterError};
 use crate::kv_events::{self, NodeClient};
 use crate::metrics::RouterMetrics;
 use crate::pick::{PrefixBranches, PrefixIndex};
@@ -167,9 +167,9 @@ impl KeysClient {
                 message: answer.error_message(),
             });
         }
-        parse_keys(&answer.bytes).map_err(|message| RouterError::BadAnswer {
+        parse_keys(&answer.bytes).map_err(|problem| RouterError::BadAnswer {
             endpoint: engine.to_owned(),
-            message,
+            problem,
         })
     }
 }
@@ -183,20 +183,23 @@ pub(crate) fn keys_path(api: Api) -> &'static str {
 }
 
 /// `{"block_tokens": n, "block_keys": ["<64 hex>", ...]}` -> keys, n.
-pub(crate) fn parse_keys(bytes: &[u8]) -> Result<(Vec<[u8; 32]>, usize), String> {
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+pub(crate) fn parse_keys(bytes: &[u8]) -> Result<(Vec<[u8; 32]>, usize), AnswerProblem> {
+    let v: Value = serde_json::from_slice(bytes).map_err(|source| AnswerProblem::NotJson {
+        what: "keys answer",
+        source,
+    })?;
     let block_tokens = v["block_tokens"]
         .as_u64()
         .filter(|&n| n > 0)
-        .ok_or("no block_tokens")? as usize;
+        .ok_or(AnswerProblem::NoBlockTokens)? as usize;
     let keys = v["block_keys"]
         .as_array()
-        .ok_or("no block_keys")?
+        .ok_or(AnswerProblem::NoBlockKeys)?
         .iter()
         .map(|k| {
             k.as_str()
                 .and_then(key_from_hex)
-                .ok_or("a key is not 64 hex digits")
+                .ok_or(AnswerProblem::BadKey)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok((keys, block_tokens))

@@ -28,7 +28,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
 use crate::balance::LoadGuard;
-use crate::error::{ApiError, RouterError};
+use crate::error::{AnswerProblem, ApiError, Hop, RouterError};
 use crate::metrics::{RequestLabels, RouteLabels, RouterMetrics};
 use crate::request::{HopHeaders, SESSION_AFFINITY_HEADER};
 use crate::rewrite::{replace_cached_tokens, SseRewriter};
@@ -83,19 +83,22 @@ impl Upstream {
         if let Some(session) = &headers.session {
             request = request.header(SESSION_AFFINITY_HEADER, session.clone());
         }
-        let request =
-            request
-                .body(Full::new(Bytes::from(body)))
-                .map_err(|e| RouterError::BadAnswer {
-                    endpoint: endpoint.to_owned(),
-                    message: format!("building the request to {uri}: {e}"),
-                })?;
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|source| RouterError::BadAnswer {
+                endpoint: endpoint.to_owned(),
+                problem: AnswerProblem::Request {
+                    uri: uri.clone(),
+                    source,
+                },
+            })?;
         let response = tokio::time::timeout_at(deadline, self.client.request(request))
             .await
             .map_err(|_| self.timed_out(endpoint))?
             .map_err(|e| RouterError::Connect {
                 endpoint: endpoint.to_owned(),
-                message: error_chain(&e),
+                hop: Hop::Request,
+                source: Box::new(e),
             })?;
         let (parts, body) = response.into_parts();
         Ok(Answer {
@@ -114,17 +117,6 @@ impl Upstream {
             timeout_ms: self.timeout.as_millis() as u64,
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(inner) = source {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    s
 }
 
 impl Answer {
@@ -147,7 +139,8 @@ impl Answer {
             })?
             .map_err(|e| RouterError::Connect {
                 endpoint: endpoint.clone(),
-                message: format!("reading the answer: {}", error_chain(&e)),
+                hop: Hop::Answer,
+                source: Box::new(e),
             })?
             .to_bytes();
         Ok(Collected {
@@ -300,7 +293,10 @@ impl Relay {
             Err(e) => {
                 let err = RouterError::BadAnswer {
                     endpoint: collected.endpoint.clone(),
-                    message: format!("the answer is not JSON: {e}"),
+                    problem: AnswerProblem::NotJson {
+                        what: "answer",
+                        source: e,
+                    },
                 };
                 return self.fail(err);
             }
@@ -351,7 +347,8 @@ impl Relay {
                     Ok(Some(Err(e))) => {
                         let err = RouterError::Connect {
                             endpoint: s.answer.endpoint.clone(),
-                            message: format!("stream broke: {}", error_chain(&e)),
+                            hop: Hop::Stream,
+                            source: Box::new(e),
                         };
                         return s.abort(err);
                     }

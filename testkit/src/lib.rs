@@ -1,5 +1,5 @@
 //! kvfabric-testkit: what the tests of every crate share, in one dev-only
-//! crate, so the libraries ship no test code (issue 20).
+//! crate, so the libraries ship no test code.
 //!
 //! - [`testdata`]: a deterministic byte stream, seekable by offset, that two
 //!   processes agree on without shipping it.

@@ -4,6 +4,8 @@
 //! variants name what went wrong with that op precisely enough for a caller to
 //! decide between "retry elsewhere" (peer faults) and "bug" (bad ranges).
 
+use kvfabric_types::IoError;
+
 /// Everything that can go wrong moving bytes.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum TransferError {
@@ -24,13 +26,16 @@ pub enum TransferError {
         side: String,
         segment: u64,
     },
-    /// The peer refused an op (its own range check) with this reason.
+    /// The peer refused an op or a notification as malformed.
     #[error("peer {peer} refused the op: {reason}")]
-    Refused { peer: String, reason: String },
-    /// The peer refused an op its caller has no right to (no or a wrong
-    /// capability, a WRITE outside the ranges it granted).
+    Refused { peer: String, reason: RefusalReason },
+    /// An op its caller has no right to (no or a wrong capability, a WRITE
+    /// outside the ranges the peer granted, shm from another user).
     #[error("peer {peer} forbade the op: {reason}")]
-    Forbidden { peer: String, reason: String },
+    Forbidden {
+        peer: String,
+        reason: ForbiddenReason,
+    },
     /// A payload did not match the checksum its sender computed.
     #[error("checksum mismatch on {segment}@{offset}+{len}")]
     Checksum { segment: u64, offset: u64, len: u64 },
@@ -47,20 +52,25 @@ pub enum TransferError {
     /// The peer did not answer within the op timeout.
     #[error("peer {peer} timed out after {timeout_ms} ms")]
     Timeout { peer: String, timeout_ms: u64 },
-    /// The connection to the peer broke (peer died, reset, protocol error).
-    #[error("connection to {peer} failed: {reason}")]
-    Connection { peer: String, reason: String },
+    /// The connection to the peer broke (peer died, reset, protocol error):
+    /// `cause` says how.
+    #[error("connection to {peer} failed: {cause}")]
+    Connection {
+        peer: String,
+        #[source]
+        cause: ConnectionFault,
+    },
     /// A transport or device this build or host does not have (which).
     #[error("unsupported: {0}")]
     Unsupported(Missing),
-    /// An OS call (or a task doing one) failed: `op` says which, `kind` is
-    /// the OS error's kind (`Other` when there was no OS error), `reason`
-    /// its message.
-    #[error("i/o error: {op}: {reason}")]
+    /// An OS or device call (or a task doing one) failed: `op` names it,
+    /// `source` is its error (kind `Other`, holding the library's or the
+    /// task's own error, when there was no OS error).
+    #[error("i/o error: {op}: {source}")]
     Io {
         op: &'static str,
-        kind: std::io::ErrorKind,
-        reason: String,
+        #[source]
+        source: IoError,
     },
 }
 
@@ -69,20 +79,124 @@ impl TransferError {
     pub fn io(op: &'static str, e: std::io::Error) -> Self {
         TransferError::Io {
             op,
-            kind: e.kind(),
-            reason: e.to_string(),
+            source: e.into(),
         }
     }
 
-    /// [`TransferError::Io`] of `op` without an OS error (a task that
-    /// died, a call that reports no errno).
-    pub fn io_other(op: &'static str, reason: impl std::fmt::Display) -> Self {
-        TransferError::Io {
-            op,
-            kind: std::io::ErrorKind::Other,
-            reason: reason.to_string(),
+    /// [`TransferError::Io`] of `op` without an OS error: `e` is what
+    /// failed instead (a task's `JoinError`, a CUDA driver error), kept as
+    /// the source of an `Other` I/O error.
+    pub fn io_other(
+        op: &'static str,
+        e: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::io(op, std::io::Error::other(e))
+    }
+
+    /// [`TransferError::Connection`] to `peer`, broken by `cause`.
+    pub fn connection(peer: impl Into<String>, cause: ConnectionFault) -> Self {
+        TransferError::Connection {
+            peer: peer.into(),
+            cause,
         }
     }
+}
+
+/// How a connection to a peer broke ([`TransferError::Connection`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ConnectionFault {
+    /// A read or write on it failed (reset, closed mid-frame, ...).
+    #[error("{0}")]
+    Io(#[source] IoError),
+    /// The peer closed it.
+    #[error("closed")]
+    Closed,
+    /// There is no `transport` link to the peer (none was opened, or the
+    /// pool was dropped) and no connection could be taken.
+    #[error("no {transport} link")]
+    NoLink { transport: &'static str },
+    /// No link was left to ask the peer for the checksums of the WRITEs.
+    #[error("no link left to verify writes")]
+    NoLinkToVerify,
+    /// The batch ended with this op's slices still outstanding.
+    #[error("op left unfinished")]
+    Unfinished,
+    /// The task driving the connection died (panicked or was cancelled):
+    /// its `JoinError`.
+    #[error("connection task failed: {0}")]
+    Task(#[source] IoError),
+    /// A reply (`reply`) or request frame whose MAC did not verify.
+    #[error(
+        "a {} frame failed its MAC (altered in flight?)",
+        if *reply { "reply" } else { "request" }
+    )]
+    Altered { reply: bool },
+    /// A READ reply of `len` bytes for a `slice`-byte slice: `encoded`
+    /// says how it came, `asked` whether encoding was asked for.
+    #[error(
+        "peer sent {len} {} bytes for a {slice}-byte slice",
+        payload_form(*encoded, *asked)
+    )]
+    PayloadSize {
+        len: u64,
+        slice: u64,
+        encoded: bool,
+        asked: bool,
+    },
+    /// A peer whose TLS certificate names no node id.
+    #[error("tls: peer certificate names no node")]
+    NoNodeId,
+    /// An RDMA endpoint reply of `len` bytes (not the encoded size).
+    #[error("rdma endpoint of {len} bytes")]
+    RdmaEndpointLen { len: u64 },
+    /// An RDMA key reply of `len` bytes (not the encoded size).
+    #[error("rdma key of {len} bytes")]
+    RdmaKeyLen { len: u64 },
+}
+
+impl From<std::io::Error> for ConnectionFault {
+    fn from(e: std::io::Error) -> Self {
+        ConnectionFault::Io(e.into())
+    }
+}
+
+/// How a READ payload came, for [`ConnectionFault::PayloadSize`].
+fn payload_form(encoded: bool, asked: bool) -> &'static str {
+    match (encoded, asked) {
+        (true, false) => "encoded (not asked)",
+        (true, true) => "encoded",
+        (false, _) => "raw",
+    }
+}
+
+/// Why a peer refused an op ([`TransferError::Refused`]).
+///
+/// The peer's reason crosses the wire as text: a refusal is a status byte
+/// and the peer's own UTF-8 message (`tcp/protocol.rs`), so `message` is
+/// kept as the peer sent it; the status is what this side knows as a type.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The peer answered an op "bad request": it cannot serve the request
+    /// as sent.
+    #[error("{message}")]
+    BadRequest { message: String },
+    /// The peer did not take a notification (an oversized one).
+    #[error("notification not taken: {message}")]
+    Notification { message: String },
+}
+
+/// Why an op was forbidden ([`TransferError::Forbidden`]).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ForbiddenReason {
+    /// The peer answered "forbidden" (no or a wrong capability, a WRITE
+    /// outside its grants). Its reason crosses the wire as text (see
+    /// [`RefusalReason`]), kept as the peer sent it.
+    #[error("{message}")]
+    Peer { message: String },
+    /// In a secured mode this engine serves shm only to processes of its
+    /// own user, and the peer runs as another.
+    #[error("shm is served to this user's processes only")]
+    ShmOtherUser,
 }
 
 /// What was unusable ([`TransferError::InvalidArgument`]), with the values
@@ -159,7 +273,8 @@ pub enum BadInput {
 /// What this build or host lacks ([`TransferError::Unsupported`]).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum Missing {
-    /// The peer answered "unsupported" with its own `reason`.
+    /// The peer answered "unsupported" with its own `reason` (text from its
+    /// response frame: see [`RefusalReason`]).
     #[error("{peer}: {reason}")]
     PeerRefused { peer: String, reason: String },
     /// shm to a peer on another host.
@@ -216,7 +331,7 @@ impl From<kvfabric_types::TypesError> for TransferError {
                 len,
                 segment_len,
             },
-            T::Io(msg) => TransferError::io_other("region", msg),
+            T::Io { op, source } => TransferError::Io { op, source },
         }
     }
 }
@@ -266,11 +381,79 @@ mod tests {
         };
         let mut registry = prometheus_client::registry::Registry::default();
         match crate::TransferEngine::start(cfg, &mut registry).await {
-            Err(TransferError::Io { op, kind, .. }) => {
-                assert_eq!((op, kind), ("tcp bind", std::io::ErrorKind::AddrInUse));
+            Err(e @ TransferError::Io { .. }) => {
+                let TransferError::Io { op, source } = &e else {
+                    unreachable!()
+                };
+                assert_eq!(
+                    (*op, source.kind()),
+                    ("tcp bind", std::io::ErrorKind::AddrInUse)
+                );
+                let os = std::error::Error::source(&e).expect("the OS error");
+                assert_eq!(os.to_string(), source.to_string());
+                assert!(e.to_string().starts_with("i/o error: tcp bind: "), "{e}");
             }
             other => panic!("expected Io, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// A broken connection names its peer, reads as its cause, and keeps
+    /// the I/O error as the source of that cause; one error can fail every
+    /// op of a batch (clones compare equal).
+    #[test]
+    fn a_broken_connection_keeps_its_io_error() {
+        use std::error::Error as _;
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let e = TransferError::connection("10.0.0.2:7400", reset.into());
+        assert_eq!(
+            e.to_string(),
+            "connection to 10.0.0.2:7400 failed: connection reset"
+        );
+        let io = e
+            .source()
+            .and_then(|cause| cause.source())
+            .and_then(|s| s.downcast_ref::<IoError>())
+            .expect("the I/O error");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        assert_eq!(e.clone(), e);
+        let altered = TransferError::connection("p", ConnectionFault::Altered { reply: true });
+        assert_eq!(
+            altered.to_string(),
+            "connection to p failed: a reply frame failed its MAC (altered in flight?)"
+        );
+        let short = ConnectionFault::PayloadSize {
+            len: 10,
+            slice: 4096,
+            encoded: true,
+            asked: false,
+        };
+        assert_eq!(
+            short.to_string(),
+            "peer sent 10 encoded (not asked) bytes for a 4096-byte slice"
+        );
+    }
+
+    /// A peer's refusal keeps the peer's own text under a typed reason.
+    #[test]
+    fn refusals_read_as_the_peers_message() {
+        let e = TransferError::Refused {
+            peer: "p".into(),
+            reason: RefusalReason::BadRequest {
+                message: "bad rdma endpoint: 3 bytes".into(),
+            },
+        };
+        assert_eq!(
+            e.to_string(),
+            "peer p refused the op: bad rdma endpoint: 3 bytes"
+        );
+        let e = TransferError::Forbidden {
+            peer: "uid 7".into(),
+            reason: ForbiddenReason::ShmOtherUser,
+        };
+        assert_eq!(
+            e.to_string(),
+            "peer uid 7 forbade the op: shm is served to this user's processes only"
+        );
     }
 
     /// A region the vocabulary refuses stays InvalidArgument, holding the

@@ -31,8 +31,12 @@ mod transport;
 pub mod cuda;
 
 pub use config::{TransferConfig, TransportChoice, WireCompression};
-pub use error::{vocabulary_message, BadInput, Missing, TransferError};
+pub use error::{
+    vocabulary_message, BadInput, ConnectionFault, ForbiddenReason, Missing, RefusalReason,
+    TransferError,
+};
 pub use fabric::TransferEngine;
+pub use kvfabric_types::IoError;
 pub use memory::SharedRegion;
 pub use metrics::{TransferMetrics, WireFlow, WireTotals};
 pub use op::{BatchReport, Notification, OpKind, TransferOp};

@@ -270,8 +270,8 @@ async fn idle_tcp_connections_to_a_killed_peer_close_with_no_further_batch() {
     gone.child.start_kill().expect("kill the peer");
     gone.child.wait().await.expect("peer reaped");
     // No batch runs after the kill (the soak's end: the load stopped), yet
-    // the pooled connections to the killed peer close. Before, a sweep ran
-    // only with the next batch, and they stayed in CLOSE_WAIT for good.
+    // the pooled connections to the killed peer close: the sweep runs on a
+    // timer, not with the next batch, so they do not stay in CLOSE_WAIT.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut held = held_connections_to(&gone.addr);
     while held > 0 && Instant::now() < deadline {

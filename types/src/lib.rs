@@ -34,7 +34,7 @@ pub mod layout;
 mod proto;
 pub mod region;
 
-pub use error::TypesError;
+pub use error::{IoError, TypesError};
 pub use keys::{BlockKey, KeyChain, ModelFingerprint, KEY_LEN};
 pub use layout::{BlockOrder, DType, KvLayout};
 pub use region::{page_size, SharedRegion};

@@ -72,7 +72,7 @@ impl From<TypesError> for tonic::Status {
             TypesError::InvalidArgument(_) | TypesError::OutOfBounds { .. } => {
                 tonic::Status::invalid_argument(msg)
             }
-            TypesError::Io(_) => tonic::Status::internal(msg),
+            TypesError::Io { .. } => tonic::Status::internal(msg),
         }
     }
 }

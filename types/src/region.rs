@@ -41,13 +41,16 @@ impl SharedRegion {
         // SAFETY: plain syscalls on a valid C string; results are checked.
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
-            return Err(std::io::Error::last_os_error().into());
+            return Err(TypesError::io(
+                "memfd_create",
+                std::io::Error::last_os_error(),
+            ));
         }
         // SAFETY: `raw` is a fresh fd we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: valid fd; length checked above.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
+            return Err(TypesError::io("ftruncate", std::io::Error::last_os_error()));
         }
         Self::map(fd, len)
     }
@@ -63,7 +66,7 @@ impl SharedRegion {
         // SAFETY: fstat on a valid fd into a zeroed stat buffer.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
+            return Err(TypesError::io("fstat", std::io::Error::last_os_error()));
         }
         if (st.st_size as u64) < len as u64 {
             return Err(TypesError::InvalidArgument(format!(
@@ -87,10 +90,10 @@ impl SharedRegion {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error().into());
+            return Err(TypesError::io("mmap", std::io::Error::last_os_error()));
         }
         let ptr = NonNull::new(p.cast::<u8>())
-            .ok_or_else(|| TypesError::Io("mmap returned null".into()))?;
+            .ok_or_else(|| TypesError::io("mmap", std::io::Error::other("mmap returned null")))?;
         Ok(SharedRegion { ptr, len, fd })
     }
 
@@ -134,7 +137,7 @@ impl SharedRegion {
         }
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::EINVAL) {
-            return Err(err.into());
+            return Err(TypesError::io("madvise", err));
         }
         let page = page_size();
         for off in (0..self.len).step_by(page) {

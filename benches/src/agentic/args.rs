@@ -98,7 +98,7 @@ pub struct AgenticArgs {
     pub ram_fraction: f64,
     /// With --compare-eviction: run the default order with
     /// `adaptive_cluster_feed = false` (its shadows fed by each node's own
-    /// lookups and puts, as before #29's cluster feed).
+    /// lookups and puts, not by the cluster's traffic).
     #[arg(long)]
     pub adaptive_node_feed: bool,
     /// With --compare-eviction: the RAM tiers' watermarks `HIGH,LOW`

@@ -1,5 +1,5 @@
 //! `bench agentic --compare-dtype f32`: the KV dtype's effect on the hit
-//! ratio of a RAM tier too small for the trace (issue #22).
+//! ratio of a RAM tier too small for the trace.
 //!
 //! The fabric configuration runs twice, on fresh engines and a fresh cluster
 //! each time: with `--kv-dtype` (default f16) and with the compared dtype.

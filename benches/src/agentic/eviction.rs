@@ -1,5 +1,5 @@
 //! `bench agentic --compare-eviction POLICY`: the RAM tier's eviction order
-//! on the real engine (#29). Only the fabric configuration runs, once with
+//! on the real engine. Only the fabric configuration runs, once with
 //! the default order and once with POLICY, each on fresh engines and a
 //! fresh cluster whose nodes' RAM tiers together hold `--ram-fraction` of
 //! the trace's distinct blocks, no disk tier. Both watermarks are 1.0 (a

@@ -5,7 +5,7 @@
 //! here crosses no link. Without it the model moved every hit held by
 //! another engine, though the real engines found many of those blocks in
 //! their own pools: it predicted 1.85x the bytes of a 3-host run
-//! (docs/BENCHMARKS.md #23).
+//! (docs/BENCHMARKS.md, "`bench sim` against the 3-host run").
 //!
 //! The model runs one request per engine at a time, so the whole pool is
 //! cache between requests; the engine's in-use blocks are not set aside.

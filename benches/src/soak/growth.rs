@@ -1,4 +1,4 @@
-//! The soak's fd rule (issue #23), pool-aware: a process's open fds are
+//! The soak's fd rule, pool-aware: a process's open fds are
 //! split into its pooled TCP connections and everything else, and each part
 //! has its own rule, its bound taken from the config the soak gave the
 //! processes, never from the counts a run saw.
@@ -12,7 +12,7 @@
 //!   stopped, each holds at most its idle bound
 //!   (`transfer_idle_connections_per_peer`, or one HTTP connection per driver
 //!   session plus the bench's health probe). A pool fills when it fills
-//!   (the late plateau of issue #23: e1 41 47 48 49 | 50 47 50 50), and the
+//!   (a measured run's late plateau: e1 41 47 48 49 | 50 47 50 50), and the
 //!   rule does not care when.
 //! - **Dead connections**: at the end no process may hold a connection to
 //!   a test-bed address whose other end no live soak process holds (a
@@ -243,9 +243,9 @@ mod tests {
 
     #[test]
     fn the_late_plateau_of_a_filling_pool_passes() {
-        // Issue #23's run 2: e1 41 47 48 49 | 50 47 50 50 (the old rule:
-        // end 50 > settled 49, failed). The rise is its transfer pool
-        // filling under load; the rest stays at 37-38.
+        // A measured run: e1 41 47 48 49 | 50 47 50 50, which a rule on the
+        // total alone fails (end 50 > settled 49). The rise is its transfer
+        // pool filling under load; the rest stays at 37-38.
         let total = [41, 47, 48, 49, 50, 47, 50, 50];
         let other = [37, 37, 38, 37, 38, 37, 38, 37];
         let pooled: Vec<u64> = total.iter().zip(other).map(|(t, o)| t - o).collect();

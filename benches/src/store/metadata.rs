@@ -26,7 +26,7 @@
 //! LIRS: a block that was never read is HIR, and its HIR queue holds
 //! `lirs_hir_percent` of the blocks (1% by default). A new block put n/40
 //! ops earlier has been pushed out of a 1% queue (n/100) by the puts since
-//! (the bench used to fail with "block evicted before its read": LIRS doing
+//! (with it the bench fails with "block evicted before its read": LIRS doing
 //! what it is for, keeping one-off blocks from displacing reused ones). The
 //! bench gives LIRS a 5% HIR queue (n/20), so every order sees the same op
 //! sequence, read distance included, and every read hits; the per-op work

@@ -30,16 +30,16 @@ pub struct Catalog {
 }
 
 fn decode<T: DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, EngineError> {
-    serde_json::from_slice(v).map_err(|e| EngineError::BatchStore {
-        op: "decode",
-        message: format!("{}: {e}", String::from_utf8_lossy(key)),
+    serde_json::from_slice(v).map_err(|source| EngineError::BatchRecord {
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
     })
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, EngineError> {
     serde_json::to_vec(v).map_err(|e| EngineError::BatchStore {
         op: "encode",
-        message: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -128,9 +128,8 @@ impl Catalog {
                 let index = std::str::from_utf8(&k[prefix.len()..])
                     .ok()
                     .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| EngineError::BatchStore {
-                        op: "decode",
-                        message: format!("bad result key {}", String::from_utf8_lossy(&k)),
+                    .ok_or_else(|| EngineError::BatchResultKey {
+                        key: String::from_utf8_lossy(&k).into_owned(),
                     })?;
                 Ok((index, r))
             })

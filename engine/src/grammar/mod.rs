@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use toktrie::SimpleVob;
 
 use crate::tokenizer::Tokenizer;
-use crate::EngineError;
+use crate::{EngineError, GrammarFault, LibraryError};
 
 /// Compiled grammars kept; past this the cache starts over.
 const CACHE_ENTRIES: usize = 256;
@@ -139,9 +139,7 @@ impl GrammarMatcher {
             None => self.m.compute_mask().map_err(grammar_error)?,
         };
         if mask.is_zero() {
-            return Err(EngineError::Grammar {
-                reason: "the grammar allows no next token".into(),
-            });
+            return Err(EngineError::Grammar(GrammarFault::NoNextToken));
         }
         let words = mask.as_slice();
         for (w, chunk) in logits.chunks_mut(32).enumerate() {
@@ -196,10 +194,10 @@ impl GrammarMatcher {
     }
 }
 
-fn grammar_error(e: impl fmt::Display) -> EngineError {
-    EngineError::Grammar {
-        reason: e.to_string(),
-    }
+/// llguidance's error (its `anyhow` errors, its parser's message) as the
+/// source of a grammar error.
+fn grammar_error(e: impl Into<LibraryError>) -> EngineError {
+    EngineError::Grammar(GrammarFault::Parser(e.into()))
 }
 
 /// The engine's grammar compiler: the vocabulary trie and llguidance's
@@ -207,7 +205,7 @@ fn grammar_error(e: impl fmt::Display) -> EngineError {
 pub struct Grammars {
     tokenizer: Arc<Tokenizer>,
     stop: Vec<u32>,
-    factory: OnceLock<Result<ParserFactory, String>>,
+    factory: OnceLock<Result<ParserFactory, Arc<dyn std::error::Error + Send + Sync>>>,
     cache: Mutex<HashMap<[u8; 32], Constraint>>,
 }
 
@@ -233,13 +231,14 @@ impl Grammars {
     fn factory(&self) -> Result<&ParserFactory, EngineError> {
         let built = self.factory.get_or_init(|| {
             let env = vocab::tok_env(self.tokenizer.clone(), &self.stop);
-            let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+            let mut f =
+                ParserFactory::new_simple(&env).map_err(|e| Arc::from(LibraryError::from(e)))?;
             f.quiet();
             Ok(f)
         });
         built
             .as_ref()
-            .map_err(|e| grammar_error(format!("building the token trie: {e}")))
+            .map_err(|e| EngineError::Grammar(GrammarFault::TokenTrie(e.clone())))
     }
 
     /// Compile `spec` (or take it from the cache). The error's reason is

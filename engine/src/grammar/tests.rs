@@ -105,7 +105,7 @@ fn bad_schemas_fail_with_the_compilers_reason_and_good_ones_are_cached() {
         .compile(&GrammarSpec::json_schema(json!({"type": "frobnicate"})))
         .expect_err("unknown type");
     assert!(
-        matches!(&e, EngineError::Grammar { reason } if reason.contains("frobnicate")),
+        matches!(&e, EngineError::Grammar(GrammarFault::Parser(p)) if p.to_string().contains("frobnicate")),
         "{e}"
     );
     let e = g

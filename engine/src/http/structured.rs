@@ -137,7 +137,7 @@ pub(super) async fn compile(
 fn compile_now(g: &Grammars, wanted: &Wanted) -> Result<Constraint, ApiError> {
     let rejected = |param: &str, e: EngineError| {
         let reason = match e {
-            EngineError::Grammar { reason } => reason,
+            EngineError::Grammar(fault) => fault.to_string(),
             other => other.to_string(),
         };
         ApiError::invalid(

@@ -374,7 +374,8 @@ mod amx {
     }
 }
 
-/// Why the matmuls do not use AMX tiles (see docs/BENCHMARKS.md, session 14):
+/// Why the matmuls do not use AMX tiles (see docs/BENCHMARKS.md, "AMX tiles
+/// measured for the matmuls"):
 /// what one k-block of a weight-only-quantized AMX-BF16 matmul costs on this
 /// CPU, piece by piece. Three 16-column groups (tmm0-2 sums, tmm3-5 weights)
 /// and the f32 activations as three exact bf16 planes (tmm6/7, alternating),

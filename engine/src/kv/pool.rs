@@ -85,7 +85,7 @@ impl KvPool {
         }
         let region =
             SharedRegion::create_populated("kvfabric-kv-pool", blocks * layout.block_bytes())
-                .map_err(|e| EngineError::Model(format!("KV pool: {e}")))?;
+                .map_err(EngineError::KvPool)?;
         Ok(KvPool {
             layout,
             blocks,

@@ -49,9 +49,7 @@ pub fn measure(
     let (context, rows) = tokens.split_at(CONTEXT);
     let best = pass_times(model, cx, layout, context, rows, &PROBED, REPS)?;
     let times: Vec<(usize, f64)> = PROBED.iter().copied().zip(best).collect();
-    PassCost::from_times(&times).ok_or_else(|| EngineError::CostProbe {
-        reason: format!("no usable single-row time in {times:?}"),
-    })
+    PassCost::from_times(&times).ok_or(EngineError::CostProbe { times })
 }
 
 /// Seconds of a pass of one sequence with 1 + k rows (`rows[..=k]`, every

@@ -155,7 +155,10 @@ impl Tokenizer {
             let ac = AhoCorasick::builder()
                 .match_kind(MatchKind::LeftmostLongest)
                 .build(&special_texts)
-                .map_err(|e| EngineError::Model(format!("special tokens: {e}")))?;
+                .map_err(|e| EngineError::ModelPart {
+                    part: "special tokens",
+                    source: e.into(),
+                })?;
             Some((ac, special_ids))
         };
         let merges = MergeTable::new(&vocab, &spec.merges);

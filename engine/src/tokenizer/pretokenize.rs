@@ -48,8 +48,10 @@ pub struct PreTokenizer {
 impl PreTokenizer {
     /// Compile the pre-tokenizer of `kind`.
     pub fn new(kind: PreTokenizerKind) -> Result<PreTokenizer, EngineError> {
-        let gpt2 = Regex::new(GPT2_PATTERN)
-            .map_err(|e| EngineError::Model(format!("pre-tokenizer pattern: {e}")))?;
+        let gpt2 = Regex::new(GPT2_PATTERN).map_err(|e| EngineError::ModelPart {
+            part: "pre-tokenizer pattern",
+            source: e.into(),
+        })?;
         Ok(PreTokenizer { kind, gpt2 })
     }
 

@@ -151,7 +151,7 @@ mod tests {
     }
 
     /// The client end to end: a loopback server answers with a chunked JSON
-    /// body, which the client used to hand back as Null.
+    /// body, which the client decodes whole (not as Null).
     #[test]
     fn the_client_reads_a_chunked_json_response() {
         use std::io::{Read, Write};

@@ -48,7 +48,8 @@ pub(crate) fn compile(source: &str) -> Result<cudarc::nvrtc::Ptx, TransferError>
     cudarc::nvrtc::compile_ptx(source).map_err(|e| TransferError::io_other("nvrtc", e))
 }
 
-/// A CUDA error as a transfer error (`Io` of kind other, "cuda: ...").
-pub(crate) fn cuda_err(e: impl std::fmt::Display) -> TransferError {
+/// A CUDA error as a transfer error (`Io` of kind other, "cuda: ...",
+/// holding the driver's error).
+pub(crate) fn cuda_err(e: impl std::error::Error + Send + Sync + 'static) -> TransferError {
     TransferError::io_other("cuda", e)
 }

@@ -33,7 +33,7 @@
 //! kernel (short blocks that read the block once from HBM) takes the first
 //! SM room the engine's kernels leave rather than queuing behind them; what
 //! that costs a running kernel is measured by `bench store --tiers vram`
-//! (docs/BENCHMARKS.md, session 29).
+//! (docs/BENCHMARKS.md, "promotions checked on the GPU").
 
 use std::sync::Arc;
 

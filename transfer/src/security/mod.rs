@@ -1,4 +1,4 @@
-//! Node identity and data-plane security (issue 21): the cluster's security
+//! Node identity and data-plane security: the cluster's security
 //! mode, the certificate files it is configured with, and what is loaded
 //! from them once at start ([`NodeIdentity`]: this node's id, rustls
 //! configurations for both ends of a mutual-TLS connection, the PEM bytes

@@ -6,10 +6,10 @@
 //! so `c` concurrent batches to one peer need `c` times that. Keeping only
 //! `connections_per_peer` idle made every round of concurrent batches open
 //! and close the rest (`bench cluster`'s batched remote get at concurrency
-//! 4 lost ~10% to the churn, issue #20); keeping every peak forever held a
-//! burst's sockets for the life of the process (the soak's fd growth, issue
-//! #23). The cap bounds what stays open; the timeout gives a burst's extra
-//! links back once the burst is over.
+//! 4 loses ~10% to the churn); keeping every peak forever holds a burst's
+//! sockets for the life of the process (the soak's fd rule fails). The cap
+//! bounds what stays open; the timeout gives a burst's extra links back once
+//! the burst is over.
 
 use std::time::{Duration, Instant};
 

@@ -19,10 +19,7 @@ pub async fn bounded<T>(
 ) -> Result<T, TransferError> {
     match tokio::time::timeout(timeout, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(TransferError::Connection {
-            peer: peer.to_string(),
-            reason: e.to_string(),
-        }),
+        Ok(Err(e)) => Err(TransferError::connection(peer, e.into())),
         Err(_) => Err(TransferError::Timeout {
             peer: peer.to_string(),
             timeout_ms: timeout.as_millis() as u64,

@@ -172,12 +172,12 @@ impl Drop for Transports {
 
 /// Every [`SWEEP_EVERY`], on a timer: close the idle tcp connections to
 /// every peer that the peer has closed or that sat idle past
-/// `idle_timeout_ms`. A killed peer's connections otherwise stayed in
-/// CLOSE_WAIT until something swept them. A sweep run by the next batch
-/// (the old way) left them there for good when no batch came: the soak
-/// under load ended with 3-8 such sockets to a restarted engine on both
-/// other engines (issue #23, and the CI run of stop 36). One peek per idle
-/// connection per second costs nothing at hundreds of peers.
+/// `idle_timeout_ms`. A killed peer's connections otherwise stay in
+/// CLOSE_WAIT until something sweeps them. A sweep run only by the next
+/// batch leaves them there for good when no batch comes: the soak under
+/// load would end with 3-8 such sockets to a restarted engine on both other
+/// engines. One peek per idle connection per second costs nothing at
+/// hundreds of peers.
 async fn sweep_idle(peers: Peers, limits: IdleLimits) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -21,10 +21,11 @@ pub enum PackedFormat {
 ///
 /// The fused kernels use these constants, not a `chunk_bytes` argument: with
 /// the size known at compile time their prefetch loop becomes two fixed
-/// prefetches per step and the k loop unrolls. As an argument it only did
-/// while the dispatcher sat in the kernels' codegen unit (LLVM propagated
-/// it); after the regroup into per-format modules it did not, and decode
-/// lost ~8% (issue #20's before/after bench, docs/BENCHMARKS.md).
+/// prefetches per step and the k loop unrolls. As an argument that happens
+/// only where LLVM propagates it, which needs the dispatcher in the
+/// kernels' codegen unit; with the kernels in per-format modules it does
+/// not, and decode is ~8% slower (docs/BENCHMARKS.md, "bench engine before
+/// and after the kernel regroup").
 pub(crate) const Q4_1_CHUNK_BYTES: usize = 2 * TILE_N * 2 + 16 * TILE_N;
 /// Bytes of one Q8_0 chunk: d[64] f16, 32 k x 64 i8.
 pub(crate) const Q8_0_CHUNK_BYTES: usize = TILE_N * 2 + CHUNK_K * TILE_N;

@@ -26,7 +26,7 @@
 //! two passes of about half the rows each over the same half tile, its
 //! chunks still in L1 for the second (on the reference model the scratch
 //! path cost about 0.9 ms per row past 8 against 0.55 ms per fused row,
-//! docs/BENCHMARKS.md #26; the two passes' own gain is not yet measured on
+//! docs/BENCHMARKS.md, speculative decoding; the two passes' own gain is not yet measured on
 //! a quiet machine: `bench spec`'s `verify_cost`). On AVX2 (Zen 3, 16
 //! registers) 2..=6 rows take passes of 16 columns x up to 6 rows (2 rows
 //! of Q8_0: 32 columns), the inner loop in inline assembly (with intrinsics

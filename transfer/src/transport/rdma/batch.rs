@@ -27,6 +27,7 @@ use super::nic::Nic;
 use super::verbs::{RdmaMemory, RdmaOp};
 use crate::checksum::checksum;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::segment::RdmaKey;
 use crate::transport::contract::BatchTransport;
@@ -309,12 +310,9 @@ fn settle(
                 }
                 (None, _) => Ok(()),
             },
-            (None, _) => Err(link_error
-                .cloned()
-                .unwrap_or_else(|| TransferError::Connection {
-                    peer: shared.peer.clone(),
-                    reason: "op left unfinished".into(),
-                })),
+            (None, _) => Err(link_error.cloned().unwrap_or_else(|| {
+                TransferError::connection(&shared.peer, ConnectionFault::Unfinished)
+            })),
         };
         results[plan.index] = Some(r);
     }
@@ -335,10 +333,10 @@ async fn verify_writes(
     let asks: Vec<(usize, bool)> = verify.iter().map(|&i| (i, true)).collect();
     let checked = match link {
         Some(l) => ranges(inner, peer, &mut l.conn, &shared.ops, &asks).await,
-        None => Err(link_error.unwrap_or(TransferError::Connection {
-            peer: peer.into(),
-            reason: "no link left to verify writes".into(),
-        })),
+        None => Err(link_error.unwrap_or(TransferError::connection(
+            peer,
+            ConnectionFault::NoLinkToVerify,
+        ))),
     };
     let wants: HashMap<usize, Option<u64>> =
         shared.plans.iter().map(|p| (p.index, p.want)).collect();

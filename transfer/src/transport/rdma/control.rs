@@ -8,6 +8,7 @@ use crate::transport::tcp::conn::Conn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::core::{Inner, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::segment::RdmaKey;
 use crate::transport::io::{bounded, read_message};
 use crate::transport::tcp::client;
@@ -68,10 +69,11 @@ pub(super) async fn ranges(
                     })
                 }
                 Status::Ok => {
-                    return Err(TransferError::Connection {
-                        peer: peer.into(),
-                        reason: format!("rdma key of {} bytes", resp.payload_len),
-                    })
+                    let len = resp.payload_len;
+                    return Err(TransferError::connection(
+                        peer,
+                        ConnectionFault::RdmaKeyLen { len },
+                    ));
                 }
                 status => {
                     let reason =

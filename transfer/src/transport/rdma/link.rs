@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::error::Missing;
+use crate::error::{ConnectionFault, Missing};
 use crate::transport::tcp::conn::Conn;
 use tokio::io::AsyncReadExt;
 
@@ -128,10 +128,10 @@ impl RdmaPeer {
         let (mut links, token) = {
             let mut pool = lock(&self.pool);
             let Some((token, idle)) = pool.as_mut() else {
-                return Err(TransferError::Connection {
-                    peer: peer.into(),
-                    reason: "no rdma link".into(),
-                });
+                return Err(TransferError::connection(
+                    peer,
+                    ConnectionFault::NoLink { transport: "rdma" },
+                ));
             };
             let limits = IdleLimits::of(&inner.config);
             let (links, expired) = idle.take(want, limits, Instant::now());
@@ -203,10 +203,11 @@ async fn open_link(
         }));
     }
     if resp.payload_len != RDMA_ENDPOINT_BYTES as u64 {
-        return Err(TransferError::Connection {
-            peer: peer.into(),
-            reason: format!("rdma endpoint of {} bytes", resp.payload_len),
-        });
+        let len = resp.payload_len;
+        return Err(TransferError::connection(
+            peer,
+            ConnectionFault::RdmaEndpointLen { len },
+        ));
     }
     let mut theirs = [0u8; RDMA_ENDPOINT_BYTES];
     bounded(peer, timeout, conn.read_exact(&mut theirs)).await?;

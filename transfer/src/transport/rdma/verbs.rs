@@ -357,7 +357,7 @@ impl RcQueuePair {
         self.modify(
             &mut attr,
             M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
-            "INIT",
+            "ibv_modify_qp to INIT",
         )?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
@@ -388,7 +388,7 @@ impl RcQueuePair {
                 | M::IBV_QP_RQ_PSN
                 | M::IBV_QP_MAX_DEST_RD_ATOMIC
                 | M::IBV_QP_MIN_RNR_TIMER,
-            "RTR",
+            "ibv_modify_qp to RTR",
         )?;
         let mut attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
@@ -407,25 +407,21 @@ impl RcQueuePair {
                 | M::IBV_QP_RETRY_CNT
                 | M::IBV_QP_RNR_RETRY
                 | M::IBV_QP_MAX_QP_RD_ATOMIC,
-            "RTS",
+            "ibv_modify_qp to RTS",
         )
     }
 
+    /// `ibv_modify_qp`; `op` names the call and the state it moves to.
     fn modify(
         &mut self,
         attr: &mut ffi::ibv_qp_attr,
         mask: ffi::ibv_qp_attr_mask,
-        step: &str,
+        op: &'static str,
     ) -> Result<(), TransferError> {
         // SAFETY: valid QP and attribute struct.
         let rc = unsafe { ffi::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
-            let e = std::io::Error::from_raw_os_error(rc);
-            return Err(TransferError::Io {
-                op: "ibv_modify_qp",
-                kind: e.kind(),
-                reason: format!("to {step}: {e}"),
-            });
+            return Err(errno_err(op, rc));
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Passing file descriptors over a Unix socket (SCM_RIGHTS): how an owner
 //! hands a segment's memfd to a local peer. Every fd a message carries is
-//! received and owned, so the ones a reader does not want are closed (issue
-//! #28: only the first used to be taken and the others leaked).
+//! received and owned, so the ones a reader does not want are closed (taking
+//! only the first would leak the others).
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
@@ -127,7 +127,7 @@ mod tests {
         r
     }
 
-    /// Issue #28: a message with several fds used to yield only its first.
+    /// A message with several fds yields every one of them, not only its first.
     #[test]
     fn every_fd_of_a_multi_fd_message_arrives_and_is_usable() {
         let (a, b) = StdUnixStream::pair().unwrap();

@@ -15,6 +15,7 @@ use super::fds::recv_first_fd;
 use super::wire::{u64_at, KIND_CHECK, KIND_MAP, KIND_NOTIFY, ST_OK, ST_OOB};
 use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::OpKind;
 use crate::transport::idle::{Idle, IdleLimits};
@@ -118,10 +119,7 @@ impl ShmLink {
         )
         .await?;
         if n == 0 {
-            return Err(TransferError::Connection {
-                peer: peer.into(),
-                reason: "closed".into(),
-            });
+            return Err(TransferError::connection(peer, ConnectionFault::Closed));
         }
         bounded(peer, timeout, self.stream.read_exact(&mut reply[n..])).await?;
         let len = u64_at(&reply, 1) as usize;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use super::link::{ShmLink, ShmPool};
 use crate::core::{lock, Inner, OpResult, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::metrics::TransportLabel;
 use crate::transport::contract::BatchTransport;
 use crate::transport::idle::IdleLimits;
@@ -37,10 +38,10 @@ impl ShmPeer {
         let connect = {
             let mut pool = lock(&self.pool);
             let Some(pool) = pool.as_mut() else {
-                return Err(TransferError::Connection {
-                    peer: peer.into(),
-                    reason: "no shm link".into(),
-                });
+                return Err(TransferError::connection(
+                    peer,
+                    ConnectionFault::NoLink { transport: "shm" },
+                ));
             };
             if let Some(link) = pool.take_idle(IdleLimits::of(&inner.config)) {
                 return Ok(link);

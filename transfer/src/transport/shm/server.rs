@@ -12,7 +12,7 @@ use tokio::net::{UnixListener, UnixStream};
 use super::fds::send_with_fds;
 use super::wire::{u64_at, KIND_CHECK, KIND_MAP, KIND_NOTIFY, ST_OK, ST_OOB, ST_UNKNOWN};
 use crate::core::Inner;
-use crate::error::BadInput;
+use crate::error::{BadInput, ForbiddenReason};
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
 use crate::segment::SegmentId;
 use crate::transport::io::bounded;
@@ -70,7 +70,7 @@ async fn serve(mut s: UnixStream, inner: &Inner) -> Result<(), TransferError> {
             inner.metrics.handshake_refused();
             return Err(TransferError::Forbidden {
                 peer: format!("uid {uid}"),
-                reason: "shm is served to this user's processes only".into(),
+                reason: ForbiddenReason::ShmOtherUser,
             });
         }
     }

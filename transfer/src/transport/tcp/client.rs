@@ -21,7 +21,7 @@ use super::protocol::{
 use super::wire::decode_slice;
 use crate::checksum::checksum;
 use crate::core::{lock, Inner, OpResult, PreparedOp};
-use crate::error::Missing;
+use crate::error::{ConnectionFault, ForbiddenReason, Missing, RefusalReason};
 use crate::hello::Hello;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{OpKind, TransferOp};
@@ -152,10 +152,7 @@ pub(crate) async fn run_batch(
             (None, 0) => Ok(()),
             (None, _) => Err(conn_error
                 .clone()
-                .unwrap_or_else(|| TransferError::Connection {
-                    peer: peer.to_string(),
-                    reason: "op left unfinished".into(),
-                })),
+                .unwrap_or_else(|| TransferError::connection(peer, ConnectionFault::Unfinished))),
         })
         .collect();
     if conn_error.is_some() {
@@ -238,10 +235,8 @@ async fn drive_all(
                 Ok(Ok(c)) => healthy.push(c),
                 Ok(Err(e)) => conn_error = Some(e),
                 Err(e) => {
-                    conn_error = Some(TransferError::Connection {
-                        peer: shared.peer.clone(),
-                        reason: format!("connection task failed: {e}"),
-                    })
+                    let task = ConnectionFault::Task(std::io::Error::other(e).into());
+                    conn_error = Some(TransferError::connection(&shared.peer, task))
                 }
             }
         }
@@ -434,18 +429,13 @@ async fn receive_read<R: AsyncRead + Unpin>(
         false => resp.payload_len == job.len,
     };
     if !fits {
-        let how = match (resp.encoded, asked) {
-            (true, false) => "encoded (not asked)",
-            (true, true) => "encoded",
-            (false, _) => "raw",
+        let fault = ConnectionFault::PayloadSize {
+            len: resp.payload_len,
+            slice: job.len,
+            encoded: resp.encoded,
+            asked,
         };
-        return Err(TransferError::Connection {
-            peer: peer.clone(),
-            reason: format!(
-                "peer sent {} {how} bytes for a {}-byte slice",
-                resp.payload_len, job.len
-            ),
-        });
+        return Err(TransferError::connection(peer, fault));
     }
     let at = p.op.local_offset + job.at;
     // SAFETY: local range checked at prepare; received (or decoded) in place.
@@ -486,7 +476,8 @@ async fn receive_read<R: AsyncRead + Unpin>(
 }
 
 /// The error a peer's non-OK response means for (the slice at `at`, `len`
-/// bytes of) `op`; `reason` is the message that followed the header.
+/// bytes of) `op`; `reason` is the message that followed the header (the
+/// peer's own text, kept as it sent it).
 pub(crate) fn refusal(
     peer: &str,
     resp: &Response,
@@ -516,21 +507,20 @@ pub(crate) fn refusal(
         }),
         Status::Forbidden => TransferError::Forbidden {
             peer: peer.to_string(),
-            reason,
+            reason: ForbiddenReason::Peer { message: reason },
         },
+        // The callers take OK as success before asking; a peer that sends
+        // it here answered nothing this side can serve.
         Status::Ok | Status::BadRequest => TransferError::Refused {
             peer: peer.to_string(),
-            reason,
+            reason: RefusalReason::BadRequest { message: reason },
         },
     }
 }
 
 /// A reply frame whose tag did not verify (the connection is dropped).
 fn altered(peer: &str) -> TransferError {
-    TransferError::Connection {
-        peer: peer.to_string(),
-        reason: "a reply frame failed its MAC (altered in flight?)".into(),
-    }
+    TransferError::connection(peer, ConnectionFault::Altered { reply: true })
 }
 
 /// Deliver a notification over one connection.
@@ -561,6 +551,6 @@ pub(crate) async fn notify(
     }
     Err(TransferError::Refused {
         peer: peer.to_string(),
-        reason,
+        reason: RefusalReason::Notification { message: reason },
     })
 }

@@ -18,6 +18,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector, TlsStream};
 
 use crate::checksum::Checksummer;
 use crate::core::Inner;
+use crate::error::ConnectionFault;
 use crate::hello::{Hello, HELLO_BYTES};
 use crate::security::{node_id_of, ConnMac, NodeIdentity, SecurityMode, TAG_BYTES};
 use crate::transport::io::{bounded, write_all_v};
@@ -162,9 +163,9 @@ pub(crate) async fn send_payload<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut tag = mac.map(|m| m.sending(head));
     // Without a MAC nothing is computed per piece: the body goes in one
-    // vectored write with its header. In pieces it cost tcp throughput
+    // vectored write with its header. In pieces it costs tcp throughput
     // ~12% (four writes per 1 MiB slice, each waking the reader on a
-    // 2-core machine; issue #20's before/after bench).
+    // 2-core machine).
     let step = if tag.is_some() {
         PIECE
     } else {
@@ -245,13 +246,6 @@ async fn read_tag<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<[u8; TAG_B
     Ok(tag)
 }
 
-fn tls_error(peer: &str, e: impl std::fmt::Display) -> TransferError {
-    TransferError::Connection {
-        peer: peer.to_string(),
-        reason: format!("tls: {e}"),
-    }
-}
-
 /// Exchange hellos over `s`; the initiator speaks first.
 async fn hellos<S: AsyncRead + AsyncWrite + Unpin>(
     inner: &Inner,
@@ -278,7 +272,7 @@ fn peer_id<D>(peer: &str, tls: &rustls::ConnectionCommon<D>) -> Result<String, T
     tls.peer_certificates()
         .and_then(|c| c.first())
         .and_then(|c| node_id_of(c))
-        .ok_or_else(|| tls_error(peer, "peer certificate names no node"))
+        .ok_or_else(|| TransferError::connection(peer, ConnectionFault::NoNodeId))
 }
 
 /// Open the initiating end of a connection to `peer` on `tcp`.

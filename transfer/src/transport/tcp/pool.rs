@@ -14,6 +14,7 @@ use super::client;
 use super::conn::Link;
 use super::wire::CodecSpeeds;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
+use crate::error::ConnectionFault;
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::transport::contract::BatchTransport;
 use crate::transport::idle::{Idle, IdleLimits};
@@ -70,9 +71,9 @@ impl TcpPeer {
 
     /// Close the idle connections the peer has closed (a killed or
     /// restarted peer) and those idle past `limits`: without this they
-    /// stayed open, in CLOSE_WAIT, until the next batch to that peer, which
-    /// may never come (the soak saw both other engines hold 3-4 such
-    /// sockets to a restarted one at the end, issue #23).
+    /// stay open, in CLOSE_WAIT, until the next batch to that peer, which
+    /// may never come (in the soak both other engines would hold 3-4 such
+    /// sockets to a restarted one at the end).
     pub fn sweep(&self, limits: IdleLimits, now: Instant) {
         let closed = lock(&self.idle).sweep(limits, now, |l| l.conn.peer_closed());
         // Closed outside the lock.
@@ -87,9 +88,8 @@ impl TcpPeer {
         note: &[u8],
     ) -> Result<(), TransferError> {
         let mut conns = self.checkout(inner, peer, 1).await?;
-        let mut c = conns.pop().ok_or_else(|| TransferError::Connection {
-            peer: peer.into(),
-            reason: "no connection".into(),
+        let mut c = conns.pop().ok_or_else(|| {
+            TransferError::connection(peer, ConnectionFault::NoLink { transport: "tcp" })
         })?;
         client::notify(inner, peer, &mut c, note).await?;
         self.put_back(vec![c], false, IdleLimits::of(&inner.config));

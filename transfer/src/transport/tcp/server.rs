@@ -20,7 +20,7 @@ use super::protocol::{
 use super::wire::encode_slice;
 use crate::checksum::checksum;
 use crate::core::Inner;
-use crate::error::BadInput;
+use crate::error::{BadInput, ConnectionFault};
 use crate::metrics::{DirectionLabel, TransportLabel};
 use crate::op::{Notification, MAX_NOTIFY_BYTES};
 use crate::security::{ConnMac, CAPABILITY_BYTES};
@@ -128,10 +128,7 @@ struct Served<'a> {
 
 /// A frame whose tag did not verify: the connection is closed.
 fn altered(peer: &str) -> TransferError {
-    TransferError::Connection {
-        peer: peer.to_string(),
-        reason: "a request frame failed its MAC (altered in flight?)".into(),
-    }
+    TransferError::connection(peer, ConnectionFault::Altered { reply: false })
 }
 
 impl Served<'_> {

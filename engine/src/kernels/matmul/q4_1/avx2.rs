@@ -5,7 +5,7 @@
 //! [`rows`] runs its inner loop as inline assembly: it needs 16 of the 16
 //! registers (the sums, the two weight vectors being made, a broadcast, the
 //! scales and the mask), and every arrangement of the same intrinsics tried
-//! (docs/BENCHMARKS.md, #26) had LLVM spill sums or re-order the loads so
+//! (docs/BENCHMARKS.md, "AVX2 verification rows dequantized in registers") had LLVM spill sums or re-order the loads so
 //! that a 4-row pass cost 2.0-2.6 single-row passes where the same
 //! instructions with fixed registers cost 1.6.
 
