@@ -14,7 +14,7 @@ pub enum ConnectorError {
     /// (feature `fabric`).
     #[cfg(feature = "fabric")]
     #[error("node: {0}")]
-    Node(#[from] kvfabric_node::NodeError),
+    Fabric(#[from] kvfabric_node::NodeError),
     /// The engine's KV memory could not be registered or used (feature `fabric`).
     #[cfg(feature = "fabric")]
     #[error("transfer: {0}")]

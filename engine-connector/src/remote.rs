@@ -81,7 +81,7 @@ impl Connector<RemoteBackend> {
                         Ok(id) => {
                             let _ = node_id.set(id);
                         }
-                        Err(e @ (ConnectorError::NodeApiKey { .. } | ConnectorError::Store(_) | ConnectorError::Node(_))) => {
+                        Err(e @ (ConnectorError::NodeApiKey { .. } | ConnectorError::Store(_) | ConnectorError::Fabric(_))) => {
                             tracing::error!(node = %addr, "fabric node unusable (every load and save will fail): {e}")
                         }
                         Err(e) => tracing::debug!(node = %addr, "fabric node not answering yet: {e}"),

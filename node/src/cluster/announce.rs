@@ -25,6 +25,19 @@ use crate::cluster::membership::{MembershipView, NodeInfo};
 use crate::cluster::node_state::{holder_pb, tier_of, ClusterNode};
 use crate::cluster::refresh::{Owners, SyncState};
 use kvfabric_store::keys::BlockKey;
+use kvfabric_store::ChangeFeed;
+
+impl ClusterNode {
+    /// The store's change feed (announcer queue and KV-event publisher).
+    pub fn change_feed(&self) -> &Arc<ChangeFeed> {
+        &self.announcer.changes
+    }
+
+    /// Ask for a reconcile soon (e.g. after a put that bypassed the gRPC API).
+    pub fn kick(&self) {
+        self.announcer.kick.notify_one();
+    }
+}
 
 /// Where the directory refresh stands ([`ClusterNode::refresh_status`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +64,14 @@ impl ClusterNode {
     /// returns once the owners answered. Work is proportional to the
     /// changes, not to what the store holds.
     pub async fn sync(&self) {
-        let mut st = self.sync_state.lock().await;
-        let keys: Vec<BlockKey> = self.changes.take().into_iter().map(|(k, _)| k).collect();
+        let mut st = self.announcer.state.lock().await;
+        let keys: Vec<BlockKey> = self
+            .announcer
+            .changes
+            .take()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         if !keys.is_empty() {
             self.push_state(&mut st, keys, None).await;
         }
@@ -62,8 +81,14 @@ impl ClusterNode {
     /// every other change reported so far; returns once the owners answered.
     /// Keys no longer stored are withdrawn if they were announced.
     pub async fn announce_keys(&self, keys: &[BlockKey]) {
-        let mut st = self.sync_state.lock().await;
-        let mut all: Vec<BlockKey> = self.changes.take().into_iter().map(|(k, _)| k).collect();
+        let mut st = self.announcer.state.lock().await;
+        let mut all: Vec<BlockKey> = self
+            .announcer
+            .changes
+            .take()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
         all.extend_from_slice(keys);
         self.push_state(&mut st, all, None).await;
     }
@@ -72,12 +97,12 @@ impl ClusterNode {
     /// (`refresh_chunk_blocks` per chunk, `refresh_chunks_per_period` chunks
     /// per period). Needed only where an owner lost entries unseen.
     pub async fn full_refresh(&self) {
-        self.sync_state.lock().await.request_refresh(None);
+        self.announcer.state.lock().await.request_refresh(None);
     }
 
     /// Where the directory refresh stands.
     pub async fn refresh_status(&self) -> RefreshStatus {
-        let st = self.sync_state.lock().await;
+        let st = self.announcer.state.lock().await;
         RefreshStatus {
             walked: st.walked(),
             done: st.refreshes_done,
@@ -87,7 +112,7 @@ impl ClusterNode {
 
     /// One chunk of the refresh under way, if any.
     pub(super) async fn refresh_step(&self) {
-        let mut st = self.sync_state.lock().await;
+        let mut st = self.announcer.state.lock().await;
         if let Some((keys, owners)) = st.next_chunk(self.cfg.refresh_chunk_blocks) {
             self.push_state(&mut st, keys, owners.as_ref()).await;
         }
@@ -98,7 +123,7 @@ impl ClusterNode {
     /// empty Announce). Cost: the retries and one RPC per peer.
     pub(super) async fn period(&self, period: Duration) {
         self.reap_leases();
-        let mut st = self.sync_state.lock().await;
+        let mut st = self.announcer.state.lock().await;
         let retry = st.take_retry(self.cfg.refresh_chunk_blocks);
         if !retry.is_empty() {
             self.push_state(&mut st, retry, None).await;
@@ -245,7 +270,7 @@ impl ClusterNode {
     /// shard drops entries it was not told to (a node left, keys moved), so
     /// holders that see it change re-announce what it owns.
     pub(crate) fn directory_epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Relaxed)
+        self.announcer.epoch.load(Ordering::Relaxed)
     }
 
     /// A new view: drop entries of nodes that left and keys no longer owned.
@@ -260,7 +285,7 @@ impl ClusterNode {
         let me = self.me.node_id.as_str();
         dropped += shard.retain_owned(|k| new.owner(k).is_some_and(|o| o.node_id == me));
         if dropped > 0 {
-            self.epoch.fetch_add(1, Ordering::Relaxed);
+            self.announcer.epoch.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -280,7 +305,7 @@ impl ClusterNode {
         if owners.as_ref().is_some_and(BTreeSet::is_empty) {
             return;
         }
-        self.sync_state.lock().await.request_refresh(owners);
+        self.announcer.state.lock().await.request_refresh(owners);
     }
 }
 
@@ -323,8 +348,8 @@ pub(super) async fn background(
             },
             _ = tick.tick() => Wake::Period,
             _ = pacer.tick() => Wake::Pace,
-            _ = n.changes.ready() => Wake::Changes,
-            _ = n.kick.notified() => Wake::Changes,
+            _ = n.announcer.changes.ready() => Wake::Changes,
+            _ = n.announcer.kick.notified() => Wake::Changes,
         };
         match wake {
             // The node left: keep its last view and go on serving reads.

@@ -8,6 +8,9 @@
 //! queues its lease id on a channel, and the releaser task drains whatever is
 //! queued and sends one `ReleaseMany` per holder. A lost release is healed by
 //! the holder's lease TTL ([`READ_LEASE_TTL`]).
+//!
+//! The holder side (the leases this node keeps for remote readers) is
+//! `holder.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Weak;

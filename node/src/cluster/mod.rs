@@ -21,6 +21,7 @@ pub mod client;
 pub mod cluster_cache_service;
 pub mod cluster_config;
 pub mod directory;
+mod holder;
 pub mod kv_events;
 mod lease;
 pub mod membership;

@@ -15,46 +15,30 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvfabric_proto::internal::v1::directory_service_client::DirectoryServiceClient;
 use kvfabric_proto::internal::v1::LocateRequest;
-use kvfabric_store::Tier;
 use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_transfer::{SegmentId, SharedRegion, TransferEngine};
 use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use tokio::sync::Notify;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry};
+use crate::cluster::holder::{HolderLeases, PeerLease};
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::node_state::ClusterNode;
-use crate::cluster::node_state::{holder_entry, tier_of, HeldLease, MAX_LEASE};
+use crate::cluster::node_state::{holder_entry, tier_of};
 pub use crate::cluster::read::{FetchedBlock, RangeRead, ReadTarget};
 use crate::cluster::read_staging::Staging;
-use crate::cluster::refresh::SyncState;
+use crate::cluster::refresh::Announcer;
 use crate::{BadNodeConfig, NodeError};
 use kvfabric_store::keys::BlockKey;
-use kvfabric_store::ChangeFeed;
+use kvfabric_store::ReadLease;
 use kvfabric_store::Store;
-use kvfabric_store::{BlockInfo, ReadLease};
-
-/// A directory epoch for a node starting now: differs between restarts.
-fn start_epoch() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(nanos);
-    h.write_u32(std::process::id());
-    h.finish()
-}
 
 impl ClusterNode {
     /// Start the transfer engine (RAM arena registered), the staging region and
@@ -94,25 +78,12 @@ impl ClusterNode {
         crate::cluster::membership_metrics::register(registry, &membership);
         tracing::info!(node = %me.node_id, grpc = %me.grpc_addr, transfer = %me.transfer_addr, "cluster node started");
         let (releases, release_rx) = tokio::sync::mpsc::unbounded_channel();
-        let changes = Arc::new(ChangeFeed::new());
-        let held = store.watch_changes(changes.clone());
+        let announcer = Announcer::watch(&store);
         // `adaptive` judges the cluster's lookups of the keys this node's
         // shard owns (`order_feed`), not only this node's.
         if super::order_feed::order_fed(store.config()) {
             store.feed_order_from_cluster();
         }
-        let lease_requests = Counter::default();
-        let leased_blocks = Counter::default();
-        registry.register(
-            "kvfabric_holder_lease_requests",
-            "Lease RPCs served to remote readers (one per reader batch)",
-            lease_requests.clone(),
-        );
-        registry.register(
-            "kvfabric_holder_leased_blocks",
-            "Blocks leased to remote readers",
-            leased_blocks.clone(),
-        );
         let node = Arc::new(ClusterNode {
             me,
             cfg,
@@ -125,15 +96,9 @@ impl ClusterNode {
             staging,
             shard: Mutex::new(DirectoryShard::default()),
             channels: Mutex::new(HashMap::new()),
-            leases: Mutex::new(HashMap::new()),
-            next_lease: AtomicU64::new(1),
-            changes,
-            sync_state: tokio::sync::Mutex::new(SyncState::new(held)),
-            epoch: AtomicU64::new(start_epoch()),
-            kick: Notify::new(),
+            holder: HolderLeases::new(registry),
+            announcer,
             releases,
-            lease_requests,
-            leased_blocks,
         });
         tokio::spawn(crate::cluster::lease::releaser(
             Arc::downgrade(&node),
@@ -149,11 +114,6 @@ impl ClusterNode {
     /// This node as peers see it.
     pub fn info(&self) -> &NodeInfo {
         &self.me
-    }
-
-    /// The store's change feed (announcer queue and KV-event publisher).
-    pub fn change_feed(&self) -> &Arc<ChangeFeed> {
-        &self.changes
     }
 
     /// The local store.
@@ -186,22 +146,12 @@ impl ClusterNode {
         self.view_rx.borrow().clone()
     }
 
-    /// (lease RPCs served as a holder, blocks leased to remote readers) so far.
-    pub fn holder_lease_counts(&self) -> (u64, u64) {
-        (self.lease_requests.get(), self.leased_blocks.get())
-    }
-
     /// The store's stats with the blocks served to peers filled in.
     pub fn stats(&self) -> kvfabric_proto::v1::StatsResponse {
         let mut s = crate::wire::stats_to_proto(self.store.stats());
-        s.served_blocks = self.leased_blocks.get();
+        s.served_blocks = self.holder_lease_counts().1;
         (s.transfer_in_bytes, s.transfer_out_bytes) = self.transfer.metrics().bytes_in_out();
         s
-    }
-
-    /// Leases this node holds for remote readers right now.
-    pub fn remote_leases_held(&self) -> usize {
-        self.leases.lock().len()
     }
 
     /// Leave the cluster cleanly (etcd: the lease is revoked, peers see it at once).
@@ -210,11 +160,6 @@ impl ClusterNode {
         if let Some(m) = m {
             m.leave().await;
         }
-    }
-
-    /// Ask for a reconcile soon (e.g. after a put that bypassed the gRPC API).
-    pub fn kick(&self) {
-        self.kick.notify_one();
     }
 
     pub(crate) fn channel(&self, addr: &str) -> Result<Channel, NodeError> {
@@ -484,98 +429,41 @@ impl ClusterNode {
             .collect()
     }
 
-    // ---- holder side ----
+    // ---- holder side (state and work in `holder.rs`) ----
 
-    /// Store leases of `keys` held here (None where not stored): RAM blocks
-    /// lease under the store lock alone, disk blocks are promoted in one
-    /// blocking task. A block that fails to lease is a miss (logged).
-    pub(crate) async fn lease_local(&self, keys: &[BlockKey]) -> Vec<Option<ReadLease>> {
-        let mut out: Vec<Option<ReadLease>> = (0..keys.len()).map(|_| None).collect();
-        let mut on_disk = Vec::new();
-        for (i, info) in self.store.block_infos(keys).into_iter().enumerate() {
-            match info {
-                Some(info) if info.tier == Tier::Ram => match self.store.lease(&keys[i]) {
-                    Ok(l) => out[i] = l,
-                    Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
-                },
-                Some(_) => on_disk.push(i),
-                None => {}
-            }
-        }
-        if on_disk.is_empty() {
-            return out;
-        }
-        let store = self.store.clone();
-        let ks: Vec<BlockKey> = on_disk.iter().map(|&i| keys[i]).collect();
-        let promoted = tokio::task::spawn_blocking(move || {
-            ks.iter().map(|k| store.lease(k)).collect::<Vec<_>>()
-        })
-        .await;
-        match promoted {
-            Ok(leases) => {
-                for (i, l) in on_disk.into_iter().zip(leases) {
-                    match l {
-                        Ok(l) => out[i] = l,
-                        Err(e) => tracing::warn!(key = ?keys[i], error = %e, "local lease failed"),
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "disk lease task failed"),
-        }
-        out
+    /// (lease RPCs served as a holder, blocks leased to remote readers) so far.
+    pub fn holder_lease_counts(&self) -> (u64, u64) {
+        self.holder.counts()
     }
 
-    /// Lease `keys` for a remote reader (promoting from disk if needed):
-    /// (lease id, RAM segment, offset, info) each; None when not stored here.
+    /// Leases this node holds for remote readers right now.
+    pub fn remote_leases_held(&self) -> usize {
+        self.holder.len()
+    }
+
+    /// Store leases of `keys` held here (None where not stored).
+    pub(crate) async fn lease_local(&self, keys: &[BlockKey]) -> Vec<Option<ReadLease>> {
+        HolderLeases::lease_local(&self.store, keys).await
+    }
+
+    /// Lease `keys` for a remote reader (promoting from disk if needed);
+    /// None when not stored here.
     pub(crate) async fn lease_for_peer(
         &self,
         keys: &[BlockKey],
         ttl: Duration,
-    ) -> Vec<Option<(u64, SegmentId, u64, BlockInfo)>> {
+    ) -> Vec<Option<PeerLease>> {
         let leases = self.lease_local(keys).await;
-        self.lease_requests.inc();
-        self.leased_blocks
-            .inc_by(leases.iter().filter(|l| l.is_some()).count() as u64);
-        let deadline = Instant::now() + ttl.min(MAX_LEASE);
-        let mut held = self.leases.lock();
-        leases
-            .into_iter()
-            .map(|lease| {
-                let lease = lease?;
-                let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-                let (offset, info) = (lease.region_offset(), *lease.info());
-                held.insert(
-                    id,
-                    HeldLease {
-                        _lease: lease,
-                        deadline,
-                    },
-                );
-                Some((id, self.ram_segment, offset, info))
-            })
-            .collect()
+        self.holder.keep(leases, self.ram_segment, ttl)
     }
 
+    /// End the holder leases `ids` (a reader's Release).
     pub(crate) fn release_leases(&self, ids: &[u64]) {
-        let released: Vec<HeldLease> = {
-            let mut held = self.leases.lock();
-            ids.iter().filter_map(|id| held.remove(id)).collect()
-        };
-        for id in ids {
-            self.transfer.revoke_capability(*id);
-        }
-        // Store leases end outside the lease-table lock.
-        drop(released);
+        self.holder.release(&self.transfer, ids)
     }
 
+    /// End the holder leases past their deadline.
     pub(super) fn reap_leases(&self) {
-        let now = Instant::now();
-        self.leases.lock().retain(|id, l| {
-            let live = l.deadline > now;
-            if !live {
-                self.transfer.revoke_capability(*id);
-            }
-            live
-        });
+        self.holder.reap(&self.transfer)
     }
 }

@@ -2,45 +2,35 @@
 //! responsibility works on (start and locate in `node.rs`, batched leases in
 //! `lease.rs`, reads in `read.rs`, announcements in `announce.rs`, the
 //! internal RPCs in `rpc.rs`), and the conversions between directory
-//! entries and their protobuf form.
+//! entries and their protobuf form. Roles whose state is their own are
+//! fields of their own type: the holder's leases ([`HolderLeases`],
+//! `holder.rs`) and the announcer's bookkeeping ([`Announcer`],
+//! `refresh.rs`), neither of which knows the node.
 //!
-//! It imports none of those modules, so they can all import it without an
-//! import loop (the struct used to live in `node.rs`, which imports `lease`
-//! and `announce` to start their tasks, while they imported it back).
+//! It imports none of the modules that work on it, so they can all import
+//! it without an import loop (`node.rs` imports `lease` and `announce` to
+//! start their tasks).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use kvfabric_proto::v1::{Holder, Tier};
 use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_transfer::{SegmentId, TransferEngine};
 use parking_lot::Mutex;
-use prometheus_client::metrics::counter::Counter;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
+use crate::cluster::holder::HolderLeases;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 use crate::cluster::read_staging::Staging;
-use crate::cluster::refresh::SyncState;
-use kvfabric_store::ChangeFeed;
-use kvfabric_store::ReadLease;
+use crate::cluster::refresh::Announcer;
 use kvfabric_store::Store;
 
 /// A remote lease to give back: (holder's gRPC address, lease id).
 pub(super) type Release = (String, u64);
-
-/// Longest a holder keeps a block leased for a reader.
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(60);
-
-/// A lease a holder keeps for a remote reader until Release or expiry.
-pub(super) struct HeldLease {
-    pub(super) _lease: ReadLease,
-    pub(super) deadline: Instant,
-}
 
 /// One node's cluster state.
 pub struct ClusterNode {
@@ -56,23 +46,12 @@ pub struct ClusterNode {
     pub(super) staging: Arc<Staging>,
     pub(super) shard: Mutex<DirectoryShard>,
     pub(super) channels: Mutex<HashMap<String, Channel>>,
-    pub(super) leases: Mutex<HashMap<u64, HeldLease>>,
-    pub(super) next_lease: AtomicU64,
-    /// What the store reported and the announcer has not taken yet.
-    pub(super) changes: Arc<ChangeFeed>,
-    /// The announcer's state (held keys, retries, the refresh under way);
-    /// held across an announcement's RPCs, so announcements go out in the
-    /// order the store changed.
-    pub(super) sync_state: tokio::sync::Mutex<SyncState>,
-    /// This node's directory epoch (see [`ClusterNode::directory_epoch`]).
-    pub(super) epoch: AtomicU64,
-    pub(super) kick: Notify,
+    /// The leases this node keeps for remote readers (`holder.rs`).
+    pub(super) holder: HolderLeases,
+    /// The announcer's state and wake-up (`announce.rs`).
+    pub(super) announcer: Announcer,
     /// Remote leases to give back (drained by the releaser task).
     pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,
-    /// Lease RPCs this node served as a holder (Lease and LeaseMany).
-    pub(super) lease_requests: Counter,
-    /// Blocks this node leased to remote readers.
-    pub(super) leased_blocks: Counter,
 }
 
 pub(crate) fn tier_of(t: kvfabric_store::Tier) -> HolderTier {

@@ -6,12 +6,19 @@
 //! key order: a refresh walks it in chunks after a cursor, so no step copies
 //! more than one chunk and the store's lock is taken only to read that
 //! chunk's blocks. Nothing here does I/O; `announce.rs` drives it.
+//!
+//! [`Announcer`] holds it with the rest of the announcer's state (the
+//! change feed, the directory epoch, the wake-up), one field of the node.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Bound;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 use kvfabric_store::keys::BlockKey;
+use kvfabric_store::ChangeFeed;
+use tokio::sync::Notify;
 
 /// Announcements that failed and are retried each period, at most this many
 /// keys; beyond it the owner is re-seeded by a refresh once it answers.
@@ -160,6 +167,45 @@ impl SyncState {
         self.owners_seen.retain(|o, _| live(o));
         self.lost.retain(|o| live(o));
     }
+}
+
+/// The announcer's state: what the store reported and the announcer has
+/// not taken yet, the held keys, retries and the refresh under way (held
+/// across an announcement's RPCs, so announcements go out in the order the
+/// store changed), this node's directory epoch, and the wake-up of its task.
+pub(crate) struct Announcer {
+    pub(super) changes: Arc<ChangeFeed>,
+    pub(super) state: tokio::sync::Mutex<SyncState>,
+    /// This node's directory epoch (see [`ClusterNode::directory_epoch`]).
+    pub(super) epoch: AtomicU64,
+    pub(super) kick: Notify,
+}
+
+impl Announcer {
+    /// Watch `store`'s changes from now on; the keys it holds already are
+    /// the first refresh's.
+    pub(super) fn watch(store: &kvfabric_store::Store) -> Self {
+        let changes = Arc::new(ChangeFeed::new());
+        let held = store.watch_changes(changes.clone());
+        Announcer {
+            changes,
+            state: tokio::sync::Mutex::new(SyncState::new(held)),
+            epoch: AtomicU64::new(start_epoch()),
+            kick: Notify::new(),
+        }
+    }
+}
+
+/// A directory epoch for a node starting now: differs between restarts.
+fn start_epoch() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(nanos);
+    h.write_u32(std::process::id());
+    h.finish()
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@ use kvfabric_proto::internal::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use crate::cluster::node_state::{holder_entry, holder_pb, ClusterNode, MAX_LEASE};
+use crate::cluster::holder::MAX_LEASE;
+use crate::cluster::node_state::{holder_entry, holder_pb, ClusterNode};
 use crate::cluster::security::authorize;
 use kvfabric_store::keys::BlockKey;
 
