@@ -1,9 +1,9 @@
 //! A cluster's lookups reach its nodes' RAM tier eviction orders: the
 //! default `adaptive` order chooses LIRS or LRU by replaying lookups on
 //! its shadow caches, and a cluster node answers lookups itself (across the
-//! cluster), not through `Store::lookup`. Before they were fed, `adaptive`
-//! on a cluster never left LRU (#29: `bench agentic --compare-eviction lru`
-//! gave LRU's hit ratio). Each key's owner replays the lookups of its keys
+//! cluster), not through `Store::lookup`. Unfed, `adaptive` on a cluster
+//! never leaves LRU (`bench agentic --compare-eviction lru` gives LRU's hit
+//! ratio). Each key's owner replays the lookups of its keys
 //! (`cluster::order_feed`): a node's order judges the cluster's traffic,
 //! including blocks only peers read and blocks looked up after it evicted
 //! them, not only its own lookups.

@@ -9,7 +9,7 @@
 //! can only show up as a checksum mismatch (a miss), never as wrong bytes.
 //! Space accounting (which extents are free) belongs to the store; this type
 //! only moves bytes and index records. A record also names the block's
-//! owner in the tiers' shares (issue #21), so a restarted node counts its
+//! owner in the tiers' shares, so a restarted node counts its
 //! recovered blocks to the tenants that stored them. Every I/O goes through a staging
 //! buffer (see `staging` for why), so callers pass any memory.
 

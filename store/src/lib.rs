@@ -1,16 +1,49 @@
-//! kvfabric-store: a node's cache.
+//! kvfabric-store: one node's tiered KV-block cache.
 //!
-//! Owns the RAM and disk tiers, placement and eviction, the gRPC cache
-//! service and the node's HTTP metrics/health. Block keys and layouts are
-//! `kvfabric-types`', re-exported as [`keys`].
-//! See docs/ARCHITECTURE.md, "Block", "Block key", "Tiers".
+//! The single-node cache and nothing else: tiers (RAM arena, disk through
+//! io_uring with a RocksDB index, VRAM above RAM with the `cuda` feature),
+//! placement and eviction, two-phase puts, read leases, pins, per-tenant
+//! shares and the capacity planner. It knows nothing of RPC or membership:
+//! `kvfabric-node` wraps a [`Store`] for the cluster and serves it (gRPC,
+//! console, directory). Block keys and layouts are `kvfabric-types`',
+//! re-exported as [`keys`]. See docs/ARCHITECTURE.md, "Block", "Tiers".
 //!
-//! Entry points: [`Store`] (the in-process data path: put/lease/get_into,
-//! lookup, exists, pin, remove, stats) and [`NodeServer`] (the one way a node
-//! is served: gRPC CacheService, directory and holder services when in a
-//! cluster, `/metrics` + `/health`; `kvfabric node` runs [`NodeServer::open`]).
-//! With the `cuda` feature, `vram::VramTier` adds GPU memory as the first
-//! tier above a [`Store`].
+//! ```
+//! use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout, NodeConfig, PutOptions, Registry, Store};
+//!
+//! let cfg = NodeConfig { ram_capacity: bytesize::ByteSize::mib(8), ..NodeConfig::default() };
+//! let store = Store::open(cfg, &mut Registry::default())?;
+//! let layout = KvLayout {
+//!     layers: 2, kv_heads: 1, head_dim: 64, dtype: DType::F16, block_tokens: 16,
+//!     order: BlockOrder::LayerKvTokenHead,
+//! };
+//! let key = BlockKey([7; 32]);
+//! let block = vec![1u8; layout.block_bytes()];
+//! store.put(key, layout, &block, PutOptions::default())?;
+//! let mut back = vec![0u8; block.len()];
+//! assert!(store.get_into(&key, 0, &mut back)?.is_some());
+//! assert_eq!(back, block);
+//! # Ok::<(), kvfabric_store::StoreError>(())
+//! ```
+//!
+//! Files:
+//! - [`Store`] (`store.rs`): the handle: put, reserve, lease, get_into,
+//!   lookup, exists, pin, remove; `store_core.rs`: the state every handle,
+//!   lease and reservation shares; `store_stats.rs`: [`StoreStats`].
+//! - `lifecycle.rs`: [`Reservation`] (reserve, write, commit) and
+//!   [`ReadLease`]; `block_info.rs`: [`BlockInfo`], [`PutOutcome`].
+//! - `state.rs`, `state/`: the locked block index; `rec.rs`: a record's
+//!   name in the index and the eviction orders.
+//! - `policy.rs`, `policy/`: eviction orders (adaptive, LIRS, LRU, S3-FIFO).
+//! - `tiering.rs`: watermarks, demotion, promotion; `upper.rs`: the link to
+//!   a tier above RAM; `vram/` (feature `cuda`): the VRAM tier.
+//! - `disk.rs`, `disk_staging.rs`, `disk_codec.rs`, `uring.rs`, `extent.rs`:
+//!   the disk tier; `huge_alloc.rs`: tables on huge pages.
+//! - `tenant_shares.rs`, `tenant_usage.rs`: per-tenant shares and use.
+//! - `changes.rs`: [`ChangeFeed`] (what the node announces, KV events).
+//! - `planner/`: SHARDS miss-ratio curves ([`CapacityReport`]).
+//! - [`tier`], `node_config.rs` ([`NodeConfig`]), `metrics.rs`, `probe.rs`,
+//!   `error.rs` ([`StoreError`]).
 
 mod block_info;
 mod changes;

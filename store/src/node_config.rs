@@ -142,8 +142,7 @@ pub struct NodeConfig {
     pub adaptive_start: AdaptiveMode,
     /// adaptive on a cluster node: the shadows replay the cluster's lookups
     /// and puts of the keys this node's directory shard owns (true), or
-    /// this node's own lookups and puts (false, the order before #29's
-    /// cluster feed). Default: true.
+    /// this node's own lookups and puts (false). Default: true.
     pub adaptive_cluster_feed: bool,
     /// adaptive: fraction of keys the shadow caches see (0, 1]. Default: 1.
     pub adaptive_sample_rate: f64,

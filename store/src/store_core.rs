@@ -4,7 +4,7 @@
 //! Its own module, below `store.rs` (the handle), `lifecycle.rs` (leases and
 //! reservations) and `tiering.rs` (promotion and demotion), which all
 //! implement parts of it: they import it from here instead of from each
-//! other (lifecycle and store used to import each other).
+//! other.
 
 use std::sync::Arc;
 

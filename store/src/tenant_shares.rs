@@ -1,4 +1,4 @@
-//! Per-tenant shares of the RAM and disk tiers (issue #21): which owner each
+//! Per-tenant shares of the RAM and disk tiers: which owner each
 //! block counts to, the bytes each owner uses in each tier, and the victim
 //! an eviction takes instead when the eviction order proposes a block of an
 //! owner at or under its guaranteed share while another owner is over its.

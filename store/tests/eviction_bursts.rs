@@ -1,6 +1,6 @@
 //! A RAM tier that evicts in bursts (the node's default watermarks: full at
 //! 0.95 of capacity, emptied to 0.85) keeps the scan- and loop-resistant
-//! orders' gains (#29).
+//! orders' gains.
 //!
 //! The workload is LRU's worst case: a loop over half again as many blocks
 //! as the tier holds, each looked up, read when held and put when not. LRU

@@ -10,7 +10,7 @@
 //! of its peers' reads, and never a lookup of a block it had evicted (that
 //! goes to whoever looks it up next): the order it did not run could never
 //! show what it would have kept, so `adaptive` stayed where it started (LRU)
-//! on `bench agentic --compare-eviction` (#29; docs/BENCHMARKS.md). A key's
+//! on `bench agentic --compare-eviction` (docs/BENCHMARKS.md). A key's
 //! owner instead sees every lookup of it (each lookup locates its keys at
 //! their owners) and every first holder's announcement, whether or not any
 //! tier holds it: its shadows replay the cluster as one cache over the

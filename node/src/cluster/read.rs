@@ -111,7 +111,7 @@ impl RangeRead<'_> {
 /// wave's transfer runs while this one is hashed, its bytes still in cache.
 /// One pass over a whole batch after its transfer read 12 MiB back from
 /// memory and left the link idle meanwhile (`bench cluster`'s batched remote
-/// get lost ~8% when the waves were dropped, issue #20).
+/// get loses ~8% without the waves; docs/BENCHMARKS.md).
 const VERIFY_WAVE: usize = 4;
 
 /// Why a wave stopped early: the block whose read failed (with its error)

@@ -1,4 +1,4 @@
-//! Node identity on the gRPC side (issue 21): the identity a node loads from
+//! Node identity on the gRPC side: the identity a node loads from
 //! its `[cluster.security]` files (checked against its `node_id`), tonic's
 //! TLS settings built from it for the server and every peer channel (mutual
 //! TLS: a peer without a certificate of the cluster CA cannot connect), and

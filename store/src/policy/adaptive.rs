@@ -7,7 +7,7 @@
 //! the tier and keeps changing (sessions that end, a Zipf mix whose hot set
 //! drifts) it pays a new session's second turn that LRU keeps, and no single
 //! LIRS setting closed that without losing the agentic trace
-//! (docs/BENCHMARKS.md, #29 sessions 17 and 20). So the tier runs both.
+//! (docs/BENCHMARKS.md, the eviction sections). So the tier runs both.
 //!
 //! Two metadata-only shadow caches (`Shadow`: keys and links, no data)
 //! replay the tier's lookups and puts, one ordered by LIRS and one by LRU,
@@ -29,7 +29,7 @@
 //! starts with `start`, LRU by default: where LRU is optimal (a working set
 //! that fits and keeps changing), starting with LIRS paid a loss before the
 //! score could turn (`bench eviction`'s `ending` trace; docs/BENCHMARKS.md,
-//! #29 sessions 21 and 22). A tie keeps the mode it has, so a replay of the
+//! eviction sections). A tie keeps the mode it has, so a replay of the
 //! same operations makes the same choices.
 //!
 //! A shadow must see what a tier of its order would see. Its size is the

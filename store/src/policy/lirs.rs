@@ -32,7 +32,7 @@
 //! an interval was when it was found (the idle time that proved a session
 //! over: a session's last answer blocks go with the rest of it), or, before
 //! any was found, once older than the oldest ghost with the ghost history
-//! full. On `bench eviction` (docs/BENCHMARKS.md, #29) these two rules took
+//! full. On `bench eviction` (docs/BENCHMARKS.md) these two rules take
 //! `ending` at 50/75% and `version` at 75% from below LRU to LRU (= MIN).
 //! A death can be false: a scan starting beside a loop stretches the loop's
 //! reuse intervals, and its blocks, taken for dead, would be evicted at
@@ -140,9 +140,9 @@ pub struct Lirs {
     /// The index of every remembered block that is not resident: the
     /// ghosts and the dead FIFO's blocks (a node's state says which). One
     /// map, so an insert probes once: with a map each, every put of a new
-    /// block missed in both (two dependent DRAM misses at a million keys),
-    /// and LIRS' op cost at 1M blocks rose from 0.66-0.73 of its 10k cost
-    /// to 0.48-0.52 when the dead FIFO came (#28, #29).
+    /// block missed in both (two dependent DRAM misses at a million keys):
+    /// one table keeps LIRS' op cost at 1M blocks at 0.66-0.73 of its 10k
+    /// cost, two gave 0.48-0.52 (docs/BENCHMARKS.md, metadata scale).
     gone: hashbrown::HashMap<BlockKey, Slot, RandomState, HugeAlloc>,
     lir: usize,
     resident: usize,

@@ -437,7 +437,7 @@ fn lirs_keeps_a_new_block_for_its_hir_queue_share() {
     }
 }
 
-/// #29's `ending` trace at block level: `active` sessions at a time,
+/// `bench eviction`'s `ending` trace at block level: `active` sessions at a time,
 /// round-robin, each a chain of keys after a shared 4-block system prompt
 /// (6 blocks of its own to start, 2 more a turn), living 2-8 turns; an
 /// ended session never returns and a new one takes its place until 24 have
