@@ -53,7 +53,7 @@ for l in sys.stdin:
     }
     pick kvfabric-transfer lib kvfabric_transfer transfer_tests
     pick kvfabric-store lib kvfabric_store store_tests
-    pick kvfabric-store test vram_cluster vram_cluster
+    pick kvfabric-node test vram_cluster vram_cluster
 fi
 
 # NVRTC: cudarc looks for libnvrtc.so (or .so.12, ...); CUDA 13 ships .so.13.

@@ -29,6 +29,6 @@ cargo test --workspace --no-fail-fast "$@"
 # The VRAM tier's tests (feature `cuda`) need a GPU: built and run here, they
 # print why they skip when the host has no CUDA device. scripts/gpu-check.sh
 # runs them, and `bench store --tiers vram`, on a GPU host.
-cargo test -p kvfabric-transfer -p kvfabric-store \
-    --features kvfabric-transfer/cuda,kvfabric-store/cuda \
+cargo test -p kvfabric-transfer -p kvfabric-store -p kvfabric-node \
+    --features kvfabric-transfer/cuda,kvfabric-store/cuda,kvfabric-node/cuda \
     --lib --test vram_cluster -- --nocapture cuda vram

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use kvfabric_proto::v1::Tier;
 use kvfabric_store::vram::VramTier;
+use kvfabric_store::Tier;
 use kvfabric_store::{BlockKey, PutOptions};
 use kvfabric_testkit::cluster::{data, key, layout, Cluster, Options};
 
