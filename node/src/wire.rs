@@ -38,7 +38,8 @@ pub fn stats_to_proto(s: StoreStats) -> pb::StatsResponse {
     }
 }
 
-fn tier_stats_to_proto(t: TierStats) -> pb::TierStats {
+/// One tier's gauges and counters as the wire carries them.
+pub fn tier_stats_to_proto(t: TierStats) -> pb::TierStats {
     pb::TierStats {
         tier: tier_to_proto(t.tier) as i32,
         capacity_bytes: t.capacity_bytes,

@@ -48,7 +48,7 @@ pub struct ClusterNode {
     pub(super) channels: Mutex<HashMap<String, Channel>>,
     /// The leases this node keeps for remote readers (`holder.rs`).
     pub(super) holder: HolderLeases,
-    /// The announcer's state and wake-up (`announce.rs`).
+    /// The announcer's state and wake-up (`refresh.rs`; its work: `announce.rs`).
     pub(super) announcer: Announcer,
     /// Remote leases to give back (drained by the releaser task).
     pub(super) releases: tokio::sync::mpsc::UnboundedSender<Release>,

@@ -186,8 +186,12 @@ impl Console {
             node_id: self
                 .node
                 .as_ref()
-                .map_or(stats.node_id.clone(), |n| n.info().node_id.clone()),
-            tiers: crate::wire::stats_to_proto(stats.clone()).tiers,
+                .map_or(stats.node_id, |n| n.info().node_id.clone()),
+            tiers: stats
+                .tiers
+                .into_iter()
+                .map(crate::wire::tier_stats_to_proto)
+                .collect(),
             hit_blocks: stats.hit_blocks,
             miss_blocks: stats.miss_blocks,
             hit_tokens: stats.hit_tokens,
