@@ -1,5 +1,6 @@
-//! `kvfabric certs init DIR --nodes a,b,c`: a cluster CA and one certificate
-//! and key per node; the files and what a certificate names are described in
+//! `kvfabric certs init DIR --nodes a,b,c [--tools ops] [--tenants acme]`: a
+//! cluster CA and one certificate and key per node, operator tool and
+//! tenant client; the files and what a certificate names are described in
 //! `kvfabric_transfer::security::certs` and docs/SECURITY.md.
 
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ pub struct CertsCmd {
 
 #[derive(Subcommand, Debug)]
 enum CertsAction {
-    /// Make a cluster CA and node certificates in DIR (ca.crt, ca.key, <node>.crt, <node>.key).
+    /// Make a cluster CA and certificates in DIR (ca.crt, ca.key, <name>.crt, <name>.key).
     Init(InitArgs),
 }
 
@@ -22,18 +23,39 @@ enum CertsAction {
 struct InitArgs {
     /// Directory to write into (created if missing; existing files are never overwritten).
     dir: PathBuf,
-    /// Node ids to issue certificates for, comma-separated.
+    /// Node ids to issue node certificates for, comma-separated (members:
+    /// the internal services and the transfer plane accept only these).
     #[arg(long, value_delimiter = ',', default_value = "node-0")]
     nodes: Vec<String>,
-    /// Years the certificates stay valid.
-    #[arg(long, default_value_t = 10)]
-    valid_years: i32,
+    /// Operators' tools (`kvfabric ctl`) to issue client certificates for.
+    #[arg(long, value_delimiter = ',')]
+    tools: Vec<String>,
+    /// Tenants' clients to issue client certificates for (the CacheService
+    /// only, under their API keys).
+    #[arg(long, value_delimiter = ',')]
+    tenants: Vec<String>,
+    /// Days the node, tool and tenant certificates stay valid (the CA: 10 years).
+    #[arg(long, default_value_t = 90)]
+    valid_days: u32,
 }
 
 pub fn run(cmd: CertsCmd) -> anyhow::Result<()> {
     match cmd.action {
         CertsAction::Init(a) => {
-            let names = kvfabric_transfer::security::certs::init(&a.dir, &a.nodes, a.valid_years)?;
+            use kvfabric_transfer::security::{Principal, Role};
+            let named = |role: Role, names: &[String]| {
+                names
+                    .iter()
+                    .map(move |n| Principal {
+                        role,
+                        name: n.clone(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let mut all = named(Role::Node, &a.nodes);
+            all.extend(named(Role::Tool, &a.tools));
+            all.extend(named(Role::Tenant, &a.tenants));
+            let names = kvfabric_transfer::security::certs::init(&a.dir, &all, a.valid_days)?;
             println!("wrote {} in {}", names.join(" "), a.dir.display());
             Ok(())
         }

@@ -89,7 +89,7 @@ pub fn command(mut flags: RouterFlags, file: Option<&Path>) -> anyhow::Result<()
     }
     cfg.validate()?;
     let cluster: ClusterConfig = crate::config::load("cluster", file, &cluster_flags)?;
-    let tls = security::load_client(&cluster.security)?.map(|id| security::client_tls(&id));
+    let tls = security::load_client(&cluster.security)?.map(|id| security::client_tls(&id, None));
     tokio::runtime::Runtime::new()?.block_on(run(cfg, tls))
 }
 

@@ -68,7 +68,7 @@ async fn engine(id: Option<Arc<NodeIdentity>>) -> (TransferEngine, kvfabric_tran
 async fn channel(addr: &str, id: &NodeIdentity) -> tonic::transport::Channel {
     tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
         .unwrap()
-        .tls_config(client_tls(id))
+        .tls_config(client_tls(id, None))
         .unwrap()
         .connect_timeout(TIMEOUT)
         .connect()

@@ -164,7 +164,8 @@ pub fn measure(args: &ReuseArgs) -> anyhow::Result<Value> {
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
     let certs = tempfile::tempdir()?;
     if modes.len() > 1 {
-        let ids = ["bench-0".to_string(), "bench-1".to_string()];
+        use kvfabric_transfer::security::Principal;
+        let ids = [Principal::node("bench-0"), Principal::node("bench-1")];
         kvfabric_transfer::security::certs::init(certs.path(), &ids, 1)?;
     }
     let args = args.clone();

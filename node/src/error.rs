@@ -117,7 +117,7 @@ pub enum BadNodeConfig {
     #[error("transfer_transport {got:?} is not auto, tcp, shm or rdma")]
     Transport { got: String },
     /// The certificate's node id (`cert`) is not the configured `node_id`.
-    #[error("the certificate names node {cert:?} but node_id is {node_id:?}")]
+    #[error("the certificate names {cert} but node_id is {node_id:?}")]
     CertificateNode { cert: String, node_id: String },
     /// The `[cluster.security]` settings or files (the transfer crate's
     /// error, typed there: which setting or file, and why).

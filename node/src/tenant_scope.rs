@@ -15,10 +15,11 @@
 //! applies it.
 //!
 //! Trusted tenants (engines in remote mode, operators' tools) and
-//! single-tenant mode use keys as sent. Node-to-node fan-out calls (local-only
-//! `Remove`/`Pin`/`Unpin` on peers) carry no tenant key: on a node with a
-//! tenants file they are refused, so those reach only the receiving node
-//! until nodes authenticate each other (docs/SECURITY.md).
+//! single-tenant mode use keys as sent. Node-to-node calls (Stats, and the
+//! local-only `Remove`/`Pin`/`Unpin` fan-out) carry no tenant key: on a
+//! secured cluster the caller's node certificate admits them; in mode
+//! `none` a node with a tenants file refuses the fan-out (it reaches only
+//! the receiving node), and a cluster status forwards its caller's key.
 
 use std::sync::Arc;
 
@@ -65,6 +66,9 @@ pub fn put_owner<T>(req: &Request<T>) -> Option<String> {
 }
 
 /// The interceptor: authenticate the `authorization` metadata with `gate`.
+/// A call without one from a peer whose mutual-TLS certificate names a node
+/// (a cluster member's Stats, or its local-only Remove/Pin/Unpin fan-out) is
+/// [`Identity::cluster_node`]; a key, when sent, always decides.
 pub fn authenticate(
     gate: TenantGate,
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
@@ -73,6 +77,10 @@ pub fn authenticate(
             .metadata()
             .get("authorization")
             .map(|v| v.to_str().unwrap_or(""));
+        if auth.is_none() && crate::cluster::security::caller(&req).is_some() {
+            req.extensions_mut().insert(Identity::cluster_node());
+            return Ok(req);
+        }
         match gate.authenticate(auth) {
             Ok(who) => {
                 req.extensions_mut().insert(who);

@@ -2,7 +2,8 @@
 //! UNAUTHENTICATED with a reason; a tenant's keys are scoped, so tenant B
 //! sending tenant A's exact key neither sees A's block (Lookup, Exists,
 //! Get) nor overwrites or removes it; a trusted tenant uses keys as sent; a
-//! revoked key is refused after one reload.
+//! revoked key is refused after one reload; a tenant's KV event stream
+//! shows only its own blocks, a trusted caller's shows every block.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -54,6 +55,18 @@ async fn start(
     CacheServiceClient<Channel>,
     tokio::sync::oneshot::Sender<()>,
 ) {
+    let (c, stop, _) = start_at(tenants).await;
+    (c, stop)
+}
+
+/// [`start`], and the node's gRPC address.
+async fn start_at(
+    tenants: &Path,
+) -> (
+    CacheServiceClient<Channel>,
+    tokio::sync::oneshot::Sender<()>,
+    String,
+) {
     let mut registry = Registry::default();
     let cfg = NodeConfig {
         ram_capacity: bytesize::ByteSize::b((16 * BLOCK) as u64),
@@ -78,7 +91,7 @@ async fn start(
     let client = CacheServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
-    (client, tx)
+    (client, tx, format!("http://{addr}"))
 }
 
 fn req<T>(msg: T, key: Option<&str>) -> Request<T> {
@@ -239,4 +252,61 @@ async fn a_revoked_key_is_unauthenticated_after_one_reload() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(lookup(&mut c, "key-a2", &[1; 32]).await, 0);
+}
+
+/// The keys of the next `n` Stored events on `events` (waits at most 10 s).
+async fn stored_keys(
+    events: &mut tonic::Streaming<kvfabric_proto::v1::KvEvent>,
+    n: usize,
+) -> Vec<Vec<u8>> {
+    use kvfabric_proto::v1::KvEventKind;
+    let mut keys = Vec::new();
+    while keys.len() < n {
+        let e = tokio::time::timeout(Duration::from_secs(10), events.message())
+            .await
+            .expect("an event in time")
+            .expect("stream")
+            .expect("open");
+        if e.kind() == KvEventKind::Stored {
+            keys.push(e.key);
+        }
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_kv_events_of_its_own_blocks_only() {
+    use kvfabric_proto::v1::kv_event_service_client::KvEventServiceClient;
+    use kvfabric_proto::v1::KvEventsRequest;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("tenants.toml");
+    write_tenants(&path, &["key-a"]);
+    let (mut c, _stop, addr) = start_at(&path).await;
+    let mut ev = KvEventServiceClient::connect(addr).await.expect("connect");
+    let err = ev.kv_events(req(KvEventsRequest {}, None)).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated, "no key, no events");
+    let subscribe = |key: &'static str| {
+        let mut ev = ev.clone();
+        async move {
+            ev.kv_events(req(KvEventsRequest {}, Some(key)))
+                .await
+                .expect("subscribe")
+                .into_inner()
+        }
+    };
+    let mut of_b = subscribe("key-b").await;
+    let mut of_ops = subscribe("key-ops").await;
+    // a's block first, then b's: b's stream must skip a's and show its own.
+    put(&mut c, Some("key-a"), &[0xa1; 32], 1).await.expect("a puts");
+    put(&mut c, Some("key-b"), &[0xb1; 32], 2).await.expect("b puts");
+    let everything = stored_keys(&mut of_ops, 2).await;
+    let b_sees = stored_keys(&mut of_b, 1).await;
+    assert_eq!(b_sees.len(), 1);
+    assert!(everything.contains(&b_sees[0]), "b sees its own block");
+    assert_ne!(b_sees[0], everything[0], "b never sees a's block");
+    // A later block of a's, then one of b's: still only b's reaches b.
+    put(&mut c, Some("key-a"), &[0xa2; 32], 3).await.expect("a puts");
+    put(&mut c, Some("key-b"), &[0xb2; 32], 4).await.expect("b puts");
+    let later = stored_keys(&mut of_ops, 2).await;
+    assert_eq!(stored_keys(&mut of_b, 1).await, vec![later[1].clone()]);
 }

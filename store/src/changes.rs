@@ -16,6 +16,7 @@
 //! (`RecvError::Lagged`) instead of losing them silently.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::tier::Tier;
 use parking_lot::Mutex;
@@ -28,13 +29,17 @@ pub const KV_EVENT_BUFFER: usize = 4096;
 
 /// One published change: its number on this node (1, 2, ...; order of the
 /// changes), the block, what happened and the block's fastest tier after it
-/// (`Unspecified` once removed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (`Unspecified` once removed), and who the block counts to in the tiers'
+/// shares (a tenant's name or `shared:<name>`; `None`: nobody, e.g.
+/// single-tenant mode or a block only the VRAM tier holds). The node streams
+/// a tenant only the events of its own blocks by this field.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEventRecord {
     pub sequence: u64,
     pub key: BlockKey,
     pub change: BlockChange,
     pub tier: Tier,
+    pub owner: Option<Arc<str>>,
 }
 
 /// What happened to a block.
@@ -87,11 +92,24 @@ impl ChangeFeed {
         }
     }
 
-    /// Queue one change (`tier`: the block's fastest tier now); wakes the
-    /// subscriber when the queue was empty, and publishes it as a KV event.
-    /// Called under the store's lock, so sequence numbers follow the changes.
-    pub(crate) fn push(&self, key: BlockKey, change: BlockChange, tier: Tier) {
-        if self.events.receiver_count() > 0 {
+    /// Whether any KV-event subscriber listens (what an event needs is
+    /// only worked out then).
+    pub(crate) fn has_subscribers(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// Queue one change (`tier`: the block's fastest tier now; `owner`: who
+    /// it counts to); wakes the subscriber when the queue was empty, and
+    /// publishes it as a KV event. Called under the store's lock, so
+    /// sequence numbers follow the changes.
+    pub(crate) fn push(
+        &self,
+        key: BlockKey,
+        change: BlockChange,
+        tier: Tier,
+        owner: Option<Arc<str>>,
+    ) {
+        if self.has_subscribers() {
             let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
             // Err only when every subscriber left meanwhile: nothing to tell.
             let _ = self.events.send(KvEventRecord {
@@ -99,6 +117,7 @@ impl ChangeFeed {
                 key,
                 change,
                 tier,
+                owner,
             });
         }
         if !self.queued {
@@ -148,8 +167,8 @@ mod tests {
     #[tokio::test]
     async fn pushes_come_back_in_order_and_wake_the_subscriber() {
         let f = ChangeFeed::new();
-        f.push(BlockKey([1; 32]), BlockChange::Stored, Tier::Ram);
-        f.push(BlockKey([1; 32]), BlockChange::Removed, Tier::Absent);
+        f.push(BlockKey([1; 32]), BlockChange::Stored, Tier::Ram, None);
+        f.push(BlockKey([1; 32]), BlockChange::Removed, Tier::Absent, None);
         // The first push stored a wake-up: this returns at once.
         tokio::time::timeout(std::time::Duration::from_secs(1), f.ready())
             .await

@@ -227,7 +227,7 @@ impl Shared {
             b.ram_slot = slot;
             b.ram_owner_slot = owner_slot;
         }
-        g.note(&r.key, crate::changes::BlockChange::Stored);
+        g.note(&r.key, crate::changes::BlockChange::Stored, r.owner);
         if g.ram.used() + r.len > self.ram_high {
             // The next put evicts: its victim's record loads meanwhile.
             g.prefetch_ram_victim();

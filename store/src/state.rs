@@ -18,7 +18,7 @@ use crate::keys::BlockKey;
 use crate::node_config::NodeConfig;
 use crate::policy::EvictionOrder;
 use crate::rec::Rec;
-use crate::tenant_shares::{Shares, TierIx};
+use crate::tenant_shares::{Owner, Shares, TierIx};
 use crate::upper::UpperLink;
 
 mod block;
@@ -166,15 +166,16 @@ impl Inner {
         };
         let Some(ext) = b.ram.take() else { return };
         let gone = b.disk.is_none();
+        let owner = b.owner;
         self.ram_order.remove(b.ram_slot, key);
         self.shares
-            .leave(TierIx::Ram, b.owner, b.ram_owner_slot, ext.len);
+            .leave(TierIx::Ram, owner, b.ram_owner_slot, ext.len);
         self.release_ram(ext);
         if gone {
             self.blocks.remove(key);
-            self.note(key, BlockChange::Removed);
+            self.note(key, BlockChange::Removed, owner);
         } else {
-            self.note(key, BlockChange::Tier);
+            self.note(key, BlockChange::Tier, owner);
         }
     }
 
@@ -185,13 +186,14 @@ impl Inner {
         };
         let Some(ext) = b.disk.take() else { return };
         let gone = b.ram.is_none();
+        let owner = b.owner;
         self.disk_order.remove(b.disk_slot, key);
         self.shares
-            .leave(TierIx::Disk, b.owner, b.disk_owner_slot, ext.len);
+            .leave(TierIx::Disk, owner, b.disk_owner_slot, ext.len);
         self.release_disk(ext);
         if gone {
             self.blocks.remove(key);
-            self.note(key, BlockChange::Removed);
+            self.note(key, BlockChange::Removed, owner);
         }
     }
 
@@ -210,21 +212,26 @@ impl Inner {
         }
     }
 
-    /// Tell the changes subscriber, if any, what happened to `key`.
-    pub fn note(&self, key: &BlockKey, change: BlockChange) {
+    /// Tell the changes subscriber, if any, what happened to `key` (a block
+    /// of `owner`).
+    pub fn note(&self, key: &BlockKey, change: BlockChange, owner: Owner) {
         if let Some(feed) = &self.changes {
             let tier = match self.blocks.get(key) {
                 Some(b) if b.ram.is_some() => crate::tier::Tier::Ram,
                 Some(_) => crate::tier::Tier::Disk,
                 None => crate::tier::Tier::Absent,
             };
+            let name = feed
+                .has_subscribers()
+                .then(|| self.shares.name_of(owner))
+                .flatten();
             // A block the tier above still holds stays stored, in that tier.
             match self.upper.info(key) {
                 Some(up) if change == BlockChange::Removed => {
-                    feed.push(*key, BlockChange::Tier, up.tier)
+                    feed.push(*key, BlockChange::Tier, up.tier, name)
                 }
-                Some(up) => feed.push(*key, change, up.tier),
-                None => feed.push(*key, change, tier),
+                Some(up) => feed.push(*key, change, up.tier, name),
+                None => feed.push(*key, change, tier, name),
             }
         }
     }
@@ -232,7 +239,7 @@ impl Inner {
     /// Forget `key` entirely; true when it was stored.
     pub fn remove_block(&mut self, key: &BlockKey) -> Option<Block> {
         let b = self.blocks.remove(key)?;
-        self.note(key, BlockChange::Removed);
+        self.note(key, BlockChange::Removed, b.owner);
         if let Some(e) = b.ram {
             self.ram_order.remove(b.ram_slot, key);
             self.shares

@@ -341,7 +341,8 @@ impl Shared {
                 b.ram = Some(ram);
                 b.ram_slot = ram_order.insert(*key, rec);
                 b.ram_owner_slot = shares.enter(TierIx::Ram, b.owner, *key, rec, ram.len);
-                g.note(key, crate::changes::BlockChange::Tier);
+                let owner = b.owner;
+                g.note(key, crate::changes::BlockChange::Tier, owner);
                 StoreMetrics::tier(&self.metrics.promotions, TierName::Ram).inc();
                 Ok(Some(ram))
             }

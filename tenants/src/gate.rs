@@ -32,6 +32,13 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// A node of the cluster calling another (its mutual-TLS certificate,
+    /// checked by the caller, names a node): keys used as sent, every
+    /// namespace, no owner, as in single-tenant mode.
+    pub fn cluster_node() -> Identity {
+        Identity { tenant: None }
+    }
+
     /// The tenant, `None` in single-tenant mode.
     pub fn tenant(&self) -> Option<&Tenant> {
         self.tenant.as_deref()

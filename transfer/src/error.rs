@@ -146,6 +146,9 @@ pub enum ConnectionFault {
     /// A peer whose TLS certificate names no node id.
     #[error("tls: peer certificate names no node")]
     NoNodeId,
+    /// A peer whose certificate names another node than the one meant.
+    #[error("tls: meant to reach node {expected:?}, the peer's certificate names {presented:?}")]
+    WrongNode { expected: String, presented: String },
     /// An RDMA endpoint reply of `len` bytes (not the encoded size).
     #[error("rdma endpoint of {len} bytes")]
     RdmaEndpointLen { len: u64 },

@@ -193,6 +193,15 @@ impl TransferEngine {
         self.inner.corrupt.store(count, Ordering::Relaxed);
     }
 
+    /// From now on, connections to `addr` must reach node `node_id`:
+    /// secured, the peer's certificate must be that node's (its own DNS
+    /// name verified in the handshake, its id compared), else every op to
+    /// `addr` fails with `ConnectionFault::WrongNode`. Without a call, any
+    /// node of the cluster may answer at `addr`.
+    pub fn expect_node(&self, addr: &str, node_id: &str) {
+        self.inner.expect_node(addr, node_id);
+    }
+
     /// Run `ops` against the peer at `peer` (its transfer address). One result
     /// per op, in order; an op succeeds only if all of its bytes arrived (and
     /// matched their checksum when asked).

@@ -287,6 +287,7 @@ mod tests {
             key: k,
             change,
             tier: kvfabric_store::Tier::Ram,
+            owner: None,
         };
         // Engine 1's node holds the prompt's first 3 blocks.
         for k in &keys {

@@ -147,7 +147,9 @@ pub(super) async fn secured_throughput(
     mode: SecurityMode,
 ) -> anyhow::Result<Costed> {
     let dir = tempfile::tempdir()?;
-    kvfabric_transfer::security::certs::init(dir.path(), &["bench".into(), "peer".into()], 1)?;
+    use kvfabric_transfer::security::Principal;
+    let ids = [Principal::node("bench"), Principal::node("peer")];
+    kvfabric_transfer::security::certs::init(dir.path(), &ids, 1)?;
     let peer = spawn_peer(args, Some((mode.as_str(), dir.path())))?;
     let with_certs = TransferArgs {
         certs_dir: Some(dir.path().to_path_buf()),

@@ -235,7 +235,7 @@ impl ClusterNode {
                 })
                 .collect(),
         };
-        let mut c = self.directory_client(&owner.grpc_addr).ok()?;
+        let mut c = self.directory_client(owner).ok()?;
         match tokio::time::timeout(self.cfg.rpc_timeout(), c.announce(req)).await {
             Ok(Ok(resp)) => Some(
                 resp.metadata()
@@ -261,7 +261,7 @@ impl ClusterNode {
             node_id: self.me.node_id.clone(),
             keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
         };
-        if let Ok(mut c) = self.directory_client(&owner.grpc_addr) {
+        if let Ok(mut c) = self.directory_client(owner) {
             let _ = tokio::time::timeout(self.cfg.rpc_timeout(), c.withdraw(req)).await;
         }
     }

@@ -126,7 +126,7 @@ fn endpoint(
     let Some(id) = identity else {
         return Ok(e);
     };
-    e.tls_config(crate::cluster::security::client_tls(id))
+    e.tls_config(crate::cluster::security::client_tls(id, None))
         .map_err(|e| {
             NodeError::Config(BadNodeConfig::Tls {
                 what: "tls",

@@ -79,7 +79,7 @@ impl ClusterCacheService {
         let timeout = self.node.config().rpc_timeout();
         let calls = per_node.into_iter().filter_map(|(id, ks)| {
             let peer = view.nodes.get(&id)?;
-            let ch = self.node.channel(&peer.grpc_addr).ok()?;
+            let ch = self.node.channel(&id, &peer.grpc_addr).ok()?;
             let fut = call(CacheServiceClient::new(ch), ks);
             Some(async move {
                 match tokio::time::timeout(timeout, fut).await {
@@ -274,21 +274,29 @@ impl CacheService for ClusterCacheService {
 
     async fn cluster_status(
         &self,
-        _req: Request<ClusterStatusRequest>,
+        req: Request<ClusterStatusRequest>,
     ) -> Result<Response<ClusterStatusResponse>, Status> {
         let view = self.node.view();
         let me = self.node.info().node_id.clone();
         let timeout = self.node.config().rpc_timeout();
+        // Peers with a tenants file want a credential: secured, this node's
+        // certificate is one; in mode none, the caller's key is passed on.
+        let auth = req.metadata().get("authorization").cloned();
         let asks = view.nodes.values().map(|n| {
             let me = me.clone();
+            let auth = auth.clone();
             async move {
                 let stats = if n.node_id == me {
                     Some(self.node.stats())
                 } else {
-                    match self.node.channel(&n.grpc_addr) {
+                    match self.node.channel(&n.node_id, &n.grpc_addr) {
                         Ok(ch) => {
                             let mut c = CacheServiceClient::new(ch);
-                            match tokio::time::timeout(timeout, c.stats(StatsRequest {})).await {
+                            let mut ask = Request::new(StatsRequest {});
+                            if let Some(a) = auth {
+                                ask.metadata_mut().insert("authorization", a);
+                            }
+                            match tokio::time::timeout(timeout, c.stats(ask)).await {
                                 Ok(Ok(r)) => Some(r.into_inner()),
                                 _ => None,
                             }

@@ -5,6 +5,12 @@
 //! stale (a failed read), or leaves the cluster. Holders are kept best first
 //! (RAM before disk, then by node id for determinism) so a reader takes the
 //! first one.
+//!
+//! The checksum of a key is the first holder's (its writer's, as announced
+//! under its own certificate): a later holder announcing other bytes for the
+//! key is refused ([`Announced::Conflict`]) while any holder of the recorded
+//! checksum remains, and readers verify what any holder serves against the
+//! recorded checksum, so a holder cannot get other bytes read as the key's.
 
 use std::collections::HashMap;
 
@@ -40,18 +46,39 @@ pub fn in_ram(holders: &[HolderEntry]) -> bool {
     holders.first().is_some_and(|h| h.tier <= HolderTier::Ram)
 }
 
+/// What an announcement did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Announced {
+    /// Entered; the key had no holder in RAM and has one now.
+    NowInRam,
+    /// Entered.
+    Entered,
+    /// Refused: another holder recorded other bytes (checksum) for the key.
+    Conflict,
+}
+
 impl DirectoryShard {
     /// Record that `entry.node_id` holds `key` (replacing its previous entry
-    /// for the key); true when the key had no holder in RAM and has one now.
-    pub fn announce(&mut self, key: BlockKey, entry: HolderEntry) -> bool {
+    /// for the key), unless another holder recorded another checksum.
+    pub fn announce(&mut self, key: BlockKey, entry: HolderEntry) -> Announced {
         let holders = self.entries.entry(key).or_default();
+        if holders
+            .iter()
+            .any(|h| h.node_id != entry.node_id && h.checksum != entry.checksum)
+        {
+            return Announced::Conflict;
+        }
         let was = in_ram(holders);
         holders.retain(|h| h.node_id != entry.node_id);
         holders.push(entry);
         holders.sort_by(|a, b| a.tier.cmp(&b.tier).then_with(|| a.node_id.cmp(&b.node_id)));
         let now = in_ram(holders);
         self.in_ram = self.in_ram + usize::from(now) - usize::from(was);
-        now && !was
+        if now && !was {
+            Announced::NowInRam
+        } else {
+            Announced::Entered
+        }
     }
 
     /// Forget that `node_id` holds `key`; true when an entry was removed.
@@ -169,14 +196,16 @@ mod tests {
     #[test]
     fn keys_in_ram_are_counted_and_entering_ram_is_told() {
         let mut d = DirectoryShard::default();
-        assert!(d.announce(k(1), e("a", HolderTier::Ram)));
-        assert!(!d.announce(k(1), e("b", HolderTier::Ram)), "a copy");
-        assert!(!d.announce(k(2), e("a", HolderTier::Disk)), "disk only");
+        let now_in_ram = Announced::NowInRam;
+        assert_eq!(d.announce(k(1), e("a", HolderTier::Ram)), now_in_ram);
+        assert_ne!(d.announce(k(1), e("b", HolderTier::Ram)), now_in_ram, "a copy");
+        assert_ne!(d.announce(k(2), e("a", HolderTier::Disk)), now_in_ram, "disk only");
         assert_eq!(d.in_ram_len(), 1);
-        assert!(d.announce(k(2), e("b", HolderTier::Ram)), "promoted");
+        assert_eq!(d.announce(k(2), e("b", HolderTier::Ram)), now_in_ram, "promoted");
         assert_eq!(d.in_ram_len(), 2);
-        assert!(
-            !d.announce(k(1), e("a", HolderTier::Disk)),
+        assert_ne!(
+            d.announce(k(1), e("a", HolderTier::Disk)),
+            now_in_ram,
             "b keeps k1 in RAM"
         );
         assert!(d.withdraw("b", &k(1)));
@@ -187,5 +216,25 @@ mod tests {
         d.announce(k(3), e("c", HolderTier::Ram));
         d.retain_owned(|key| *key != k(3));
         assert_eq!(d.in_ram_len(), 0);
+    }
+
+    /// The first holder's checksum is the key's: another holder announcing
+    /// other bytes is refused while a holder of the recorded bytes remains;
+    /// a holder may change its own entry when alone.
+    #[test]
+    fn another_holders_other_bytes_are_refused() {
+        let mut d = DirectoryShard::default();
+        let with = |node: &str, sum: u64| HolderEntry {
+            checksum: sum,
+            ..e(node, HolderTier::Ram)
+        };
+        assert_eq!(d.announce(k(1), with("a", 7)), Announced::NowInRam);
+        assert_eq!(d.announce(k(1), with("c", 8)), Announced::Conflict);
+        assert_eq!(d.locate(&k(1)).len(), 1, "c not entered");
+        assert_eq!(d.announce(k(1), with("b", 7)), Announced::Entered);
+        assert!(d.locate(&k(1)).iter().all(|h| h.checksum == 7));
+        assert!(d.withdraw("a", &k(1)) && d.withdraw("b", &k(1)));
+        assert_eq!(d.announce(k(1), with("c", 8)), Announced::NowInRam, "gone, then new");
+        assert_eq!(d.announce(k(1), with("c", 9)), Announced::Entered, "its own entry");
     }
 }

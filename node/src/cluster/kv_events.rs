@@ -7,6 +7,13 @@
 //! at its own pace; one that falls more than [`crate::KV_EVENT_BUFFER`]
 //! events behind gets a `RESYNC` event saying how many it missed, then the
 //! events that follow — never a silent gap.
+//!
+//! A tenant that is not `trusted` is streamed only the events of its own
+//! blocks (those that count to its owner in the tiers' shares: its name, or
+//! its shared namespace): block keys are public functions of namespace and
+//! tokens, so another tenant's keys would let it confirm guesses of their
+//! prompts. Trusted callers (operators, routers, engines in remote mode)
+//! and single-tenant mode see every event.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,6 +22,7 @@ use futures::Stream;
 use kvfabric_proto::v1::kv_event_service_server::KvEventService;
 use kvfabric_proto::v1::{KvEvent, KvEventKind, KvEventsRequest, Tier};
 use tokio::sync::broadcast::error::RecvError;
+use kvfabric_tenants::Identity;
 use tonic::{Request, Response, Status};
 
 use kvfabric_store::{BlockChange, ChangeFeed, KvEventRecord};
@@ -51,23 +59,48 @@ pub fn kv_event_pb(node_id: &str, r: &KvEventRecord) -> KvEvent {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<KvEvent, Status>> + Send + 'static>>;
 
+/// Whose events a caller may see: `None` every block's, `Some(owner)` only
+/// the blocks that count to `owner` (an untrusted tenant).
+fn visible_owner<T>(req: &Request<T>) -> Option<std::sync::Arc<str>> {
+    let who = req.extensions().get::<Identity>()?;
+    let tenant = who.tenant().filter(|t| !t.trusted)?;
+    Some(tenant.owner.clone())
+}
+
+/// The next event `rx` has for a caller that sees `only`'s blocks (`None`:
+/// all); lag is reported whoever asks. `None` once the feed is gone.
+async fn next_visible(
+    rx: &mut tokio::sync::broadcast::Receiver<KvEventRecord>,
+    only: Option<&str>,
+) -> Option<Result<KvEventRecord, u64>> {
+    loop {
+        match rx.recv().await {
+            Ok(r) if only.is_none_or(|o| r.owner.as_deref() == Some(o)) => return Some(Ok(r)),
+            Ok(_) => continue,
+            Err(RecvError::Lagged(dropped)) => return Some(Err(dropped)),
+            Err(RecvError::Closed) => return None,
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl KvEventService for KvEventRpc {
     type KvEventsStream = EventStream;
 
     async fn kv_events(
         &self,
-        _req: Request<KvEventsRequest>,
+        req: Request<KvEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
+        let only = visible_owner(&req);
         let rx = self.feed.subscribe();
         let node_id = self.node_id.clone();
-        tracing::debug!(node = %node_id, "KV event subscriber joined");
+        tracing::debug!(node = %node_id, only = ?only, "KV event subscriber joined");
         let stream = futures::stream::unfold(
-            (rx, node_id, 0u64),
-            |(mut rx, node, last)| async move {
-                let event = match rx.recv().await {
+            (rx, node_id, 0u64, only),
+            |(mut rx, node, last, only)| async move {
+                let event = match next_visible(&mut rx, only.as_deref()).await? {
                     Ok(r) => kv_event_pb(&node, &r),
-                    Err(RecvError::Lagged(dropped)) => {
+                    Err(dropped) => {
                         tracing::warn!(node = %node, dropped, "KV event subscriber lagged; sent RESYNC");
                         KvEvent {
                             sequence: last,
@@ -78,11 +111,9 @@ impl KvEventService for KvEventRpc {
                             dropped,
                         }
                     }
-                    // The feed is gone: the node is shutting down.
-                    Err(RecvError::Closed) => return None,
                 };
                 let last = event.sequence.max(last);
-                Some((Ok(event), (rx, node, last)))
+                Some((Ok(event), (rx, node, last, only)))
             },
         );
         Ok(Response::new(Box::pin(stream)))

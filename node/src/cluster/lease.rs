@@ -55,7 +55,8 @@ pub(super) enum LeaseSource {
 
 /// A lease held at a peer; released (in the background) on drop.
 pub(super) struct RemoteLease {
-    grpc_addr: String,
+    /// The holder: its node id and gRPC address.
+    holder: (String, String),
     pub(super) transfer_addr: String,
     pub(super) segment: SegmentId,
     pub(super) offset: u64,
@@ -70,7 +71,7 @@ impl Drop for RemoteLease {
         // The releaser is gone only when the node is; the holder's TTL then frees it.
         let _ = self
             .releases
-            .send((std::mem::take(&mut self.grpc_addr), self.lease_id));
+            .send((std::mem::take(&mut self.holder), self.lease_id));
     }
 }
 
@@ -246,7 +247,7 @@ impl ClusterNode {
 
     fn holder_client(&self, peer: &NodeInfo) -> Result<HolderServiceClient<Channel>, NodeError> {
         let limit = 64 << 20;
-        Ok(HolderServiceClient::new(self.channel(&peer.grpc_addr)?)
+        Ok(HolderServiceClient::new(self.channel(&peer.node_id, &peer.grpc_addr)?)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit))
     }
@@ -287,7 +288,7 @@ impl ClusterNode {
         if leases.len() != keys.len() {
             tracing::warn!(holder = %peer.node_id, "lease answered {} of {} keys", leases.len(), keys.len());
             for l in leases.iter().filter(|l| l.lease_id != 0) {
-                let _ = self.releases.send((peer.grpc_addr.clone(), l.lease_id));
+                let _ = self.releases.send((holder_of(peer), l.lease_id));
             }
             return none();
         }
@@ -309,7 +310,7 @@ impl ClusterNode {
             return None;
         }
         let remote = RemoteLease {
-            grpc_addr: peer.grpc_addr.clone(),
+            holder: holder_of(peer),
             transfer_addr: peer.transfer_addr.clone(),
             segment: SegmentId(l.segment_id),
             offset: l.offset,
@@ -318,6 +319,13 @@ impl ClusterNode {
             releases: self.releases.clone(),
         };
         // From here on, dropping `remote` releases the lease.
+        if l.checksum != expect.checksum {
+            // Other bytes than the key's directory entry recorded: the
+            // holder's copy is not the writer's (or it is not who it says).
+            tracing::warn!(holder = %peer.node_id, key = ?key, "leased checksum is not the recorded one");
+            self.integrity.holder_mismatches.inc();
+            return None;
+        }
         if l.size != expect.size || l.size == 0 {
             tracing::info!(holder = %peer.node_id, "leased size {} != directory's {}", l.size, expect.size);
             return None;
@@ -332,7 +340,8 @@ impl ClusterNode {
         Some(LeasedBlock {
             key,
             len: l.size,
-            checksum: l.checksum,
+            // Verified against the directory's record, never the holder's word.
+            checksum: expect.checksum,
             layout,
             holder: peer.node_id.clone(),
             tier: expect.tier,
@@ -345,16 +354,16 @@ impl ClusterNode {
 /// sender (the node and its leased blocks) is gone.
 pub(super) async fn releaser(node: Weak<ClusterNode>, mut rx: mpsc::UnboundedReceiver<Release>) {
     while let Some(first) = rx.recv().await {
-        let mut by_holder: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut by_holder: HashMap<(String, String), Vec<u64>> = HashMap::new();
         by_holder.entry(first.0).or_default().push(first.1);
         while let Ok((addr, id)) = rx.try_recv() {
             by_holder.entry(addr).or_default().push(id);
         }
         let Some(n) = node.upgrade() else { return };
-        let sends = by_holder.into_iter().map(|(addr, lease_ids)| {
+        let sends = by_holder.into_iter().map(|((holder, addr), lease_ids)| {
             let n = &n;
             async move {
-                let Ok(ch) = n.channel(&addr) else { return };
+                let Ok(ch) = n.channel(&holder, &addr) else { return };
                 let mut c = HolderServiceClient::new(ch);
                 let call = c.release_many(ReleaseManyRequest { lease_ids });
                 if !matches!(
@@ -367,4 +376,9 @@ pub(super) async fn releaser(node: Weak<ClusterNode>, mut rx: mpsc::UnboundedRec
         });
         futures::future::join_all(sends).await;
     }
+}
+
+/// The (node id, gRPC address) a release of `peer`'s lease goes to.
+fn holder_of(peer: &NodeInfo) -> (String, String) {
+    (peer.node_id.clone(), peer.grpc_addr.clone())
 }

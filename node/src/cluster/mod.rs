@@ -12,6 +12,8 @@
 //! - `order_feed`: the shard's lookups and puts feed the RAM tier's
 //!   `adaptive` order (its shadows judge the cluster's traffic).
 //! - [`security`]: node identity on the gRPC side (mutual TLS, claimed ids).
+//! - `integrity`: counters of blocks a holder could not vouch for (another
+//!   checksum than the one the key's directory entry recorded).
 //! - [`kv_events`]: the node's block stored / removed event stream (`KvEventService`).
 //! - [`cluster_cache_service`], [`rpc`]: the cluster-wide CacheService and the
 //!   internal Directory/Holder services ([`crate::NodeServer`] serves them).
@@ -22,6 +24,7 @@ pub mod cluster_cache_service;
 pub mod cluster_config;
 pub mod directory;
 mod holder;
+mod integrity;
 pub mod kv_events;
 mod lease;
 pub mod membership;

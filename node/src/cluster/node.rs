@@ -27,8 +27,9 @@ use prometheus_client::registry::Registry;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cluster::cluster_config::ClusterConfig;
-use crate::cluster::directory::{DirectoryShard, HolderEntry};
+use crate::cluster::directory::{Announced, DirectoryShard, HolderEntry};
 use crate::cluster::holder::{HolderLeases, PeerLease};
+use crate::cluster::integrity::IntegrityCounters;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
 pub use crate::cluster::node_state::ClusterNode;
 use crate::cluster::node_state::{holder_entry, tier_of};
@@ -97,6 +98,7 @@ impl ClusterNode {
             shard: Mutex::new(DirectoryShard::default()),
             channels: Mutex::new(HashMap::new()),
             holder: HolderLeases::new(registry),
+            integrity: IntegrityCounters::new(registry),
             announcer,
             releases,
         });
@@ -162,8 +164,12 @@ impl ClusterNode {
         }
     }
 
-    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, NodeError> {
-        if let Some(c) = self.channels.lock().get(addr) {
+    /// The gRPC channel to node `node_id` at `addr`; secured, the server
+    /// must prove it is that node (its certificate's own DNS name), so a
+    /// membership record naming another node's address gets no answer.
+    pub(crate) fn channel(&self, node_id: &str, addr: &str) -> Result<Channel, NodeError> {
+        let at = (node_id.to_string(), addr.to_string());
+        if let Some(c) = self.channels.lock().get(&at) {
             return Ok(c.clone());
         }
         let scheme = if self.identity.is_some() {
@@ -182,7 +188,7 @@ impl ClusterNode {
             .tcp_nodelay(true);
         if let Some(id) = &self.identity {
             ep = ep
-                .tls_config(crate::cluster::security::client_tls(id))
+                .tls_config(crate::cluster::security::client_tls(id, Some(node_id)))
                 .map_err(|e| {
                     NodeError::Config(BadNodeConfig::Tls {
                         what: "peer channel tls",
@@ -191,16 +197,16 @@ impl ClusterNode {
                 })?;
         }
         let ch = ep.connect_lazy();
-        self.channels.lock().insert(addr.to_string(), ch.clone());
+        self.channels.lock().insert(at, ch.clone());
         Ok(ch)
     }
 
     pub(super) fn directory_client(
         &self,
-        addr: &str,
+        owner: &NodeInfo,
     ) -> Result<DirectoryServiceClient<Channel>, NodeError> {
         let limit = 256 << 20;
-        Ok(DirectoryServiceClient::new(self.channel(addr)?)
+        Ok(DirectoryServiceClient::new(self.channel(&owner.node_id, &owner.grpc_addr)?)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit))
     }
@@ -209,18 +215,25 @@ impl ClusterNode {
 
     pub(crate) fn shard_announce(&self, entries: Vec<(BlockKey, HolderEntry)>) -> usize {
         let n = entries.len();
-        let (entered, held) = {
+        let (entered, held, refused) = {
             let mut shard = self.shard.lock();
             let mut entered = Vec::new();
+            let mut refused = 0;
             for (k, e) in entries {
-                if shard.announce(k, e) {
-                    entered.push(k);
+                match shard.announce(k, e) {
+                    Announced::NowInRam => entered.push(k),
+                    Announced::Entered => {}
+                    Announced::Conflict => refused += 1,
                 }
             }
-            (entered, shard.in_ram_len())
+            (entered, shard.in_ram_len(), refused)
         };
+        if refused > 0 {
+            tracing::warn!(refused, "announcements of other bytes than a key's recorded checksum refused");
+            self.integrity.conflicting_announces.inc_by(refused as u64);
+        }
         self.feed_order_puts(&entered, held);
-        n
+        n - refused
     }
 
     pub(crate) fn shard_withdraw(&self, node_id: &str, keys: &[BlockKey]) -> usize {
@@ -342,7 +355,7 @@ impl ClusterNode {
             lookup,
         };
         let call = async {
-            let mut c = self.directory_client(&owner.grpc_addr)?;
+            let mut c = self.directory_client(owner)?;
             c.locate(req).await.map_err(|s| NodeError::PeerRpc {
                 op: "locate",
                 peer: owner.node_id.clone(),

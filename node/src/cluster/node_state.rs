@@ -25,12 +25,14 @@ use crate::cluster::cluster_config::ClusterConfig;
 use crate::cluster::directory::{DirectoryShard, HolderEntry, HolderTier};
 use crate::cluster::holder::HolderLeases;
 use crate::cluster::membership::{Membership, MembershipView, NodeInfo};
+use crate::cluster::integrity::IntegrityCounters;
 use crate::cluster::read_staging::Staging;
 use crate::cluster::refresh::Announcer;
 use kvfabric_store::Store;
 
-/// A remote lease to give back: (holder's gRPC address, lease id).
-pub(super) type Release = (String, u64);
+/// A remote lease to give back: the holder (node id, gRPC address) and
+/// the lease id.
+pub(super) type Release = ((String, String), u64);
 
 /// One node's cluster state.
 pub struct ClusterNode {
@@ -45,9 +47,11 @@ pub struct ClusterNode {
     pub(super) ram_segment: SegmentId,
     pub(super) staging: Arc<Staging>,
     pub(super) shard: Mutex<DirectoryShard>,
-    pub(super) channels: Mutex<HashMap<String, Channel>>,
+    pub(super) channels: Mutex<HashMap<(String, String), Channel>>,
     /// The leases this node keeps for remote readers (`holder.rs`).
     pub(super) holder: HolderLeases,
+    /// Blocks refused for other bytes than recorded (`integrity.rs`).
+    pub(super) integrity: IntegrityCounters,
     /// The announcer's state and wake-up (`refresh.rs`; its work: `announce.rs`).
     pub(super) announcer: Announcer,
     /// Remote leases to give back (drained by the releaser task).

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use crate::cluster::directory::HolderEntry;
 use crate::cluster::lease::{LeaseSource, LeasedBlock};
-use crate::cluster::membership::MembershipView;
+use crate::cluster::membership::{MembershipView, NodeInfo};
 use crate::cluster::node_state::{tier_store, ClusterNode};
 use crate::NodeError;
 use kvfabric_proto::internal::v1::StaleRequest;
@@ -295,6 +295,7 @@ impl ClusterNode {
         ops: Vec<TransferOp>,
     ) -> Vec<Result<(), NodeError>> {
         let n = ops.len();
+        self.transfer.expect_node(addr, holder);
         let run = async {
             let mut res = self.transfer.batch(addr, ops.clone()).await;
             let again: Vec<usize> = (0..res.len())
@@ -348,6 +349,9 @@ impl ClusterNode {
     /// dropped, so it is never served again).
     pub async fn report_corrupt(&self, block: &LeasedBlock) {
         tracing::warn!(holder = %block.holder(), key = ?block.key(), "corrupt block read; holder reported stale");
+        if !block.is_local() {
+            self.integrity.holder_mismatches.inc();
+        }
         if block.is_local() {
             let store = self.store.clone();
             let key = *block.key();
@@ -480,12 +484,12 @@ impl ClusterNode {
         view: &MembershipView,
         stale: Vec<(String, BlockKey)>,
     ) {
-        let mut by_owner: HashMap<(String, String), (String, Vec<BlockKey>)> = HashMap::new();
+        let mut by_owner: HashMap<(String, String), (NodeInfo, Vec<BlockKey>)> = HashMap::new();
         for (holder, key) in stale {
             if let Some(owner) = view.owner(&key) {
                 by_owner
                     .entry((owner.node_id.clone(), holder))
-                    .or_insert_with(|| (owner.grpc_addr.clone(), Vec::new()))
+                    .or_insert_with(|| (owner.clone(), Vec::new()))
                     .1
                     .push(key);
             }
@@ -493,7 +497,7 @@ impl ClusterNode {
         let me = self.me.node_id.as_str();
         let sends = by_owner
             .into_iter()
-            .map(|((owner, holder), (addr, keys))| async move {
+            .map(|((owner, holder), (at, keys))| async move {
                 if owner == me {
                     self.shard_withdraw(&holder, &keys);
                     return;
@@ -502,7 +506,7 @@ impl ClusterNode {
                     node_id: holder,
                     keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
                 };
-                if let Ok(mut c) = self.directory_client(&addr) {
+                if let Ok(mut c) = self.directory_client(&at) {
                     let _ = tokio::time::timeout(self.cfg.rpc_timeout(), c.report_stale(req)).await;
                 }
             });

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use kvfabric_transfer::security::{
-    node_id_of, NodeIdentity, SecurityConfig, SecurityMode, SERVER_NAME,
+    node_dns_name, node_id_of, NodeIdentity, SecurityConfig, SecurityMode, SERVER_NAME,
 };
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 use tonic::{Request, Status};
@@ -29,9 +29,9 @@ pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentit
              its blocks and announce under any node id; use it on loopback or a trusted test bed \
              only (docs/SECURITY.md)"
         ),
-        Some(i) if i.node_id != node_id => {
+        Some(i) if i.node_id() != Some(node_id) => {
             return Err(NodeError::Config(BadNodeConfig::CertificateNode {
-                cert: i.node_id.clone(),
+                cert: i.principal.uri(),
                 node_id: node_id.to_string(),
             }))
         }
@@ -44,12 +44,12 @@ pub fn load(cfg: &ClusterConfig, node_id: &str) -> Result<Option<Arc<NodeIdentit
 
 /// A client's identity from the `[cluster.security]` settings a node reads
 /// (file, `KVFABRIC_TLS_*`, `--tls-*`): None without certificates (mode
-/// `none`). Any certificate of the cluster CA will do, whatever node it names
-/// (its host node's, or one `kvfabric certs init --nodes` made for the tool).
+/// `none`). Any certificate of the cluster CA will do: a tool's or a
+/// tenant's (`kvfabric certs init --tools`, `--tenants`), or a node's.
 pub fn load_client(cfg: &SecurityConfig) -> Result<Option<Arc<NodeIdentity>>, NodeError> {
     let id = NodeIdentity::load(cfg).map_err(|e| NodeError::Config(BadNodeConfig::Security(e)))?;
     if let Some(i) = &id {
-        tracing::debug!(cert = %i.node_id, mode = i.mode.as_str(), "client over mutual TLS");
+        tracing::debug!(cert = %i.principal.uri(), mode = i.mode.as_str(), "client over mutual TLS");
     }
     Ok(id)
 }
@@ -62,13 +62,15 @@ pub fn server_tls(id: &NodeIdentity) -> ServerTlsConfig {
         .client_ca_root(Certificate::from_pem(&id.ca_pem))
 }
 
-/// A peer channel's TLS: the server verified against the cluster CA (as
-/// [`SERVER_NAME`]), our certificate presented.
-pub fn client_tls(id: &NodeIdentity) -> ClientTlsConfig {
+/// A channel's TLS: our certificate presented, the server verified against
+/// the cluster CA as node `expected` ([`node_dns_name`]: only that node's
+/// certificate passes), or as any node ([`SERVER_NAME`]) for a client that
+/// knows only an address.
+pub fn client_tls(id: &NodeIdentity, expected: Option<&str>) -> ClientTlsConfig {
     ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&id.ca_pem))
         .identity(Identity::from_pem(&id.cert_pem, &id.key_pem))
-        .domain_name(SERVER_NAME)
+        .domain_name(expected.map_or_else(|| SERVER_NAME.to_string(), node_dns_name))
 }
 
 /// The node id in the certificate the caller of `req` presented.

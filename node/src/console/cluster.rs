@@ -91,7 +91,7 @@ impl Console {
                         .await
                         .ok()
                 } else {
-                    self.ask(&addr, with_history, timeout).await
+                    self.ask(&id, &addr, with_history, timeout).await
                 };
                 let state = match (in_view, &summary) {
                     (false, _) => NodeState::Gone,
@@ -118,12 +118,13 @@ impl Console {
 
     async fn ask(
         &self,
+        id: &str,
         addr: &str,
         with_history: bool,
         timeout: std::time::Duration,
     ) -> Option<SummaryResponse> {
         let node = self.node.as_ref()?;
-        let ch = node.channel(addr).ok()?;
+        let ch = node.channel(id, addr).ok()?;
         let mut client = ConsoleServiceClient::new(ch)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20);

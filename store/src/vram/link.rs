@@ -58,11 +58,17 @@ impl VramShared {
             Some(_) => Tier::Ram,
             None => Tier::Disk,
         });
+        // A VRAM-only block counts to nobody (the VRAM tier keeps no owners).
+        let owner = g
+            .blocks
+            .get(key)
+            .filter(|_| feed.has_subscribers())
+            .and_then(|b| g.shares.name_of(b.owner));
         match (in_vram, below) {
-            (true, None) => feed.push(*key, BlockChange::Stored, Tier::Vram),
-            (true, Some(_)) => feed.push(*key, BlockChange::Tier, Tier::Vram),
-            (false, Some(tier)) => feed.push(*key, BlockChange::Tier, tier),
-            (false, None) => feed.push(*key, BlockChange::Removed, Tier::Absent),
+            (true, None) => feed.push(*key, BlockChange::Stored, Tier::Vram, owner),
+            (true, Some(_)) => feed.push(*key, BlockChange::Tier, Tier::Vram, owner),
+            (false, Some(tier)) => feed.push(*key, BlockChange::Tier, tier, owner),
+            (false, None) => feed.push(*key, BlockChange::Removed, Tier::Absent, owner),
         }
     }
 

@@ -60,14 +60,15 @@ pub fn tls_flags(dir: &std::path::Path, name: &str) -> Vec<String> {
 /// `kvfabric certs init DIR --nodes NODES`: a cluster CA and one certificate
 /// per name, made by the CLI (what a user runs); panics with its stderr if it fails.
 pub fn certs_init(dir: &std::path::Path, nodes: &str) {
+    certs_init_with(dir, &["--nodes", nodes]);
+}
+
+/// `kvfabric certs init DIR ARGS..` (e.g. `--nodes a,b --tools ops --tenants
+/// acme`); panics with its stderr if it fails.
+pub fn certs_init_with(dir: &std::path::Path, args: &[&str]) {
     let out = Command::new(kvfabric_bin())
-        .args([
-            "certs",
-            "init",
-            &dir.display().to_string(),
-            "--nodes",
-            nodes,
-        ])
+        .args(["certs", "init", &dir.display().to_string()])
+        .args(args)
         .output()
         .expect("run kvfabric certs init");
     assert!(

@@ -15,7 +15,9 @@ pub mod http;
 pub mod node;
 mod response;
 
-pub use command::{certs_init, kvfabric_bin, kvfabric_command, log_tail, tls_flags};
+pub use command::{
+    certs_init, certs_init_with, kvfabric_bin, kvfabric_command, log_tail, tls_flags,
+};
 pub use engine::{EngineOptions, EngineProc};
 pub use http::{get_json, get_ok, http, http_with_key, metric};
 pub use node::NodeProc;

@@ -57,6 +57,8 @@ pub(crate) struct Inner {
     pub live_caps: Mutex<std::collections::HashSet<u64>>,
     /// The ranges peers may WRITE into (secured modes).
     pub grants: WriteGrants,
+    /// The node each peer address is meant to be ([`Inner::expect_node`]).
+    expected: Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Inner {
@@ -80,6 +82,30 @@ impl Inner {
             caps,
             live_caps: Mutex::new(Default::default()),
             grants: WriteGrants::default(),
+            expected: Mutex::default(),
+        }
+    }
+
+    /// Connections to `addr` must reach node `node_id` from now on
+    /// (secured modes: its certificate's own name is verified, and its id
+    /// compared); idle ones that reached another are dropped at checkout.
+    pub fn expect_node(&self, addr: &str, node_id: &str) {
+        let mut m = lock(&self.expected);
+        if m.get(addr).map(String::as_str) != Some(node_id) {
+            m.insert(addr.to_string(), node_id.to_string());
+        }
+    }
+
+    /// The node `addr` is meant to be, if the user said.
+    pub fn expected_node(&self, addr: &str) -> Option<String> {
+        lock(&self.expected).get(addr).cloned()
+    }
+
+    /// Whether a link to `addr` that reached `peer_id` may carry ops now.
+    pub fn reaches_expected(&self, addr: &str, peer_id: Option<&str>) -> bool {
+        match (lock(&self.expected).get(addr), peer_id) {
+            (Some(want), Some(got)) => want == got,
+            _ => true,
         }
     }
 

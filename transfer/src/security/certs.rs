@@ -1,26 +1,37 @@
 //! Cluster certificates (`kvfabric certs init`): a CA and one certificate
-//! and key per node (rcgen, ECDSA P-256), for operators, tests and benches.
+//! and key per principal (rcgen, ECDSA P-256), for operators, tests and
+//! benches.
 //!
-//! Layout of DIR: `ca.crt`, `ca.key`, and `<node>.crt`, `<node>.key` per
-//! node; keys are written 0600 and nothing that exists is overwritten. A
-//! node certificate names its node id as the URI SAN `kvfabric://node/<id>`
-//! (the id peers take as the node's identity; the CN repeats it for people),
-//! plus the DNS names `kvfabric-node` (what every client verifies) and
-//! `localhost`, and may serve and connect (server and client auth).
-//! Certificates are valid from the start of last year for `years` years.
+//! Layout of DIR: `ca.crt`, `ca.key`, and `<name>.crt`, `<name>.key` per
+//! principal; keys are written 0600 and nothing that exists is overwritten.
+//! Every certificate names its principal as the URI SAN
+//! `kvfabric://<role>/<name>` (the CN repeats the name for people):
+//! - a node's (`kvfabric://node/<id>`) also names the DNS names
+//!   [`node_dns_name`] (its own, which a peer meaning to reach it verifies),
+//!   [`SERVER_NAME`] (what a tool given an address verifies) and
+//!   `localhost`, and may serve and connect (server and client auth);
+//! - a tool's or a tenant's names no DNS name and may only connect.
+//!
+//! The CA is valid for [`CA_DAYS`]; the others for the days asked (the
+//! command's default is 90), from the start of the day before.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose, SanType,
 };
 
-use super::{node_uri, SERVER_NAME};
+use super::{node_dns_name, Principal, Role, SERVER_NAME};
 use crate::error::BadInput;
 use crate::TransferError;
+
+/// Days the cluster CA stays valid (10 years: re-keying a CA is re-keying
+/// the cluster; keep `ca.key` offline).
+pub const CA_DAYS: u32 = 3653;
 
 fn bad(e: impl std::fmt::Display) -> TransferError {
     TransferError::InvalidArgument(BadInput::Credentials {
@@ -29,33 +40,35 @@ fn bad(e: impl std::fmt::Display) -> TransferError {
     })
 }
 
-/// The current year (UTC), from the clock.
-fn this_year() -> i32 {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    1970 + (secs / 31_556_952) as i32
+fn validity(p: &mut CertificateParams, days: u32) {
+    let day = Duration::from_secs(86_400);
+    let now = SystemTime::now();
+    let start = now.checked_sub(day).unwrap_or(now);
+    p.not_before = start.into();
+    p.not_after = (start + day * (days + 1)).into();
 }
 
-fn validity(p: &mut CertificateParams, years: i32) {
-    let start = this_year() - 1;
-    p.not_before = rcgen::date_time_ymd(start, 1, 1);
-    p.not_after = rcgen::date_time_ymd(start + 1 + years, 1, 1);
-}
-
-/// Make the CA and `nodes`' certificates in `dir`.
-pub fn init(dir: &Path, nodes: &[String], years: i32) -> Result<Vec<String>, TransferError> {
-    if nodes.is_empty() || nodes.iter().any(|n| n.is_empty() || n.contains('/')) {
-        return Err(bad("node ids must be non-empty, without '/'"));
+/// Make the CA and `principals`' certificates (each valid for `days`) in `dir`.
+pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<String>, TransferError> {
+    let valid_name = |n: &str| {
+        !n.is_empty() && n.len() <= 128 && n.bytes().all(|b| b.is_ascii_graphic() && b != b'/')
+    };
+    if principals.is_empty() || principals.iter().any(|p| !valid_name(&p.name)) {
+        return Err(bad(
+            "names must be 1-128 printable characters, without '/' or spaces",
+        ));
     }
-    if !(1..=100).contains(&years) {
-        return Err(bad("validity must be 1..=100 years"));
+    if !(1..=CA_DAYS).contains(&days) {
+        return Err(bad(format!("validity must be 1..={CA_DAYS} days")));
     }
     std::fs::create_dir_all(dir).map_err(|e| bad(format!("create {}: {e}", dir.display())))?;
     let mut names = vec!["ca.crt".to_string(), "ca.key".to_string()];
-    for n in nodes {
-        names.push(format!("{n}.crt"));
-        names.push(format!("{n}.key"));
+    for p in principals {
+        names.push(format!("{}.crt", p.name));
+        names.push(format!("{}.key", p.name));
+    }
+    if let Some(dup) = (1..names.len()).find(|&i| names[..i].contains(&names[i])) {
+        return Err(bad(format!("{} is asked for twice", names[dup])));
     }
     if let Some(existing) = names.iter().find(|n| dir.join(n).exists()) {
         return Err(bad(format!(
@@ -74,7 +87,7 @@ pub fn init(dir: &Path, nodes: &[String], years: i32) -> Result<Vec<String>, Tra
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    validity(&mut ca, years);
+    validity(&mut ca, CA_DAYS);
     let ca_cert = ca.self_signed(&ca_key).map_err(bad)?;
     write(&dir.join("ca.crt"), ca_cert.pem().as_bytes(), 0o644)?;
     write(
@@ -82,34 +95,46 @@ pub fn init(dir: &Path, nodes: &[String], years: i32) -> Result<Vec<String>, Tra
         ca_key.serialize_pem().as_bytes(),
         0o600,
     )?;
-
-    for node in nodes {
+    for p in principals {
         let key = KeyPair::generate().map_err(bad)?;
-        let mut p = CertificateParams::new(vec![SERVER_NAME.to_string(), "localhost".into()])
+        let cert = leaf(p, days)?
+            .signed_by(&key, &ca_cert, &ca_key)
             .map_err(bad)?;
-        p.subject_alt_names
-            .push(SanType::URI(node_uri(node).try_into().map_err(bad)?));
-        p.distinguished_name.push(DnType::CommonName, node.as_str());
-        p.is_ca = IsCa::NoCa;
-        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        p.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        validity(&mut p, years);
-        let cert = p.signed_by(&key, &ca_cert, &ca_key).map_err(bad)?;
+        write(&dir.join(format!("{}.crt", p.name)), cert.pem().as_bytes(), 0o644)?;
         write(
-            &dir.join(format!("{node}.crt")),
-            cert.pem().as_bytes(),
-            0o644,
-        )?;
-        write(
-            &dir.join(format!("{node}.key")),
+            &dir.join(format!("{}.key", p.name)),
             key.serialize_pem().as_bytes(),
             0o600,
         )?;
     }
     Ok(names)
+}
+
+/// The certificate parameters of principal `p`, valid for `days`.
+fn leaf(p: &Principal, days: u32) -> Result<CertificateParams, TransferError> {
+    let dns = match p.role {
+        Role::Node => vec![
+            node_dns_name(&p.name),
+            SERVER_NAME.to_string(),
+            "localhost".into(),
+        ],
+        Role::Tool | Role::Tenant => Vec::new(),
+    };
+    let mut c = CertificateParams::new(dns).map_err(bad)?;
+    c.subject_alt_names
+        .push(SanType::URI(p.uri().try_into().map_err(bad)?));
+    c.distinguished_name.push(DnType::CommonName, p.name.as_str());
+    c.is_ca = IsCa::NoCa;
+    c.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    c.extended_key_usages = match p.role {
+        Role::Node => vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        Role::Tool | Role::Tenant => vec![ExtendedKeyUsagePurpose::ClientAuth],
+    };
+    validity(&mut c, days);
+    Ok(c)
 }
 
 /// Create `path` with `mode` (never over an existing file) and write `bytes`.
@@ -127,13 +152,15 @@ fn write(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TransferError> {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    use rustls::pki_types::pem::PemObject;
+
     use super::*;
     use crate::security::{NodeIdentity, SecurityMode};
 
     #[test]
     fn init_makes_loadable_identities_with_private_keys() {
         let dir = tempfile::tempdir().unwrap();
-        init(dir.path(), &["a".into(), "b".into()], 10).unwrap();
+        init(dir.path(), &[node("a"), node("b")], 90).unwrap();
         for n in ["ca", "a", "b"] {
             let mode = std::fs::metadata(dir.path().join(format!("{n}.key")))
                 .unwrap()
@@ -149,8 +176,53 @@ mod tests {
             read("ca.crt"),
         )
         .unwrap();
-        assert_eq!(id.node_id, "b", "the id comes from the certificate");
-        assert!(init(dir.path(), &["a".into()], 10).is_err(), "no overwrite");
-        assert!(init(dir.path(), &["x/y".into()], 10).is_err());
+        assert_eq!(id.node_id(), Some("b"), "the id comes from the certificate");
+        assert!(init(dir.path(), &[node("a")], 90).is_err(), "no overwrite");
+        assert!(init(dir.path(), &[node("x/y")], 90).is_err());
+    }
+
+    fn node(name: &str) -> Principal {
+        Principal {
+            role: Role::Node,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn tools_and_tenants_are_named_but_are_no_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = Principal {
+            role: Role::Tool,
+            name: "ops".into(),
+        };
+        let acme = Principal {
+            role: Role::Tenant,
+            name: "acme".into(),
+        };
+        init(dir.path(), &[node("n0"), ops.clone(), acme.clone()], 30).unwrap();
+        let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+        let load = |n: &str| {
+            NodeIdentity::from_pem(
+                SecurityMode::Authenticate,
+                read(&format!("{n}.crt")),
+                read(&format!("{n}.key")),
+                read("ca.crt"),
+            )
+            .unwrap()
+        };
+        assert_eq!(load("ops").principal, ops);
+        assert_eq!(load("acme").principal, acme);
+        assert_eq!(load("ops").node_id(), None, "a tool is no node");
+        assert_eq!(load("n0").node_id(), Some("n0"));
+        let der = |n: &str| {
+            rustls::pki_types::CertificateDer::from_pem_slice(&read(&format!("{n}.crt"))).unwrap()
+        };
+        assert_eq!(crate::security::node_id_of(&der("acme")), None);
+        assert_eq!(crate::security::node_id_of(&der("n0")).as_deref(), Some("n0"));
+        assert!(
+            init(dir.path().join("dup").as_path(), &[node("x"), node("x")], 30).is_err(),
+            "a name twice"
+        );
+        assert!(init(dir.path().join("d").as_path(), &[node("x")], 0).is_err());
     }
 }

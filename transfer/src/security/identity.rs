@@ -14,35 +14,128 @@ use super::config::{SecurityConfig, SecurityMode};
 use crate::error::BadInput;
 use crate::TransferError;
 
-/// The DNS name every node certificate carries and every client verifies.
+/// The DNS name every node certificate carries, which a client that does
+/// not know which node it reaches (a tool given an address) verifies.
 pub const SERVER_NAME: &str = "kvfabric-node";
 /// Prefix of the URI subject alternative name that carries a node's id.
 pub const NODE_URI_PREFIX: &str = "kvfabric://node/";
+
+/// What a certificate of the cluster lets its holder be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A node: serves and calls the internal services (directory, holder)
+    /// and the transfer plane, under the id it names.
+    Node,
+    /// An operator's tool (`kvfabric ctl`): a client of the CacheService
+    /// and the console, never a member.
+    Tool,
+    /// A tenant's client: the CacheService only, under its API key.
+    Tenant,
+}
+
+impl Role {
+    /// The URI SAN prefix naming a principal of this role.
+    pub fn uri_prefix(self) -> &'static str {
+        match self {
+            Role::Node => NODE_URI_PREFIX,
+            Role::Tool => "kvfabric://tool/",
+            Role::Tenant => "kvfabric://tenant/",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Node => "node",
+            Role::Tool => "tool",
+            Role::Tenant => "tenant",
+        }
+    }
+}
+
+/// Who a certificate names: a role and a name (a node's id).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Principal {
+    pub role: Role,
+    pub name: String,
+}
+
+impl Principal {
+    /// Node `id`.
+    pub fn node(id: &str) -> Principal {
+        Principal {
+            role: Role::Node,
+            name: id.to_string(),
+        }
+    }
+
+    /// Its URI SAN, `kvfabric://<role>/<name>`.
+    pub fn uri(&self) -> String {
+        format!("{}{}", self.role.uri_prefix(), self.name)
+    }
+
+    /// The node id, for a node's certificate.
+    pub fn node_id(&self) -> Option<&str> {
+        (self.role == Role::Node).then_some(self.name.as_str())
+    }
+}
 
 /// The URI SAN naming node `id`.
 pub fn node_uri(id: &str) -> String {
     format!("{NODE_URI_PREFIX}{id}")
 }
 
-/// The node id a DER certificate names (its first `kvfabric://node/` URI
-/// SAN); None when it names none or does not parse.
-pub fn node_id_of(der: &[u8]) -> Option<String> {
+/// The DNS name only node `id`'s certificate carries, which a client that
+/// means to reach node `id` verifies, so no other member can answer for it:
+/// `<id>.node.kvfabric` when the id is a DNS label (`a-z 0-9 -`, at most
+/// 63), else the first 128 bits of its blake3 hash in hex.
+pub fn node_dns_name(id: &str) -> String {
+    let label = id.len() <= 63
+        && !id.is_empty()
+        && !id.starts_with('-')
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if label {
+        format!("{id}.node.kvfabric")
+    } else {
+        let h = blake3::hash(id.as_bytes()).to_hex();
+        format!("h{}.node.kvfabric", &h[..32])
+    }
+}
+
+/// Who a DER certificate names (its first `kvfabric://<role>/` URI SAN);
+/// None when it names nobody or does not parse.
+pub fn principal_of(der: &[u8]) -> Option<Principal> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let san = cert.subject_alternative_name().ok()??;
     san.value.general_names.iter().find_map(|n| match n {
-        x509_parser::extensions::GeneralName::URI(u) => u
-            .strip_prefix(NODE_URI_PREFIX)
-            .filter(|id| !id.is_empty())
-            .map(str::to_string),
+        x509_parser::extensions::GeneralName::URI(u) => [Role::Node, Role::Tool, Role::Tenant]
+            .into_iter()
+            .find_map(|role| {
+                let name = u.strip_prefix(role.uri_prefix())?;
+                (!name.is_empty()).then(|| Principal {
+                    role,
+                    name: name.to_string(),
+                })
+            }),
         _ => None,
     })
+}
+
+/// The node id a DER certificate names; None when it is not a node's
+/// (a tool's or a tenant's) or names nobody.
+pub fn node_id_of(der: &[u8]) -> Option<String> {
+    principal_of(der)
+        .filter(|p| p.role == Role::Node)
+        .map(|p| p.name)
 }
 
 /// What a node proves itself with and checks its peers against.
 pub struct NodeIdentity {
     pub mode: SecurityMode,
-    /// The id this node's certificate names.
-    pub node_id: String,
+    /// Who the certificate names: a node (its id), a tool or a tenant.
+    pub principal: Principal,
     /// PEM bytes of the certificate chain, key and CA (for tonic).
     pub cert_pem: Vec<u8>,
     pub key_pem: Vec<u8>,
@@ -58,7 +151,7 @@ impl std::fmt::Debug for NodeIdentity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeIdentity")
             .field("mode", &self.mode)
-            .field("node_id", &self.node_id)
+            .field("principal", &self.principal)
             .finish_non_exhaustive()
     }
 }
@@ -113,10 +206,10 @@ impl NodeIdentity {
         let leaf = certs
             .first()
             .ok_or_else(|| bad("certificate", "no PEM block"))?;
-        let node_id = node_id_of(leaf).ok_or_else(|| {
+        let principal = principal_of(leaf).ok_or_else(|| {
             bad(
                 "certificate",
-                format!("names no node ({NODE_URI_PREFIX}<id> URI SAN)"),
+                "names no node, tool or tenant (kvfabric://<role>/<name> URI SAN)",
             )
         })?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| bad("key", e))?;
@@ -148,7 +241,7 @@ impl NodeIdentity {
             .map_err(|e| bad("certificate and key", e))?;
         Ok(NodeIdentity {
             mode,
-            node_id,
+            principal,
             cert_pem,
             key_pem,
             ca_pem,
@@ -157,10 +250,18 @@ impl NodeIdentity {
         })
     }
 
-    /// The name a client verifies a node's certificate against.
-    pub fn server_name() -> ServerName<'static> {
+    /// The name a client verifies a node's certificate against: node
+    /// `expected`'s own name, or any node's ([`SERVER_NAME`]) when the
+    /// caller does not know which node it reaches.
+    pub fn server_name(expected: Option<&str>) -> ServerName<'static> {
+        let name = expected.map_or_else(|| SERVER_NAME.to_string(), node_dns_name);
         ServerName::DnsName(
-            rustls::pki_types::DnsName::try_from(SERVER_NAME).expect("static DNS name is valid"),
+            rustls::pki_types::DnsName::try_from(name).expect("node DNS names are valid"),
         )
+    }
+
+    /// This certificate's node id; None for a tool's or a tenant's.
+    pub fn node_id(&self) -> Option<&str> {
+        self.principal.node_id()
     }
 }

@@ -4,11 +4,14 @@
 //! configurations for both ends of a mutual-TLS connection, the PEM bytes
 //! tonic needs for the gRPC channels).
 //!
-//! A node's id is the one in its certificate: a URI subject alternative name
-//! `kvfabric://node/<id>` (see [`node_uri`]), signed by the cluster CA that
-//! `kvfabric certs init` makes. Every node certificate also names the DNS
-//! name [`SERVER_NAME`], which clients verify, so any member can serve any
-//! other; *which* member is on the other end is read from the URI.
+//! Who a certificate names is a URI subject alternative name
+//! `kvfabric://<role>/<name>` ([`Principal`]), signed by the cluster CA that
+//! `kvfabric certs init` makes: a node (`kvfabric://node/<id>`), an
+//! operator's tool or a tenant's client. Only node certificates are members:
+//! the internal services and the transfer plane refuse the others. A node
+//! certificate also names its own DNS name ([`node_dns_name`]), which a
+//! client meaning to reach that node verifies, so no other member can answer
+//! for it, and [`SERVER_NAME`], which a tool given only an address verifies.
 //!
 //! Kept in the transfer crate because it is the lowest crate that needs it
 //! (the store's gRPC side reads the same identities through it).
@@ -23,5 +26,8 @@ mod mac;
 pub use capability::{reader_tag, Capability, CapabilityKey, CAPABILITY_BYTES};
 pub use config::{SecurityConfig, SecurityMode};
 pub use grants::{GrantId, WriteGrants};
-pub use identity::{node_id_of, node_uri, NodeIdentity, NODE_URI_PREFIX, SERVER_NAME};
+pub use identity::{
+    node_dns_name, node_id_of, node_uri, principal_of, NodeIdentity, Principal, Role,
+    NODE_URI_PREFIX, SERVER_NAME,
+};
 pub(crate) use mac::{ConnMac, TAG_BYTES};

@@ -287,13 +287,24 @@ pub(crate) async fn open(
     };
     let connector = TlsConnector::from(id.client.clone());
     let timeout = inner.config.op_timeout();
+    let expected = inner.expected_node(peer);
     let tls = bounded(
         peer,
         timeout,
-        connector.connect(NodeIdentity::server_name(), tcp),
+        connector.connect(NodeIdentity::server_name(expected.as_deref()), tcp),
     )
     .await?;
-    secured_link(inner, peer, id.mode, tls).await
+    let (link, hello) = secured_link(inner, peer, id.mode, tls).await?;
+    match (expected, &link.peer_id) {
+        (Some(want), Some(got)) if want != *got => Err(TransferError::connection(
+            peer,
+            ConnectionFault::WrongNode {
+                expected: want,
+                presented: got.clone(),
+            },
+        )),
+        _ => Ok((link, hello)),
+    }
 }
 
 /// Accept the serving end of a connection from `peer` on `tcp`.

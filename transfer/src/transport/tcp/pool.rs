@@ -48,6 +48,8 @@ impl TcpPeer {
         let limits = IdleLimits::of(&inner.config);
         let (mut conns, expired) = lock(&self.idle).take(want, limits, Instant::now());
         drop(expired); // closed outside the lock
+        // Links that reached another node than the one meant now are closed.
+        conns.retain(|c| inner.reaches_expected(peer, c.peer_id.as_deref()));
         while conns.len() < want {
             let (c, _) = client::connect(inner, peer).await?;
             conns.push(c);
