@@ -29,7 +29,7 @@ use kvfabric_proto::v1::{KvEventKind, KvEventsRequest};
 use kvfabric_store::BlockKey;
 use kvfabric_tenants::KeyHash;
 use kvfabric_testkit::procs::node::*;
-use kvfabric_testkit::procs::{certs_init_with, metric, tls_flags};
+use kvfabric_testkit::procs::{certs_init_with, metric_as, tls_flags};
 use kvfabric_testkit::{eventually, EtcdProcess};
 use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransferOp};
@@ -302,31 +302,14 @@ async fn stored(
 /// Write `value` under `key` in etcd through its JSON gateway, as any
 /// process that reaches etcd can.
 fn etcd_put(endpoint: &str, key: &str, value: &str) {
-    let b64 = |s: &str| base64(s.as_bytes());
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let body = format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", b64(key), b64(value));
     let out = std::process::Command::new("curl")
         .args(["-sf", "-X", "POST", &format!("{endpoint}/v3/kv/put"), "-d", &body])
         .output()
         .expect("curl");
     assert!(out.status.success(), "etcd put: {:?}", out);
-}
-
-/// Standard base64 with padding (what etcd's JSON gateway takes).
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// The gRPC address `ctl status` through `addr` lists for node `id`.
@@ -350,8 +333,11 @@ async fn a_member_cannot_answer_for_another_node() {
     let cl = Cluster::start(&["a", "b", "c"]);
     let (a, c) = (&cl.nodes[0], &cl.nodes[2]);
     let ida = cl.id("a");
+    let mut on_a = cl.client(0, "ops").await;
+    let mut on_b = cl.client(1, "ops").await;
+    let mut on_c = cl.client(2, "ops").await;
 
-    // Straight to c, meaning b: no gRPC and no transfer connection.
+    // Straight to c (up and serving), meaning b: no gRPC and no transfer connection.
     assert!(channel(&c.grpc, &ida, Some("b")).await.is_err(), "c answered as b");
     assert!(channel(&c.grpc, &ida, Some("c")).await.is_ok(), "c answers as c");
     let (e, seg) = engine(ida.clone()).await;
@@ -368,9 +354,6 @@ async fn a_member_cannot_answer_for_another_node() {
     // b holds the block; a reads it.
     let key = keys(42, 1)[0];
     let good = data(&key, 4096);
-    let mut on_a = cl.client(0, "ops").await;
-    let mut on_b = cl.client(1, "ops").await;
-    let mut on_c = cl.client(2, "ops").await;
     put(&mut on_b, "key-ops", &key, &good).await;
     eventually("a to read b's block", Duration::from_secs(20), || {
         let mut on_a = on_a.clone();
@@ -386,7 +369,7 @@ async fn a_member_cannot_answer_for_another_node() {
     eventually("the owner to refuse c's announcement", Duration::from_secs(20), || {
         let refused: f64 = nodes
             .iter()
-            .map(|n| metric(&n.http, "kvfabric_directory_conflicting_announces"))
+            .map(|n| metric_as(&n.http, "kvfabric_directory_conflicting_announces", Some("key-ops")))
             .sum();
         async move { (refused >= 1.0).then_some(()) }
     })

@@ -75,7 +75,7 @@ fn wait_saves(e: &EngineProc, n: f64) {
 
 /// `tenant`'s bytes in the RAM tier of the node whose HTTP is `http`.
 fn ram_bytes(http: &str, tenant: &str) -> f64 {
-    let text = get_ok(http, "/metrics").expect("node metrics");
+    let text = get_ok_as(http, "/metrics", Some("key-engines")).expect("node metrics");
     metric_sum(
         &text,
         "kvfabric_tenant_tier_bytes",

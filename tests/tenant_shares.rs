@@ -13,7 +13,7 @@ use kvfabric_proto::v1::cache_service_client::CacheServiceClient;
 use kvfabric_proto::v1::{GetRequest, PutHeader, PutRequest};
 use kvfabric_store::{BlockKey, BlockOrder, DType, KvLayout};
 use kvfabric_testkit::metrics::metric_sum;
-use kvfabric_testkit::procs::{get_ok, NodeProc};
+use kvfabric_testkit::procs::{get_ok_as, NodeProc};
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
@@ -119,9 +119,12 @@ async fn a_tenant_filling_the_cache_leaves_another_its_share() {
     std::fs::write(
         &tenants,
         format!(
-            "[[tenants]]\nname = \"a\"\napi_keys = [\"{}\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"{}\"]\n",
+            "[[tenants]]\nname = \"a\"\napi_keys = [\"{}\"]\nram_share = 0.5\ndisk_share = 0.5\n\
+             [[tenants]]\nname = \"b\"\napi_keys = [\"{}\"]\nram_share = 0.5\ndisk_share = 0.5\n\
+             [[tenants]]\nname = \"ops\"\ntrusted = true\napi_keys = [\"{}\"]\n",
             hash("key-a"),
-            hash("key-b")
+            hash("key-b"),
+            hash("key-ops")
         ),
     )
     .expect("tenants file");
@@ -145,7 +148,7 @@ async fn a_tenant_filling_the_cache_leaves_another_its_share() {
         kept += u32::from(intact(&mut b, b'b', i).await);
     }
     assert_eq!(kept, 40, "b lost blocks under its share\n{}", node.log());
-    let text = get_ok(&node.http, "/metrics").expect("metrics");
+    let text = get_ok_as(&node.http, "/metrics", Some("key-ops")).expect("metrics");
     let bytes = |t: &str| {
         metric_sum(
             &text,
@@ -165,7 +168,7 @@ async fn a_tenant_filling_the_cache_leaves_another_its_share() {
 
 /// Each tenant's bytes in `tier` on the node whose HTTP is `http`.
 fn tier_bytes(http: &str, tenant: &str, tier: &str) -> f64 {
-    let text = get_ok(http, "/metrics").expect("metrics");
+    let text = get_ok_as(http, "/metrics", Some("key-ops")).expect("metrics");
     metric_sum(
         &text,
         "kvfabric_tenant_tier_bytes",
@@ -181,9 +184,12 @@ async fn a_restarted_node_counts_recovered_blocks_to_their_tenants() {
     std::fs::write(
         &tenants,
         format!(
-            "[[tenants]]\nname = \"a\"\napi_keys = [\"{}\"]\n[[tenants]]\nname = \"b\"\napi_keys = [\"{}\"]\n",
+            "[[tenants]]\nname = \"a\"\napi_keys = [\"{}\"]\nram_share = 0.5\ndisk_share = 0.5\n\
+             [[tenants]]\nname = \"b\"\napi_keys = [\"{}\"]\nram_share = 0.5\ndisk_share = 0.5\n\
+             [[tenants]]\nname = \"ops\"\ntrusted = true\napi_keys = [\"{}\"]\n",
             hash("key-a"),
-            hash("key-b")
+            hash("key-b"),
+            hash("key-ops")
         ),
     )
     .expect("tenants file");

@@ -9,6 +9,8 @@
 //! - [`cache_service`]: the gRPC `kvfabric.v1.CacheService` of one store.
 //! - [`tenant_scope`]: every CacheService call scoped to its caller's tenant.
 //! - [`console`]: the browser console and its JSON API on the HTTP port.
+//! - [`operator_gate`]: with a tenants file, the HTTP port answers operators
+//!   (trusted tenants' keys) only.
 //! - [`node_server`]: [`NodeServer`], the one way a node is served (gRPC,
 //!   HTTP `/metrics`, `/health`, the console), and the gRPC channel settings.
 //! - [`wire`]: store types to protocol types and back, at the node's edge.
@@ -23,6 +25,7 @@ pub mod console;
 pub mod error;
 pub mod exposition;
 pub mod node_server;
+pub mod operator_gate;
 pub mod tenant_scope;
 pub mod wire;
 

@@ -166,7 +166,8 @@ impl NodeServer {
             grpc,
             http,
         } = self;
-        let auth = tenant_auth(&store, &mut registry)?;
+        let gate = tenant_gate(&store, &mut registry)?;
+        let auth = tenant_scope::authenticate(gate.clone());
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.local_addr()?;
         let stop_rx = stop_signal(shutdown, node.clone());
@@ -181,7 +182,7 @@ impl NodeServer {
         let grpc_server =
             router.serve_with_incoming_shutdown(incoming_nodelay(grpc), stopped(stop_rx.clone()));
         let http_server =
-            axum::serve(http, http_app(console)).with_graceful_shutdown(stopped(stop_rx));
+            axum::serve(http, http_app(console, gate)).with_graceful_shutdown(stopped(stop_rx));
 
         let node_id = node
             .as_ref()
@@ -201,13 +202,10 @@ impl NodeServer {
     }
 }
 
-/// The tenant gate of the node's CacheService (its file reloaded in the
-/// background, its metrics in `registry`, its tier shares given to `store`
-/// now and on each reload), as a gRPC interceptor.
-fn tenant_auth(
-    store: &Store,
-    registry: &mut Registry,
-) -> Result<impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone, NodeError> {
+/// The node's tenant gate (its file reloaded in the background, its
+/// metrics in `registry`, its tier shares given to `store` now and on each
+/// reload): the CacheService's interceptor and the HTTP port's gate.
+fn tenant_gate(store: &Store, registry: &mut Registry) -> Result<TenantGate, NodeError> {
     let cfg = store.config();
     let tenants = TenantGate::from_config(
         cfg.tenants_file.as_deref(),
@@ -218,7 +216,7 @@ fn tenant_auth(
     let shares_of = store.clone();
     tenants.watch(move |t| shares_of.set_shares(t));
     tenants.spawn_reloader(Duration::from_millis(cfg.tenants_reload_ms));
-    Ok(tenant_scope::authenticate(tenants))
+    Ok(tenants)
 }
 
 /// Set once `shutdown` resolved and a cluster node left membership (with
@@ -325,14 +323,19 @@ fn kv_event_rpc(
     }
 }
 
-/// The node's HTTP app: `/metrics`, `/health` and the console.
-fn http_app(console: Arc<Console>) -> Router {
+/// The node's HTTP app: `/metrics`, `/health` and the console, behind the
+/// operator gate when the node has a tenants file (`operator_gate.rs`).
+fn http_app(console: Arc<Console>, gate: TenantGate) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(|| async { "ok\n" }))
         .route("/api/v1/capacity", get(capacity))
         .with_state(console.clone())
         .merge(crate::console::http::routes(console))
+        .layer(axum::middleware::from_fn_with_state(
+            gate,
+            crate::operator_gate::require_operator,
+        ))
 }
 
 async fn metrics(State(console): State<Arc<Console>>) -> impl IntoResponse {

@@ -3,7 +3,8 @@
 //! sending tenant A's exact key neither sees A's block (Lookup, Exists,
 //! Get) nor overwrites or removes it; a trusted tenant uses keys as sent; a
 //! revoked key is refused after one reload; a tenant's KV event stream
-//! shows only its own blocks, a trusted caller's shows every block.
+//! shows only its own blocks, a trusted caller's shows every block; the
+//! HTTP port (metrics, console) answers only a trusted tenant's key.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -55,16 +56,17 @@ async fn start(
     CacheServiceClient<Channel>,
     tokio::sync::oneshot::Sender<()>,
 ) {
-    let (c, stop, _) = start_at(tenants).await;
+    let (c, stop, _, _) = start_at(tenants).await;
     (c, stop)
 }
 
-/// [`start`], and the node's gRPC address.
+/// [`start`], and the node's gRPC URL and HTTP address.
 async fn start_at(
     tenants: &Path,
 ) -> (
     CacheServiceClient<Channel>,
     tokio::sync::oneshot::Sender<()>,
+    String,
     String,
 ) {
     let mut registry = Registry::default();
@@ -82,6 +84,7 @@ async fn start_at(
         .await
         .expect("bind");
     let addr = grpc.local_addr().expect("addr");
+    let http_addr = http.local_addr().expect("addr").to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
         NodeServer::standalone(store, registry, grpc, http).serve(async {
@@ -91,7 +94,7 @@ async fn start_at(
     let client = CacheServiceClient::connect(format!("http://{addr}"))
         .await
         .expect("connect");
-    (client, tx, format!("http://{addr}"))
+    (client, tx, format!("http://{addr}"), http_addr)
 }
 
 fn req<T>(msg: T, key: Option<&str>) -> Request<T> {
@@ -281,7 +284,7 @@ async fn a_tenant_sees_kv_events_of_its_own_blocks_only() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("tenants.toml");
     write_tenants(&path, &["key-a"]);
-    let (mut c, _stop, addr) = start_at(&path).await;
+    let (mut c, _stop, addr, _) = start_at(&path).await;
     let mut ev = KvEventServiceClient::connect(addr).await.expect("connect");
     let err = ev.kv_events(req(KvEventsRequest {}, None)).await.unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "no key, no events");
@@ -309,4 +312,42 @@ async fn a_tenant_sees_kv_events_of_its_own_blocks_only() {
     put(&mut c, Some("key-b"), &[0xb2; 32], 4).await.expect("b puts");
     let later = stored_keys(&mut of_ops, 2).await;
     assert_eq!(stored_keys(&mut of_b, 1).await, vec![later[1].clone()]);
+}
+
+/// The status code of `GET path` on `http` with `auth` as Authorization.
+async fn http_status(http: &str, path: &str, auth: Option<&str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(http).await.expect("http");
+    let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
+    let req = format!("GET {path} HTTP/1.1\r\nHost: node\r\n{auth}Connection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.expect("read");
+    let text = String::from_utf8_lossy(&out);
+    text.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_answers_operators_only() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("tenants.toml");
+    write_tenants(&path, &["key-a"]);
+    let (_c, _stop, _, http) = start_at(&path).await;
+    let basic = |k: &str| {
+        let b = base64::engine::general_purpose::STANDARD.encode(format!("me:{k}"));
+        format!("Basic {b}")
+    };
+    for path in ["/metrics", "/", "/api/v1/capacity"] {
+        assert_eq!(http_status(&http, path, None).await, 401, "{path} without a key");
+        assert_eq!(http_status(&http, path, Some("Bearer nope")).await, 401, "{path}");
+        assert_eq!(
+            http_status(&http, path, Some("Bearer key-a")).await,
+            403,
+            "{path} for a tenant that is no operator"
+        );
+        assert_eq!(http_status(&http, path, Some("Bearer key-ops")).await, 200, "{path}");
+        assert_eq!(http_status(&http, path, Some(&basic("key-ops"))).await, 200, "{path}");
+    }
+    assert_eq!(http_status(&http, "/health", None).await, 200, "health stays open");
 }

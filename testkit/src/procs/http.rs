@@ -35,7 +35,16 @@ pub fn exchange(
 
 /// GET `path`; the body as text, or an error unless the status is 200.
 pub fn get_ok(addr: &str, path: &str) -> Result<String, String> {
-    let (status, body) = exchange(addr, "GET", path, "", "", Duration::from_secs(10))?;
+    get_ok_as(addr, path, None)
+}
+
+/// [`get_ok`] with `Authorization: Bearer <api_key>` when a key is given (a
+/// node's HTTP port with a tenants file answers operators' keys only).
+pub fn get_ok_as(addr: &str, path: &str, api_key: Option<&str>) -> Result<String, String> {
+    let auth = api_key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    let (status, body) = exchange(addr, "GET", path, &auth, "", Duration::from_secs(10))?;
     if status != 200 {
         return Err(format!("{path}: HTTP {status}"));
     }
@@ -85,8 +94,13 @@ pub fn http_with_key(
 /// A Prometheus counter or gauge from `addr`'s /metrics: the sum of every
 /// series line starting with `name` (0 if absent or unreachable).
 pub fn metric(addr: &str, name: &str) -> f64 {
-    let Ok((_, body)) = exchange(addr, "GET", "/metrics", "", "", Duration::from_secs(10)) else {
+    metric_as(addr, name, None)
+}
+
+/// [`metric`] with `Authorization: Bearer <api_key>` when a key is given.
+pub fn metric_as(addr: &str, name: &str, api_key: Option<&str>) -> f64 {
+    let Ok(body) = get_ok_as(addr, "/metrics", api_key) else {
         return 0.0;
     };
-    crate::metrics::prefix_sum(&String::from_utf8_lossy(&body), name)
+    crate::metrics::prefix_sum(&body, name)
 }

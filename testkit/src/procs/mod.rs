@@ -19,6 +19,6 @@ pub use command::{
     certs_init, certs_init_with, kvfabric_bin, kvfabric_command, log_tail, tls_flags,
 };
 pub use engine::{EngineOptions, EngineProc};
-pub use http::{get_json, get_ok, http, http_with_key, metric};
+pub use http::{get_json, get_ok, get_ok_as, http, http_with_key, metric, metric_as};
 pub use node::NodeProc;
 pub use response::parse_response;
