@@ -1,6 +1,7 @@
 //! `kvfabric certs init DIR --nodes a,b,c [--tools ops] [--tenants acme]`: a
 //! cluster CA and one certificate and key per node, operator tool and
-//! tenant client; the files and what a certificate names are described in
+//! tenant client; `kvfabric certs revoke DIR NAME..`: onto the CA's
+//! revocation list; the files and what a certificate names are described in
 //! `kvfabric_transfer::security::certs` and docs/SECURITY.md.
 
 use std::path::PathBuf;
@@ -15,8 +16,21 @@ pub struct CertsCmd {
 
 #[derive(Subcommand, Debug)]
 enum CertsAction {
-    /// Make a cluster CA and certificates in DIR (ca.crt, ca.key, <name>.crt, <name>.key).
+    /// Make a cluster CA and certificates in DIR (ca.crt, ca.key, ca.crl, <name>.crt, <name>.key).
     Init(InitArgs),
+    /// Revoke certificates of DIR: add them to the CA's revocation list
+    /// (DIR/ca.crl, signed with DIR/ca.key). Nodes given it as
+    /// `[cluster.security] crl` (--tls-crl) refuse them within a second.
+    Revoke(RevokeArgs),
+}
+
+#[derive(Args, Debug)]
+struct RevokeArgs {
+    /// The directory `certs init` wrote (ca.key, ca.crl, <name>.crt).
+    dir: PathBuf,
+    /// Names whose certificates (<name>.crt) to revoke.
+    #[arg(required = true)]
+    names: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -57,6 +71,16 @@ pub fn run(cmd: CertsCmd) -> anyhow::Result<()> {
             all.extend(named(Role::Tenant, &a.tenants));
             let names = kvfabric_transfer::security::certs::init(&a.dir, &all, a.valid_days)?;
             println!("wrote {} in {}", names.join(" "), a.dir.display());
+            Ok(())
+        }
+        CertsAction::Revoke(a) => {
+            let listed = kvfabric_transfer::security::certs::revoke(&a.dir, &a.names)?;
+            println!(
+                "revoked {}; {} now lists {} certificate(s): copy it to every node's crl path",
+                a.names.join(" "),
+                a.dir.join("ca.crl").display(),
+                listed.len()
+            );
             Ok(())
         }
     }

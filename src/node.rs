@@ -98,6 +98,11 @@ pub struct SecurityFlags {
     #[arg(long = "tls-ca", env = "KVFABRIC_TLS_CA", value_name = "PATH")]
     #[serde(rename = "ca", skip_serializing_if = "Option::is_none")]
     pub ca: Option<std::path::PathBuf>,
+    /// The CA's revocation list (PEM, `kvfabric certs revoke`), re-read every
+    /// second [default: none].
+    #[arg(long = "tls-crl", env = "KVFABRIC_TLS_CRL", value_name = "PATH")]
+    #[serde(rename = "crl", skip_serializing_if = "Option::is_none")]
+    pub crl: Option<std::path::PathBuf>,
 }
 
 impl SecurityFlags {
@@ -106,6 +111,7 @@ impl SecurityFlags {
             && self.cert.is_none()
             && self.key.is_none()
             && self.ca.is_none()
+            && self.crl.is_none()
     }
 }
 

@@ -13,7 +13,9 @@
 //!   record in etcd forged to c's addresses, and c holding other bytes
 //!   under b's key, a reader never gets c's bytes: c's announcement of other
 //!   bytes is refused by the key's directory owner, and the connection meant
-//!   for b never reaches c.
+//!   for b never reaches c;
+//! - `kvfabric certs revoke` cuts a certificate off within 5 s, on open
+//!   connections (gRPC and transfer) and new ones.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -97,6 +99,7 @@ impl Cluster {
                     tenants.display().to_string(),
                 ];
                 f.extend(tls_flags(&certs, id));
+                f.extend(["--tls-crl".into(), certs.join("ca.crl").display().to_string()]);
                 NodeProc::start(id, dir.path(), &f, false)
             })
             .collect();
@@ -393,5 +396,59 @@ async fn a_member_cannot_answer_for_another_node() {
         assert!(got.as_ref().is_none_or(|g| *g == good), "a served c's bytes as b's");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    drop(cl.etcd);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_is_refused_within_5s_on_open_and_new_connections() {
+    let cl = Cluster::start(&["a", "b", "c"]);
+    let a = &cl.nodes[0];
+    // Open connections: ops' gRPC client, c's transfer link to a.
+    let mut ops = cl.client(0, "ops").await;
+    let _ = cl.client(2, "ops").await; // c is up
+    let key = keys(43, 1)[0];
+    put(&mut ops, "key-ops", &key, &data(&key, 4096)).await;
+    let (e, seg) = engine(cl.id("c")).await;
+    let any = kvfabric_transfer::SegmentId(1);
+    let read = || TransferOp::read(seg, 0, any, 0, 4096);
+    let r = e.batch(&a.transfer, vec![read()]).await;
+    assert!(
+        !matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })),
+        "c's link is up (its READ of no segment refused by a, not the link): {r:?}"
+    );
+
+    let out = std::process::Command::new(BIN)
+        .args(["certs", "revoke", &cl.certs().display().to_string(), "ops", "c"])
+        .output()
+        .expect("certs revoke");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let revoked_at = std::time::Instant::now();
+    eventually("ops' open connection refused", Duration::from_secs(5), || {
+        let mut ops = ops.clone();
+        async move {
+            let r = client::get_block_with(&mut ops, &key, bearer("key-ops")).await;
+            matches!(r, Err(s) if s.code() == tonic::Code::Unauthenticated).then_some(())
+        }
+    })
+    .await;
+    eventually("c's transfer link cut", Duration::from_secs(5), || {
+        let e = &e;
+        async move {
+            let r = e.batch(&a.transfer, vec![read()]).await;
+            matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })).then_some(())
+        }
+    })
+    .await;
+    assert!(revoked_at.elapsed() < Duration::from_secs(5));
+    // New connections: refused the same way; b's certificate still serves.
+    let mut fresh = client::connect_with(&a.grpc, TIMEOUT, Some(&cl.id("ops")))
+        .await
+        .expect("the handshake itself still completes");
+    let r = client::get_block_with(&mut fresh, &key, bearer("key-ops")).await;
+    assert_eq!(r.err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+    let mut member = client::connect_with(&a.grpc, TIMEOUT, Some(&cl.id("b")))
+        .await
+        .expect("b connects");
+    assert!(get(&mut member, "key-ops", &key).await.is_some(), "b is not revoked");
     drop(cl.etcd);
 }

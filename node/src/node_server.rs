@@ -167,7 +167,8 @@ impl NodeServer {
             http,
         } = self;
         let gate = tenant_gate(&store, &mut registry)?;
-        let auth = tenant_scope::authenticate(gate.clone());
+        let identity = node.as_ref().and_then(|n| n.shared_identity());
+        let auth = tenant_scope::authenticate(gate.clone(), identity);
         let grpc_addr = grpc.local_addr()?;
         let http_addr = http.local_addr()?;
         let stop_rx = stop_signal(shutdown, node.clone());

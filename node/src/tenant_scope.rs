@@ -32,6 +32,7 @@ use kvfabric_proto::v1::{
 };
 use kvfabric_tenants::namespace::scope_key;
 use kvfabric_tenants::{Identity, TenantGate};
+use kvfabric_transfer::security::NodeIdentity;
 use tonic::{Request, Response, Status, Streaming};
 
 use kvfabric_store::keys::BlockKey;
@@ -71,8 +72,10 @@ pub fn put_owner<T>(req: &Request<T>) -> Option<String> {
 /// [`Identity::cluster_node`]; a key, when sent, always decides.
 pub fn authenticate(
     gate: TenantGate,
+    identity: Option<Arc<NodeIdentity>>,
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |mut req: Request<()>| {
+        crate::cluster::security::refuse_revoked(identity.as_deref(), &req)?;
         let auth = req
             .metadata()
             .get("authorization")

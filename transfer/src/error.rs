@@ -146,6 +146,9 @@ pub enum ConnectionFault {
     /// A peer whose TLS certificate names no node id.
     #[error("tls: peer certificate names no node")]
     NoNodeId,
+    /// A peer whose certificate is on the revocation list.
+    #[error("tls: the peer's certificate is revoked")]
+    Revoked,
     /// A peer whose certificate names another node than the one meant.
     #[error("tls: meant to reach node {expected:?}, the peer's certificate names {presented:?}")]
     WrongNode { expected: String, presented: String },

@@ -54,6 +54,9 @@ impl ClusterNode {
         cfg.validate()?;
         let node_id = store.config().node_id.clone();
         let identity = crate::cluster::security::load(&cfg, &node_id)?;
+        if let Some(id) = &identity {
+            id.watch_revocations();
+        }
         let transfer =
             TransferEngine::start(cfg.transfer_config(&node_id, identity.clone())?, registry)
                 .await?;
@@ -126,6 +129,11 @@ impl ClusterNode {
     /// This node's certificate identity (None in security mode `none`).
     pub fn identity(&self) -> Option<&NodeIdentity> {
         self.identity.as_deref()
+    }
+
+    /// [`Self::identity`], shared (the gRPC interceptors keep one).
+    pub fn shared_identity(&self) -> Option<Arc<NodeIdentity>> {
+        self.identity.clone()
     }
 
     /// The cluster settings.

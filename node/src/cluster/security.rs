@@ -73,6 +73,20 @@ pub fn client_tls(id: &NodeIdentity, expected: Option<&str>) -> ClientTlsConfig 
         .domain_name(expected.map_or_else(|| SERVER_NAME.to_string(), node_dns_name))
 }
 
+/// Refuse a caller whose certificate is on the revocation list in force
+/// (checked on every request, so an open connection is cut off too).
+pub fn refuse_revoked<T>(identity: Option<&NodeIdentity>, req: &Request<T>) -> Result<(), Status> {
+    let revoked = identity.is_some_and(|i| {
+        req.peer_certs()
+            .and_then(|c| c.first().map(|c| i.is_revoked(c)))
+            .unwrap_or(false)
+    });
+    if revoked {
+        return Err(Status::unauthenticated("the caller's certificate is revoked"));
+    }
+    Ok(())
+}
+
 /// The node id in the certificate the caller of `req` presented.
 pub fn caller<T>(req: &Request<T>) -> Option<String> {
     let certs = req.peer_certs()?;
@@ -91,6 +105,7 @@ pub fn authorize<T>(
         Some(i) if i.mode != SecurityMode::None => {}
         _ => return Ok(claimed.to_string()),
     }
+    refuse_revoked(identity, req)?;
     let Some(id) = caller(req) else {
         return Err(Status::unauthenticated(
             "no node certificate on this connection",

@@ -56,6 +56,9 @@ impl ConsoleService for ConsoleRpc {
         &self,
         req: Request<SummaryRequest>,
     ) -> Result<Response<SummaryResponse>, Status> {
+        // Peers' consoles only: a summary names every tenant.
+        let identity = self.0.node.as_ref().and_then(|n| n.identity());
+        crate::cluster::security::authorize(identity, &req, "")?;
         let with_history = req.into_inner().with_history;
         let console = self.0.clone();
         let s = tokio::task::spawn_blocking(move || console.summary(with_history))

@@ -13,7 +13,8 @@
 //! - a tool's or a tenant's names no DNS name and may only connect.
 //!
 //! The CA is valid for [`CA_DAYS`]; the others for the days asked (the
-//! command's default is 90), from the start of the day before.
+//! command's default is 90), from the start of the day before. `ca.crl` is
+//! the CA's revocation list (empty at first; [`revoke`] adds to it).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -62,7 +63,7 @@ pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<Strin
         return Err(bad(format!("validity must be 1..={CA_DAYS} days")));
     }
     std::fs::create_dir_all(dir).map_err(|e| bad(format!("create {}: {e}", dir.display())))?;
-    let mut names = vec!["ca.crt".to_string(), "ca.key".to_string()];
+    let mut names = vec!["ca.crt".to_string(), "ca.key".to_string(), "ca.crl".to_string()];
     for p in principals {
         names.push(format!("{}.crt", p.name));
         names.push(format!("{}.key", p.name));
@@ -78,17 +79,7 @@ pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<Strin
     }
 
     let ca_key = KeyPair::generate().map_err(bad)?;
-    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(bad)?;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "kvfabric cluster CA");
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    validity(&mut ca, CA_DAYS);
-    let ca_cert = ca.self_signed(&ca_key).map_err(bad)?;
+    let ca_cert = ca_params()?.self_signed(&ca_key).map_err(bad)?;
     write(&dir.join("ca.crt"), ca_cert.pem().as_bytes(), 0o644)?;
     write(
         &dir.join("ca.key"),
@@ -107,7 +98,95 @@ pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<Strin
             0o600,
         )?;
     }
+    // An empty revocation list, so nodes can name it from the start.
+    revoke(dir, &[])?;
     Ok(names)
+}
+
+/// The cluster CA's parameters (what `init` signs it with, and what a CRL
+/// names as its issuer).
+fn ca_params() -> Result<CertificateParams, TransferError> {
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(bad)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "kvfabric cluster CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    validity(&mut ca, CA_DAYS);
+    Ok(ca)
+}
+
+/// Revoke the certificates `names` (`<name>.crt` in `dir`): add their
+/// serial numbers to the CA's revocation list `ca.crl` (made if missing;
+/// its number goes up by one, the entries already on it stay) and sign it
+/// with `ca.key`. The new list replaces the old one atomically. The serials
+/// on the list now.
+pub fn revoke(dir: &Path, names: &[String]) -> Result<Vec<Vec<u8>>, TransferError> {
+    let read = |f: &str| {
+        std::fs::read(dir.join(f)).map_err(|e| bad(format!("read {}: {e}", dir.join(f).display())))
+    };
+    let (mut serials, number) = match read("ca.crl") {
+        Ok(pem) => listed(&pem)?,
+        Err(_) => (Vec::new(), 0),
+    };
+    for n in names {
+        let serial = serial_of(&read(&format!("{n}.crt"))?)?;
+        if !serials.contains(&serial) {
+            serials.push(serial);
+        }
+    }
+    let key = KeyPair::from_pem(&String::from_utf8_lossy(&read("ca.key")?)).map_err(bad)?;
+    let ca = ca_params()?.self_signed(&key).map_err(bad)?;
+    let now = SystemTime::now();
+    let crl = rcgen::CertificateRevocationListParams {
+        this_update: now.into(),
+        next_update: (now + Duration::from_secs(86_400 * u64::from(CA_DAYS))).into(),
+        crl_number: rcgen::SerialNumber::from(number + 1),
+        issuing_distribution_point: None,
+        revoked_certs: serials
+            .iter()
+            .map(|s| rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from_slice(s),
+                revocation_time: now.into(),
+                reason_code: None,
+                invalidity_date: None,
+            })
+            .collect(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&ca, &key)
+    .map_err(bad)?;
+    let pem = crl.pem().map_err(bad)?;
+    let tmp = dir.join("ca.crl.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    write(&tmp, pem.as_bytes(), 0o644)?;
+    std::fs::rename(&tmp, dir.join("ca.crl")).map_err(|e| bad(format!("rename ca.crl: {e}")))?;
+    Ok(serials)
+}
+
+/// The serial number of a PEM certificate.
+fn serial_of(pem: &[u8]) -> Result<Vec<u8>, TransferError> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem).map_err(bad)?;
+    let cert = p.parse_x509().map_err(bad)?;
+    Ok(cert.tbs_certificate.raw_serial().to_vec())
+}
+
+/// The serials on a PEM revocation list, and its number.
+fn listed(pem: &[u8]) -> Result<(Vec<Vec<u8>>, u64), TransferError> {
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem).map_err(bad)?;
+    let (_, crl) = x509_parser::parse_x509_crl(&p.contents).map_err(bad)?;
+    let serials = crl
+        .iter_revoked_certificates()
+        .map(|r| r.raw_serial().to_vec())
+        .collect();
+    let number = crl
+        .crl_number()
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(0);
+    Ok((serials, number))
 }
 
 /// The certificate parameters of principal `p`, valid for `days`.
@@ -224,5 +303,46 @@ mod tests {
             "a name twice"
         );
         assert!(init(dir.path().join("d").as_path(), &[node("x")], 0).is_err());
+    }
+
+    #[test]
+    fn revoked_certificates_are_refused_once_the_list_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let ops = Principal {
+            role: Role::Tool,
+            name: "ops".into(),
+        };
+        init(dir.path(), &[node("a"), node("b"), ops], 30).unwrap();
+        let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+        let a = NodeIdentity::with_revocations(
+            SecurityMode::Authenticate,
+            read("a.crt"),
+            read("a.key"),
+            read("ca.crt"),
+            Some(&dir.path().join("ca.crl")),
+        )
+        .unwrap();
+        let der = |n: &str| {
+            rustls::pki_types::CertificateDer::from_pem_slice(&read(&format!("{n}.crt"))).unwrap()
+        };
+        assert!(!a.is_revoked(&der("ops")), "the list starts empty");
+        assert_eq!(revoke(dir.path(), &["ops".into()]).unwrap().len(), 1);
+        assert!(!a.is_revoked(&der("ops")), "not before the reload");
+        assert!(a.reload_revocations().unwrap());
+        assert!(a.is_revoked(&der("ops")));
+        assert!(!a.is_revoked(&der("b")));
+        assert_eq!(revoke(dir.path(), &["b".into()]).unwrap().len(), 2, "entries stay");
+        assert!(a.reload_revocations().unwrap());
+        assert!(a.is_revoked(&der("ops")) && a.is_revoked(&der("b")));
+        assert!(!a.reload_revocations().unwrap(), "unchanged");
+
+        // Another CA's list is refused; the one in force stays.
+        let other = tempfile::tempdir().unwrap();
+        init(other.path(), &[node("a")], 30).unwrap();
+        revoke(other.path(), &["a".into()]).unwrap();
+        std::fs::copy(other.path().join("ca.crl"), dir.path().join("ca.crl")).unwrap();
+        assert!(a.reload_revocations().is_err(), "a list the CA did not sign");
+        assert!(a.is_revoked(&der("ops")), "the list in force stays");
+        assert!(revoke(dir.path(), &["nobody".into()]).is_err());
     }
 }

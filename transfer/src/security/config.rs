@@ -59,6 +59,10 @@ pub struct SecurityConfig {
     pub key: Option<PathBuf>,
     /// The cluster CA certificate (PEM) every peer's certificate must chain to. Default: none.
     pub ca: Option<PathBuf>,
+    /// The CA's revocation list (PEM, `kvfabric certs revoke`), re-read every
+    /// second: a certificate on it is refused on new and open connections.
+    /// Default: none (nothing revoked).
+    pub crl: Option<PathBuf>,
 }
 
 impl SecurityConfig {
@@ -69,6 +73,7 @@ impl SecurityConfig {
             cert: Some(dir.join(format!("{node}.crt"))),
             key: Some(dir.join(format!("{node}.key"))),
             ca: Some(dir.join("ca.crt")),
+            crl: None,
         }
     }
 

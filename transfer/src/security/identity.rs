@@ -11,6 +11,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 use super::config::{SecurityConfig, SecurityMode};
+use super::revocation::Revocations;
 use crate::error::BadInput;
 use crate::TransferError;
 
@@ -145,6 +146,10 @@ pub struct NodeIdentity {
     pub server: Arc<ServerConfig>,
     /// Connecting end: verifies the server against the CA, presents ours.
     pub client: Arc<ClientConfig>,
+    /// The CA's revocation list in force (`[cluster.security] crl`).
+    pub revocations: Revocations,
+    /// Our own certificate (DER), which a new revocation list must verify with.
+    own: CertificateDer<'static>,
 }
 
 impl std::fmt::Debug for NodeIdentity {
@@ -190,15 +195,27 @@ impl NodeIdentity {
         if mode == SecurityMode::None {
             return Ok(None);
         }
-        Self::from_pem(mode, read(cert)?, read(key)?, read(ca)?).map(|i| Some(Arc::new(i)))
+        Self::with_revocations(mode, read(cert)?, read(key)?, read(ca)?, cfg.crl.as_deref())
+            .map(|i| Some(Arc::new(i)))
     }
 
-    /// Build from PEM bytes (the files' contents).
+    /// Build from PEM bytes (the files' contents); nothing revoked.
     pub fn from_pem(
         mode: SecurityMode,
         cert_pem: Vec<u8>,
         key_pem: Vec<u8>,
         ca_pem: Vec<u8>,
+    ) -> Result<Self, TransferError> {
+        Self::with_revocations(mode, cert_pem, key_pem, ca_pem, None)
+    }
+
+    /// [`Self::from_pem`] with the CA's revocation list at `crl`.
+    pub fn with_revocations(
+        mode: SecurityMode,
+        cert_pem: Vec<u8>,
+        key_pem: Vec<u8>,
+        ca_pem: Vec<u8>,
+        crl: Option<&Path>,
     ) -> Result<Self, TransferError> {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<_, _>>()
@@ -233,6 +250,8 @@ impl NodeIdentity {
         // No session tickets: the transfer connection leaves TLS after the
         // handshake in `authenticate` mode, and a ticket would follow it.
         server.send_tls13_tickets = 0;
+        let own = leaf.clone().into_owned();
+        let revocations = Revocations::load(roots.clone(), provider.clone(), crl, &own)?;
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| bad("tls", e))?
@@ -247,7 +266,40 @@ impl NodeIdentity {
             ca_pem,
             server: Arc::new(server),
             client: Arc::new(client),
+            revocations,
+            own,
         })
+    }
+
+    /// Re-read the revocation list now; whether it changed.
+    pub fn reload_revocations(&self) -> Result<bool, TransferError> {
+        self.revocations.reload(&self.own)
+    }
+
+    /// Whether the peer certificate `der` is revoked now.
+    pub fn is_revoked(&self, der: &[u8]) -> bool {
+        self.revocations.is_revoked(&CertificateDer::from(der))
+    }
+
+    /// Re-read the revocation list every [`super::REVOCATION_RELOAD`] while
+    /// this identity lives (a tokio task); a list that fails to load is
+    /// logged and the one in force stays.
+    pub fn watch_revocations(self: &Arc<Self>) {
+        if !self.revocations.watched() {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(super::REVOCATION_RELOAD).await;
+                let Some(id) = me.upgrade() else { return };
+                match id.revocations.reload(&id.own) {
+                    Ok(true) => tracing::info!("certificate revocation list reloaded"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "certificate revocation list not reloaded; the one in force stays"),
+                }
+            }
+        });
     }
 
     /// The name a client verifies a node's certificate against: node

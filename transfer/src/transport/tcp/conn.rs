@@ -36,6 +36,9 @@ pub(crate) struct Link {
     pub conn: Conn,
     pub mac: Option<Arc<ConnMac>>,
     pub peer_id: Option<String>,
+    /// Secured modes: the peer's certificate (DER), checked against the
+    /// revocation list on every use.
+    pub peer_cert: Option<Arc<[u8]>>,
     /// The peer's hello announced wire compression: READs on this link may
     /// carry `FLAG_ENCODE` (never on a link to an older peer).
     pub peer_codec: bool,
@@ -331,6 +334,7 @@ impl Link {
             conn: Conn::Plain(tcp),
             mac: None,
             peer_id: None,
+            peer_cert: None,
             peer_codec: hello.wire_codec,
         }
     }
@@ -385,11 +389,20 @@ async fn secured_link<T: TlsEnd>(
 ) -> Result<(Link, Hello), TransferError> {
     let hello = hellos(inner, peer, &mut tls, T::INITIATOR).await?;
     let peer_id = Some(peer_id(peer, tls.session())?);
+    let peer_cert: Option<Arc<[u8]>> = tls
+        .session()
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| Arc::from(c.as_ref()));
+    if peer_cert.as_deref().is_some_and(|c| revoked(inner, c)) {
+        return Err(TransferError::connection(peer, ConnectionFault::Revoked));
+    }
     let link = if mode == SecurityMode::Encrypt {
         Link {
             conn: Conn::Tls(Box::new(tls.into_tls())),
             mac: None,
             peer_id,
+            peer_cert,
             peer_codec: hello.wire_codec,
         }
     } else {
@@ -398,10 +411,16 @@ async fn secured_link<T: TlsEnd>(
             conn: Conn::Plain(tls.into_tcp()),
             mac: Some(Arc::new(mac)),
             peer_id,
+            peer_cert,
             peer_codec: hello.wire_codec,
         }
     };
     Ok((link, hello))
+}
+
+/// Whether the peer certificate `der` is on this engine's revocation list.
+pub(crate) fn revoked(inner: &Inner, der: &[u8]) -> bool {
+    secured(inner).is_some_and(|id| id.is_revoked(der))
 }
 
 /// This engine's identity when its mode is a secured one.

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::choice::{PeerWire, Sample};
 use super::client;
-use super::conn::Link;
+use super::conn::{revoked, Link};
 use super::wire::CodecSpeeds;
 use crate::core::{connections_for, lock, Inner, OpResult, PreparedOp};
 use crate::error::ConnectionFault;
@@ -50,6 +50,8 @@ impl TcpPeer {
         drop(expired); // closed outside the lock
         // Links that reached another node than the one meant now are closed.
         conns.retain(|c| inner.reaches_expected(peer, c.peer_id.as_deref()));
+        // Links whose peer's certificate was revoked since are closed.
+        conns.retain(|c| !c.peer_cert.as_deref().is_some_and(|d| revoked(inner, d)));
         while conns.len() < want {
             let (c, _) = client::connect(inner, peer).await?;
             conns.push(c);

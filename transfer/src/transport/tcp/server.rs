@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpListener;
 
 use super::answer::{authorize, check, Refusal};
-use super::conn::{accept, recv_payload, send_frame, send_payload, Link};
+use super::conn::{accept, recv_payload, revoked, send_frame, send_payload, Link};
 use super::protocol::{
     RdmaEndpoint, Request, RequestKind, Response, Status, FLAG_CAPABILITY, FLAG_CHECKSUM,
     FLAG_ENCODE, RDMA_ENDPOINT_BYTES, RDMA_KEY_BYTES, REQUEST_BYTES,
@@ -74,6 +74,7 @@ async fn serve_connection(
         mut conn,
         mac,
         peer_id,
+        peer_cert,
         ..
     } = link;
     let (mut rd, mut wr) = conn.split();
@@ -96,6 +97,12 @@ async fn serve_connection(
         // An idle pooled connection may wait for its next request forever.
         if rd.read_exact(&mut head).await.is_err() {
             return Ok(());
+        }
+        // A certificate revoked since the handshake ends the connection.
+        if peer_cert.as_deref().is_some_and(|c| revoked(inner, c)) {
+            inner.metrics.handshake_refused();
+            tracing::warn!(peer = %conn.peer, "transfer connection closed: the peer's certificate is revoked");
+            return Err(TransferError::connection(&conn.peer, ConnectionFault::Revoked));
         }
         let req = Request::decode(&head)?;
         match req.kind {
