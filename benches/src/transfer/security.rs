@@ -161,6 +161,8 @@ pub(super) async fn secured_throughput(
     };
     let mut registry = prometheus_client::registry::Registry::default();
     let engine = TransferEngine::start(cfg, &mut registry).await?;
+    // The checks a cluster read makes: the peer proves it is node "peer".
+    engine.expect_node(&peer.addr, "peer");
     let region = Arc::new(SharedRegion::create(
         "bench-secured",
         args.segment_bytes as usize,

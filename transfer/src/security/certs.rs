@@ -87,16 +87,7 @@ pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<Strin
         0o600,
     )?;
     for p in principals {
-        let key = KeyPair::generate().map_err(bad)?;
-        let cert = leaf(p, days)?
-            .signed_by(&key, &ca_cert, &ca_key)
-            .map_err(bad)?;
-        write(&dir.join(format!("{}.crt", p.name)), cert.pem().as_bytes(), 0o644)?;
-        write(
-            &dir.join(format!("{}.key", p.name)),
-            key.serialize_pem().as_bytes(),
-            0o600,
-        )?;
+        sign_leaf(dir, p, days, &ca_cert, &ca_key)?;
     }
     // An empty revocation list, so nodes can name it from the start.
     revoke(dir, &[])?;
@@ -117,6 +108,76 @@ fn ca_params() -> Result<CertificateParams, TransferError> {
     ];
     validity(&mut ca, CA_DAYS);
     Ok(ca)
+}
+
+/// Make `p`'s key and certificate in `dir`, signed by the CA; an existing
+/// pair is replaced (each file written aside, then renamed over it).
+fn sign_leaf(
+    dir: &Path,
+    p: &Principal,
+    days: u32,
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+) -> Result<(), TransferError> {
+    let key = KeyPair::generate().map_err(bad)?;
+    let cert = leaf(p, days)?.signed_by(&key, ca, ca_key).map_err(bad)?;
+    for (ext, bytes, mode) in [
+        ("key", key.serialize_pem().into_bytes(), 0o600),
+        ("crt", cert.pem().into_bytes(), 0o644),
+    ] {
+        let path = dir.join(format!("{}.{ext}", p.name));
+        let tmp = dir.join(format!("{}.{ext}.tmp", p.name));
+        let _ = std::fs::remove_file(&tmp);
+        write(&tmp, &bytes, mode)?;
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| bad(format!("rename {}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// Issue certificates with the CA of `dir` (`ca.crt`, `ca.key`): for new
+/// `principals` (refused if `<name>.crt` exists), or, with `renew`, anew for
+/// existing ones (a new key and serial, valid `days` from now; the old
+/// certificate stays valid until it expires or is revoked). Nodes load
+/// their certificate at start: restart each after its renewal.
+pub fn issue(
+    dir: &Path,
+    principals: &[Principal],
+    days: u32,
+    renew: bool,
+) -> Result<Vec<String>, TransferError> {
+    if !(1..=CA_DAYS).contains(&days) {
+        return Err(bad(format!("validity must be 1..={CA_DAYS} days")));
+    }
+    for p in principals {
+        let exists = dir.join(format!("{}.crt", p.name)).exists();
+        if exists != renew {
+            return Err(bad(match renew {
+                true => format!("{} has no certificate to renew", p.name),
+                false => format!("{}.crt exists; renew it instead", p.name),
+            }));
+        }
+    }
+    let pem = std::fs::read_to_string(dir.join("ca.key"))
+        .map_err(|e| bad(format!("read {}: {e}", dir.join("ca.key").display())))?;
+    let ca_key = KeyPair::from_pem(&pem).map_err(bad)?;
+    let ca = ca_params()?.self_signed(&ca_key).map_err(bad)?;
+    let mut names = Vec::new();
+    for p in principals {
+        sign_leaf(dir, p, days, &ca, &ca_key)?;
+        names.push(format!("{}.crt", p.name));
+        names.push(format!("{}.key", p.name));
+    }
+    Ok(names)
+}
+
+/// Who the certificate `<name>.crt` of `dir` names (to renew it as such).
+pub fn principal_in(dir: &Path, name: &str) -> Result<Principal, TransferError> {
+    let path = dir.join(format!("{name}.crt"));
+    let pem = std::fs::read(&path).map_err(|e| bad(format!("read {}: {e}", path.display())))?;
+    let (_, p) = x509_parser::pem::parse_x509_pem(&pem).map_err(bad)?;
+    super::principal_of(&p.contents)
+        .ok_or_else(|| bad(format!("{} names no node, tool or tenant", path.display())))
 }
 
 /// Revoke the certificates `names` (`<name>.crt` in `dir`): add their
@@ -344,5 +405,48 @@ mod tests {
         assert!(a.reload_revocations().is_err(), "a list the CA did not sign");
         assert!(a.is_revoked(&der("ops")), "the list in force stays");
         assert!(revoke(dir.path(), &["nobody".into()]).is_err());
+    }
+
+    #[test]
+    fn issued_and_renewed_certificates_chain_to_the_same_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        init(dir.path(), &[node("a")], 30).unwrap();
+        let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+        let b = node("b");
+        issue(dir.path(), &[b.clone()], 30, false).unwrap();
+        assert!(issue(dir.path(), &[b.clone()], 30, false).is_err(), "b exists");
+        assert!(issue(dir.path(), &[node("zz")], 30, true).is_err(), "nothing to renew");
+        let before = read("a.crt");
+        assert_eq!(principal_in(dir.path(), "a").unwrap(), node("a"));
+        issue(dir.path(), &[principal_in(dir.path(), "a").unwrap()], 30, true).unwrap();
+        assert_ne!(read("a.crt"), before, "a new certificate");
+        for n in ["a", "b"] {
+            let id = NodeIdentity::with_revocations(
+                SecurityMode::Authenticate,
+                read(&format!("{n}.crt")),
+                read(&format!("{n}.key")),
+                read("ca.crt"),
+                Some(&dir.path().join("ca.crl")),
+            )
+            .unwrap();
+            assert_eq!(id.node_id(), Some(n));
+        }
+        // The renewed certificate is one the CA signed: the old one revoked
+        // leaves it valid.
+        let a = NodeIdentity::with_revocations(
+            SecurityMode::Authenticate,
+            read("b.crt"),
+            read("b.key"),
+            read("ca.crt"),
+            Some(&dir.path().join("ca.crl")),
+        )
+        .unwrap();
+        let old = rustls::pki_types::CertificateDer::from_pem_slice(&before).unwrap();
+        let renewed = rustls::pki_types::CertificateDer::from_pem_slice(&read("a.crt")).unwrap();
+        std::fs::write(dir.path().join("old.crt"), &before).unwrap();
+        revoke(dir.path(), &["old".into()]).unwrap();
+        assert!(a.reload_revocations().unwrap());
+        assert!(a.is_revoked(&old));
+        assert!(!a.is_revoked(&renewed));
     }
 }

@@ -66,14 +66,15 @@ pub struct SecurityConfig {
 }
 
 impl SecurityConfig {
-    /// Files of `DIR` as `kvfabric certs init DIR` lays them out for `node`.
+    /// Files of `DIR` as `kvfabric certs init DIR` lays them out for `node`,
+    /// its revocation list included.
     pub fn from_dir(dir: &std::path::Path, node: &str, mode: SecurityMode) -> Self {
         SecurityConfig {
             mode: Some(mode),
             cert: Some(dir.join(format!("{node}.crt"))),
             key: Some(dir.join(format!("{node}.key"))),
             ca: Some(dir.join("ca.crt")),
-            crl: None,
+            crl: Some(dir.join("ca.crl")),
         }
     }
 
