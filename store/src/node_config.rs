@@ -76,6 +76,9 @@ pub enum EvictionPolicy {
     Lru,
     /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
     S3fifo,
+    /// LRU behind a doorkeeper: blocks put for the first time are evicted
+    /// first (see `policy::door`).
+    Door,
 }
 
 /// Configuration of one node's store (`[node]` section).

@@ -63,6 +63,7 @@
 
 use hashbrown::HashMap;
 
+use super::door::Door;
 use super::lirs::Lirs;
 use super::list::Slot;
 use super::lru::Lru;
@@ -75,6 +76,8 @@ use crate::rec::Rec;
 pub enum AdaptiveMode {
     Lirs,
     Lru,
+    /// LRU behind a doorkeeper (`door`).
+    Door,
 }
 
 /// The tunables of an [`Adaptive`] order.
@@ -112,12 +115,16 @@ pub struct AdaptiveStats {
     /// Blocks the LIRS shadow and the LRU shadow hit on them.
     pub lirs_hits: u64,
     pub lru_hits: u64,
+    /// Blocks the `door` shadow hit on them.
+    pub door_hits: u64,
     /// Times the mode changed.
     pub switches: u64,
     /// Keys each shadow holds at most now.
     pub shadow_cap: u64,
     /// The decayed score (LIRS minus LRU) now.
     pub score: f64,
+    /// The decayed score of `door` (door minus LRU) now.
+    pub door_score: f64,
 }
 
 /// The order a shadow runs.
@@ -125,6 +132,7 @@ pub struct AdaptiveStats {
 enum ShadowOrder {
     Lirs(Lirs),
     Lru(Lru),
+    Door(Door),
 }
 
 impl ShadowOrder {
@@ -132,6 +140,7 @@ impl ShadowOrder {
         match self {
             ShadowOrder::Lirs(o) => o.insert(key, 0),
             ShadowOrder::Lru(o) => o.insert(key, 0),
+            ShadowOrder::Door(o) => o.insert(key, 0),
         }
     }
 
@@ -139,6 +148,7 @@ impl ShadowOrder {
         match self {
             ShadowOrder::Lirs(o) => o.touch(slot, key),
             ShadowOrder::Lru(o) => o.touch(slot, key),
+            ShadowOrder::Door(o) => o.touch(slot, key),
         }
     }
 
@@ -146,6 +156,7 @@ impl ShadowOrder {
         match self {
             ShadowOrder::Lirs(o) => o.remove(slot, key),
             ShadowOrder::Lru(o) => o.remove(slot, key),
+            ShadowOrder::Door(o) => o.remove(slot, key),
         }
     }
 
@@ -154,6 +165,7 @@ impl ShadowOrder {
         match self {
             ShadowOrder::Lirs(o) => o.victim_at(|_, _| true),
             ShadowOrder::Lru(o) => o.victim(|_, _| true),
+            ShadowOrder::Door(o) => o.victim(|_, _| true),
         }
     }
 }
@@ -244,13 +256,22 @@ pub struct Adaptive {
     lru: Lru,
     /// A resident's slot in `lru`, by its LIRS slot (the one the store keeps).
     lru_slot: Vec<Slot>,
-    /// The LIRS shadow and the LRU shadow.
-    shadows: [Shadow; 2],
+    /// The residents behind a doorkeeper (`door`).
+    door: Door,
+    /// A resident's slot in `door`, by its LIRS slot.
+    door_slot: Vec<Slot>,
+    /// The LIRS, LRU and door shadows.
+    shadows: [Shadow; 3],
     /// Decayed LIRS hits minus LRU hits on the sampled lookups.
     score: f64,
     /// Decayed sum of the squared per-lookup differences (the score's
     /// spread were the two orders even).
     spread: f64,
+    /// Decayed door hits minus LRU hits, and the spreads of door minus
+    /// LRU and of door minus LIRS.
+    door_score: f64,
+    door_spread: f64,
+    cross_spread: f64,
     mode: AdaptiveMode,
     /// The most blocks the tier has held: the shadows' size.
     most: usize,
@@ -273,7 +294,7 @@ pub struct Adaptive {
     cluster_most: usize,
     /// Counters of [`AdaptiveStats`].
     lookups: u64,
-    hits: [u64; 2],
+    hits: [u64; 3],
     switches: u64,
 }
 
@@ -290,12 +311,18 @@ impl Adaptive {
             lirs: lirs(),
             lru: Lru::default(),
             lru_slot: Vec::new(),
+            door: Door::default(),
+            door_slot: Vec::new(),
             shadows: [
                 Shadow::new(ShadowOrder::Lirs(lirs())),
                 Shadow::new(ShadowOrder::Lru(Lru::default())),
+                Shadow::new(ShadowOrder::Door(Door::default())),
             ],
             score: 0.0,
             spread: 0.0,
+            door_score: 0.0,
+            door_spread: 0.0,
+            cross_spread: 0.0,
             mode: k.start,
             most: 0,
             pending: Some(Pending::default()),
@@ -308,7 +335,7 @@ impl Adaptive {
             cluster_fed: false,
             cluster_most: 0,
             lookups: 0,
-            hits: [0; 2],
+            hits: [0; 3],
             switches: 0,
         }
     }
@@ -321,9 +348,11 @@ impl Adaptive {
             lookups: self.lookups,
             lirs_hits: self.hits[0],
             lru_hits: self.hits[1],
+            door_hits: self.hits[2],
             switches: self.switches,
             shadow_cap: self.shadow_cap() as u64,
             score: self.score,
+            door_score: self.door_score,
         }
     }
 
@@ -414,30 +443,59 @@ impl Adaptive {
         let cap = self.shadow_cap();
         let lirs = self.shadows[0].lookup(keys, found as usize, cap) as f64;
         let lru = self.shadows[1].lookup(keys, found as usize, cap) as f64;
+        let door = self.shadows[2].lookup(keys, found as usize, cap) as f64;
         // Forget 1/(window * cap) per key looked up.
         let keep = (1.0 - 1.0 / (self.window * cap as f64)).max(0.0);
         let decay = keep.powi(keys.len() as i32);
         let d = lirs - lru;
         self.score = self.score * decay + d;
         self.spread = self.spread * decay + d * d;
-        let mut m = self.margin * cap as f64;
-        if self.confidence > 0.0 {
-            // Were the orders even, each difference's sign would be a coin
-            // flip: the score's spread is then sqrt(spread).
-            m = m.min(self.confidence * self.spread.sqrt());
-        }
+        let dd = door - lru;
+        self.door_score = self.door_score * decay + dd;
+        self.door_spread = self.door_spread * decay + dd * dd;
+        let dx = door - lirs;
+        self.cross_spread = self.cross_spread * decay + dx * dx;
         self.lookups += 1;
         self.hits[0] += lirs as u64;
         self.hits[1] += lru as u64;
+        self.hits[2] += door as u64;
         let was = self.mode;
-        if self.score > m {
-            self.mode = AdaptiveMode::Lirs;
-        } else if self.score < -m {
-            self.mode = AdaptiveMode::Lru;
+        // Each order's lead over LRU; another order takes over once ahead
+        // of the one running by the bar (LIRS checked before door: with
+        // door never ahead this is the two-order rule exactly).
+        let value = |a: &Self, m: AdaptiveMode| match m {
+            AdaptiveMode::Lru => 0.0,
+            AdaptiveMode::Lirs => a.score,
+            AdaptiveMode::Door => a.door_score,
+        };
+        let spread =
+            |a: &Self, x: AdaptiveMode, y: AdaptiveMode| match (x, y) {
+                (AdaptiveMode::Lru, AdaptiveMode::Lirs)
+                | (AdaptiveMode::Lirs, AdaptiveMode::Lru) => a.spread,
+                (AdaptiveMode::Lru, AdaptiveMode::Door)
+                | (AdaptiveMode::Door, AdaptiveMode::Lru) => a.door_spread,
+                _ => a.cross_spread,
+            };
+        let mut best = (was, 0.0);
+        for cand in [AdaptiveMode::Lru, AdaptiveMode::Lirs, AdaptiveMode::Door] {
+            if cand == was {
+                continue;
+            }
+            let mut m = self.margin * cap as f64;
+            if self.confidence > 0.0 {
+                // Were the orders even, each difference's sign would be a
+                // coin flip: the lead's spread is then sqrt(spread).
+                m = m.min(self.confidence * spread(self, was, cand).sqrt());
+            }
+            let lead = value(self, cand) - value(self, was);
+            if lead > m && lead > best.1 {
+                best = (cand, lead);
+            }
         }
+        self.mode = best.0;
         if self.mode != was {
             self.switches += 1;
-            tracing::debug!(mode = ?self.mode, score = self.score, bar = m, "adaptive eviction order switched");
+            tracing::debug!(mode = ?self.mode, score = self.score, door_score = self.door_score, "adaptive eviction order switched");
         }
     }
 
@@ -487,6 +545,11 @@ impl Adaptive {
             self.lru_slot.resize(i + 1, 0);
         }
         self.lru_slot[i] = q;
+        let q = self.door.insert(key, rec);
+        if self.door_slot.len() <= i {
+            self.door_slot.resize(i + 1, 0);
+        }
+        self.door_slot[i] = q;
         self.most = self.most.max(self.lru.len());
         slot
     }
@@ -494,11 +557,13 @@ impl Adaptive {
     pub(super) fn touch(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.touch(slot, key);
         self.lru.touch(self.lru_slot[slot as usize], key);
+        self.door.touch(self.door_slot[slot as usize], key);
     }
 
     pub(super) fn remove(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.remove(slot, key);
         self.lru.remove(self.lru_slot[slot as usize], key);
+        self.door.remove(self.door_slot[slot as usize], key);
     }
 
     pub(super) fn prefetch(&self, slot: Slot) {
@@ -516,6 +581,10 @@ impl Adaptive {
                 self.lirs.evicting();
                 self.lru.victim(eligible)
             }
+            AdaptiveMode::Door => {
+                self.lirs.evicting();
+                self.door.victim(eligible)
+            }
         }
     }
 
@@ -525,6 +594,7 @@ impl Adaptive {
         match self.mode {
             AdaptiveMode::Lirs => None,
             AdaptiveMode::Lru => self.lru.peek(),
+            AdaptiveMode::Door => self.door.peek(),
         }
     }
 

@@ -1,0 +1,186 @@
+//! `door`: LRU behind a doorkeeper. A block put for the first time (its key
+//! not seen by the doorkeeper) enters a probation FIFO, evicted before any
+//! block of the main LRU; a block put again (it was here before and left),
+//! or read while on probation, is in main. The newest `WINDOW` of the
+//! residents on probation are spared, so a prefix computed a moment ago
+//! survives until its next turn.
+//!
+//! Why: on the Mooncake FAST'25 traces (docs/BENCHMARKS.md, session 32)
+//! most blocks are put once and never looked up again (58% of the synthetic
+//! trace's blocks, 76% of the conversation trace's), and on the synthetic
+//! trace a block's chance of being looked up within the next tier's worth
+//! of block lookups is 0.06-0.08 after its first lookup against 0.1-0.6
+//! after a later one, whatever its age. LRU
+//! spends the tier on the first kind; `door` spends it on the second.
+//! Frequency beyond "seen before" did not help there (LFU, LRFU, MQ, ARC,
+//! TinyLFU admission were measured in the session's prototype).
+//!
+//! The doorkeeper is two generations of a Bloom filter over the keys put
+//! (TinyLFU's doorkeeper, Einziger et al. 2017): a generation takes
+//! `HISTORY` times the most blocks the tier has held, then the older is
+//! dropped and cleared for reuse, so the keeper remembers the last
+//! `HISTORY`-`2 * HISTORY` tiers' worth of puts in `BITS_PER_KEY` bits
+//! each. A false positive sends a new block to main: a ranking choice, never
+//! a correctness one. Keys are hashed with `keys::spot`, so the order is
+//! deterministic: the same operations make the same choices.
+//!
+//! Cost: insert tests and sets three bits (and clears a generation's words
+//! every `HISTORY` tiers' worth of puts: amortized under a word per put),
+//! touch and remove are one list operation, a victim costs the candidates
+//! it looks at. Pinned and leased blocks are the caller's `eligible`
+//! predicate: skipped, never chosen.
+
+use super::list::{Queues, Slot};
+use crate::keys::{spot, BlockKey};
+use crate::rec::Rec;
+
+const PROBATION: usize = 0;
+const MAIN: usize = 1;
+
+/// Share of the residents on probation that is spared (the newest).
+pub(super) const WINDOW: f64 = 0.05;
+/// Tiers' worth of puts a doorkeeper generation remembers.
+const HISTORY: usize = 4;
+/// Bloom bits per remembered key (three hashes: ~3% false positives).
+const BITS_PER_KEY: usize = 8;
+
+/// Keys put lately: two generations of a Bloom filter.
+#[derive(Debug, Default)]
+pub(super) struct Doorkeeper {
+    cur: Vec<u64>,
+    prev: Vec<u64>,
+    /// Keys added to `cur`.
+    adds: usize,
+}
+
+/// The three bit positions of hash `h` in a filter of `words` words.
+fn positions(h: u64, words: usize) -> [usize; 3] {
+    let mask = (words * 64 - 1) as u64;
+    [
+        (h & mask) as usize,
+        (h.rotate_left(21) & mask) as usize,
+        (h.rotate_left(42) & mask) as usize,
+    ]
+}
+
+fn test(bits: &[u64], h: u64) -> bool {
+    !bits.is_empty()
+        && positions(h, bits.len())
+            .iter()
+            .all(|&p| bits[p / 64] & (1 << (p % 64)) != 0)
+}
+
+impl Doorkeeper {
+    /// Whether `key` was added within the keeper's memory.
+    pub(super) fn seen(&self, key: &BlockKey) -> bool {
+        let h = spot(key);
+        test(&self.cur, h) || test(&self.prev, h)
+    }
+
+    /// Remember `key`; a generation holds `HISTORY * most` keys.
+    pub(super) fn add(&mut self, key: &BlockKey, most: usize) {
+        let generation = HISTORY * most.max(64);
+        if self.cur.is_empty() || self.adds >= generation {
+            let words = (generation * BITS_PER_KEY).next_power_of_two() / 64;
+            let mut old = std::mem::take(&mut self.prev);
+            if old.len() == words {
+                old.fill(0);
+            } else {
+                old = vec![0; words];
+            }
+            self.prev = std::mem::replace(&mut self.cur, old);
+            self.adds = 0;
+        }
+        for p in positions(spot(key), self.cur.len()) {
+            self.cur[p / 64] |= 1 << (p % 64);
+        }
+        self.adds += 1;
+    }
+}
+
+/// LRU behind a doorkeeper: first-time blocks on probation, evicted first.
+#[derive(Debug, Default)]
+pub struct Door {
+    queues: Queues<2>,
+    keeper: Doorkeeper,
+    /// The most blocks queued at once (the keeper's unit).
+    most: usize,
+}
+
+impl Door {
+    pub(super) fn insert(&mut self, key: BlockKey, rec: Rec) -> Slot {
+        self.most = self.most.max(self.queues.total() + 1);
+        let q = if self.keeper.seen(&key) {
+            MAIN
+        } else {
+            PROBATION
+        };
+        self.keeper.add(&key, self.most);
+        self.queues.push_back(q, key, rec)
+    }
+
+    /// Blocks on probation (tests).
+    #[cfg(test)]
+    pub(super) fn on_probation(&self) -> usize {
+        self.queues.len(PROBATION)
+    }
+
+    pub(super) fn prefetch(&self, s: Slot) {
+        self.queues.prefetch(s);
+    }
+
+    /// The queue a victim is taken from first: probation while it holds
+    /// more than the spared window, else main (probation if main is empty).
+    fn first_queue(&self) -> usize {
+        let window = (self.queues.total() as f64 * WINDOW) as usize;
+        if self.queues.len(PROBATION) > window || self.queues.len(MAIN) == 0 {
+            PROBATION
+        } else {
+            MAIN
+        }
+    }
+
+    /// The block `victim` looks at first.
+    pub(super) fn peek(&self) -> Option<(BlockKey, Rec)> {
+        self.queues
+            .front(self.first_queue())
+            .map(|s| (self.queues.key(s), self.queues.rec(s)))
+    }
+
+    /// Start loading the node after the first candidate (evicting it
+    /// unlinks it, which writes that node).
+    pub(super) fn prefetch_eviction(&self) {
+        let q = self.first_queue();
+        if let Some(next) = self.queues.front(q).and_then(|s| self.queues.next(s)) {
+            self.queues.prefetch(next);
+        }
+    }
+
+    pub(super) fn touch(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
+        self.queues.move_to_back(s, MAIN);
+    }
+
+    pub(super) fn remove(&mut self, s: Slot, key: &BlockKey) {
+        debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
+        self.queues.remove(s);
+    }
+
+    pub(super) fn victim(
+        &mut self,
+        mut eligible: impl FnMut(&BlockKey, Rec) -> bool,
+    ) -> Option<BlockKey> {
+        let first = self.first_queue();
+        for q in [first, 1 - first] {
+            let mut at = self.queues.front(q);
+            while let Some(s) = at {
+                let key = self.queues.key(s);
+                if eligible(&key, self.queues.rec(s)) {
+                    return Some(key);
+                }
+                at = self.queues.next(s);
+            }
+        }
+        None
+    }
+}
