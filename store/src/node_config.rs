@@ -68,8 +68,8 @@ pub enum EvictionPolicy {
     /// the rest pass through a small queue (loop- and scan-resistant; see
     /// `policy::lirs`).
     Lirs,
-    /// LIRS or LRU, whichever leads on the tier's recent lookups (two
-    /// metadata-only shadow caches; see `policy::adaptive`).
+    /// LIRS, LRU or door, whichever leads on the tier's recent lookups
+    /// (three metadata-only shadow caches; see `policy::adaptive`).
     #[default]
     Adaptive,
     /// Least recently used first.

@@ -15,18 +15,20 @@
 //! Frequency beyond "seen before" did not help there (LFU, LRFU, MQ, ARC,
 //! TinyLFU admission were measured in the session's prototype).
 //!
-//! The doorkeeper is two generations of a Bloom filter over the keys put
+//! The doorkeeper is two generations of a blocked Bloom filter (three bits
+//! in one word per key) over the keys put or read
 //! (TinyLFU's doorkeeper, Einziger et al. 2017): a generation takes
 //! `HISTORY` times the most blocks the tier has held, then the older is
 //! dropped and cleared for reuse, so the keeper remembers the last
-//! `HISTORY`-`2 * HISTORY` tiers' worth of puts in `BITS_PER_KEY` bits
-//! each. A false positive sends a new block to main: a ranking choice, never
+//! `HISTORY`-`2 * HISTORY` tiers' worth of puts and reads in `BITS_PER_KEY`
+//! bits each (a block read ever since its put is remembered when it leaves). A false positive sends a new block to main: a ranking choice, never
 //! a correctness one. Keys are hashed with `keys::spot`, so the order is
 //! deterministic: the same operations make the same choices.
 //!
-//! Cost: insert tests and sets three bits (and clears a generation's words
-//! every `HISTORY` tiers' worth of puts: amortized under a word per put),
-//! touch and remove are one list operation, a victim costs the candidates
+//! Cost: insert reads a word of each generation and writes one, touch writes
+//! one (and clears a generation's words
+//! every `HISTORY` tiers' worth of puts and reads: amortized under a word
+//! per op), touch and remove are one list operation, a victim costs the candidates
 //! it looks at. Pinned and leased blocks are the caller's `eligible`
 //! predicate: skipped, never chosen.
 
@@ -41,7 +43,7 @@ const MAIN: usize = 1;
 pub(super) const WINDOW: f64 = 0.05;
 /// Tiers' worth of puts a doorkeeper generation remembers.
 const HISTORY: usize = 4;
-/// Bloom bits per remembered key (three hashes: ~3% false positives).
+/// Bloom bits per remembered key (three in one word: ~4% false positives).
 const BITS_PER_KEY: usize = 8;
 
 /// Keys put lately: two generations of a Bloom filter.
@@ -53,21 +55,21 @@ pub(super) struct Doorkeeper {
     adds: usize,
 }
 
-/// The three bit positions of hash `h` in a filter of `words` words.
-fn positions(h: u64, words: usize) -> [usize; 3] {
-    let mask = (words * 64 - 1) as u64;
-    [
-        (h & mask) as usize,
-        (h.rotate_left(21) & mask) as usize,
-        (h.rotate_left(42) & mask) as usize,
-    ]
+/// The word of hash `h` in a filter of `words` words (a power of two), and
+/// its three bits in that word: a blocked Bloom filter, so a test or an add
+/// reads one word (one cache line) per generation.
+fn slot(h: u64, words: usize) -> (usize, u64) {
+    let word = (h as usize) & (words - 1);
+    let bits = (1u64 << ((h >> 40) & 63)) | (1 << ((h >> 46) & 63)) | (1 << ((h >> 52) & 63));
+    (word, bits)
 }
 
-fn test(bits: &[u64], h: u64) -> bool {
-    !bits.is_empty()
-        && positions(h, bits.len())
-            .iter()
-            .all(|&p| bits[p / 64] & (1 << (p % 64)) != 0)
+fn test(filter: &[u64], h: u64) -> bool {
+    if filter.is_empty() {
+        return false;
+    }
+    let (w, bits) = slot(h, filter.len());
+    filter[w] & bits == bits
 }
 
 impl Doorkeeper {
@@ -91,9 +93,8 @@ impl Doorkeeper {
             self.prev = std::mem::replace(&mut self.cur, old);
             self.adds = 0;
         }
-        for p in positions(spot(key), self.cur.len()) {
-            self.cur[p / 64] |= 1 << (p % 64);
-        }
+        let (w, bits) = slot(spot(key), self.cur.len());
+        self.cur[w] |= bits;
         self.adds += 1;
     }
 }
@@ -159,6 +160,8 @@ impl Door {
     pub(super) fn touch(&mut self, s: Slot, key: &BlockKey) {
         debug_assert!(self.queues.holds(s, key), "stale slot {s} for {key:?}");
         self.queues.move_to_back(s, MAIN);
+        // A block read for long stays remembered when it leaves.
+        self.keeper.add(key, self.most);
     }
 
     pub(super) fn remove(&mut self, s: Slot, key: &BlockKey) {

@@ -181,20 +181,21 @@ fn same_operations_same_victims() {
 #[test]
 fn the_keeper_forgets_after_two_generations() {
     let mut keeper = Doorkeeper::default();
-    keeper.add(&k(0), 64);
-    assert!(keeper.seen(&k(0)));
-    assert!(!keeper.seen(&k(1)));
-    // A generation is 4 * 64 keys: k(0) is still remembered after one
-    // more, forgotten after two.
-    for i in 1..=256 {
+    // A generation is 4 * 64 keys.
+    const G: u32 = 256;
+    for i in 0..G {
         keeper.add(&k(i), 64);
     }
-    assert!(keeper.seen(&k(0)));
-    for i in 257..=512 {
+    // One generation later the first keys are still remembered...
+    for i in G..2 * G {
         keeper.add(&k(i), 64);
     }
-    assert!(!keeper.seen(&k(0)));
-    assert!(keeper.seen(&k(512)));
+    assert!((0..2 * G).all(|i| keeper.seen(&k(i))));
+    // ... two later, forgotten but for the filter's false positives.
+    keeper.add(&k(2 * G), 64);
+    let still = (0..G).filter(|&i| keeper.seen(&k(i))).count();
+    assert!(still < G as usize / 8, "{still} of {G} old keys still seen");
+    assert!((G..=2 * G).all(|i| keeper.seen(&k(i))));
 }
 
 /// In `adaptive`, the door shadow's lead takes the tier over on a trace
