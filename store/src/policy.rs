@@ -36,6 +36,7 @@ mod lirs_tests;
 mod list;
 mod lru;
 mod s3fifo;
+mod shadow;
 #[cfg(test)]
 mod tests;
 
@@ -83,6 +84,7 @@ impl EvictionOrder {
                     sample_rate: cfg.adaptive_sample_rate,
                     confidence: cfg.adaptive_confidence,
                     start: cfg.adaptive_start,
+                    burst: cfg.low_watermark / cfg.high_watermark,
                 })))
             }
         }

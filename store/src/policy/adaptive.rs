@@ -20,7 +20,9 @@
 //! Two metadata-only shadow caches (`Shadow`: keys and links, no data)
 //! replay the tier's lookups and puts, one ordered by LIRS and one by LRU,
 //! each holding as many keys as the tier holds blocks (its most residents
-//! so far; times the sample rate). A lookup's hit in a shadow is its longest
+//! so far; times the sample rate), and once full evicting down to the
+//! tier's low watermark in proportion, as the tier does (`shadow` says why
+//! one at a time was wrong). A lookup's hit in a shadow is its longest
 //! held prefix, the store's rule (as the capacity planner's mini-caches
 //! count it, `planner::mini`). Their hits feed one score, decayed so it
 //! remembers about `window` tiers' worth of looked-up keys: positive, LIRS
@@ -69,12 +71,11 @@
 //! (made on other nodes) never reached its own shadows, so the order it did
 //! not run could never show a lead. `stats` counts the shadows' hits.
 
-use hashbrown::HashMap;
-
 use super::door::Door;
 use super::lirs::Lirs;
 use super::list::Slot;
 use super::lru::Lru;
+use super::shadow::{sampled, Pending, Shadow, ShadowOrder, Size, PUT};
 use crate::keys::BlockKey;
 use crate::rec::Rec;
 
@@ -107,6 +108,9 @@ pub struct AdaptiveKnobs {
     pub start: AdaptiveMode,
     /// Share of keys the shadows see (0, 1].
     pub sample_rate: f64,
+    /// Once full, the shadows evict down to this share of their size: the
+    /// tier's low watermark over its high one (`shadow`; 1: one at a time).
+    pub burst: f64,
 }
 
 /// What an [`Adaptive`] order has seen and chosen since it started: the
@@ -134,127 +138,6 @@ pub struct AdaptiveStats {
     /// The decayed score of `door` (door minus LRU) now.
     pub door_score: f64,
 }
-
-/// The order a shadow runs.
-#[derive(Debug)]
-enum ShadowOrder {
-    Lirs(Lirs),
-    Lru(Lru),
-    Door(Door),
-}
-
-impl ShadowOrder {
-    fn insert(&mut self, key: BlockKey) -> Slot {
-        match self {
-            ShadowOrder::Lirs(o) => o.insert(key, 0),
-            ShadowOrder::Lru(o) => o.insert(key, 0),
-            ShadowOrder::Door(o) => o.insert(key, 0),
-        }
-    }
-
-    fn touch(&mut self, slot: Slot, key: &BlockKey) {
-        match self {
-            ShadowOrder::Lirs(o) => o.touch(slot, key),
-            ShadowOrder::Lru(o) => o.touch(slot, key),
-            ShadowOrder::Door(o) => o.touch(slot, key),
-        }
-    }
-
-    fn remove(&mut self, slot: Slot, key: &BlockKey) {
-        match self {
-            ShadowOrder::Lirs(o) => o.remove(slot, key),
-            ShadowOrder::Lru(o) => o.remove(slot, key),
-            ShadowOrder::Door(o) => o.remove(slot, key),
-        }
-    }
-
-    /// The next key to drop (every key is eligible in a shadow).
-    fn victim(&mut self) -> Option<BlockKey> {
-        match self {
-            ShadowOrder::Lirs(o) => o.victim_at(|_, _| true),
-            ShadowOrder::Lru(o) => o.victim(|_, _| true),
-            ShadowOrder::Door(o) => o.victim(|_, _| true),
-        }
-    }
-}
-
-/// A metadata-only cache of `cap` keys run by one order.
-#[derive(Debug)]
-struct Shadow {
-    order: ShadowOrder,
-    slots: HashMap<BlockKey, Slot>,
-}
-
-impl Shadow {
-    fn new(order: ShadowOrder) -> Self {
-        Shadow {
-            order,
-            slots: HashMap::new(),
-        }
-    }
-
-    /// A lookup of `keys` (sampled, prefix order) whose first `found` the
-    /// tier held: the shadow's held prefix is touched and is the hit. A key
-    /// it lacks among the tier's `found` is put now (the tier holds it, so
-    /// no put follows); one past them is put when the tier puts it.
-    fn lookup(&mut self, keys: &[BlockKey], found: usize, cap: usize) -> usize {
-        let mut hits = 0;
-        let mut broken = false;
-        for (i, key) in keys.iter().enumerate() {
-            match self.slots.get(key) {
-                Some(&slot) if !broken => {
-                    self.order.touch(slot, key);
-                    hits += 1;
-                }
-                Some(_) => {}
-                None if i < found => {
-                    broken = true;
-                    self.insert(*key, cap);
-                }
-                None => broken = true,
-            }
-        }
-        hits
-    }
-
-    /// A put of `key`: held keys are untouched.
-    fn put(&mut self, key: BlockKey, cap: usize) {
-        if !self.slots.contains_key(&key) {
-            self.insert(key, cap);
-        }
-    }
-
-    fn insert(&mut self, key: BlockKey, cap: usize) {
-        while self.slots.len() >= cap.max(1) {
-            let Some(victim) = self.order.victim() else {
-                break;
-            };
-            match self.slots.remove(&victim) {
-                Some(slot) => self.order.remove(slot, &victim),
-                None => break,
-            }
-        }
-        let slot = self.order.insert(key);
-        self.slots.insert(key, slot);
-    }
-}
-
-/// Whether `key` is in the shadows' sample (hash below `threshold`).
-fn sampled(threshold: u64, key: &BlockKey) -> bool {
-    threshold == u64::MAX || crate::keys::spot(key) < threshold
-}
-
-/// The sampled lookups and puts of a tier still filling: keys, and per
-/// event its first key, key count and the keys the tier held (lookups) or
-/// [`PUT`].
-#[derive(Debug, Default)]
-struct Pending {
-    keys: Vec<BlockKey>,
-    events: Vec<(u32, u32, u32)>,
-}
-
-/// A `Pending` event that is a put.
-const PUT: u32 = u32::MAX;
 
 /// LIRS and LRU over the tier's blocks, victims from the one that leads.
 #[derive(Debug)]
@@ -291,6 +174,8 @@ pub struct Adaptive {
     /// Keys whose hash is below this are sampled (u64::MAX: all).
     threshold: u64,
     rate: f64,
+    /// The shadows' burst (`AdaptiveKnobs::burst`).
+    burst: f64,
     /// Sampled keys of the lookup at hand (kept to reuse its memory).
     scratch: Vec<BlockKey>,
     /// Set by a cluster node: its directory shard's lookups and puts feed
@@ -339,6 +224,7 @@ impl Adaptive {
             confidence: k.confidence.max(0.0),
             threshold,
             rate,
+            burst: k.burst,
             scratch: Vec::new(),
             cluster_fed: false,
             cluster_most: 0,
@@ -385,6 +271,11 @@ impl Adaptive {
             self.most
         };
         ((most as f64 * self.rate).round() as usize).max(1)
+    }
+
+    /// The shadows' size and the share they evict down to when full.
+    fn shadow_size(&self) -> Size {
+        Size::new(self.shadow_cap(), self.burst)
     }
 
     /// The store looked up `keys` (prefix order) and held their first
@@ -448,10 +339,11 @@ impl Adaptive {
     /// Both shadows look up `keys` (sampled, the tier held the first
     /// `found`); the score and the mode follow.
     fn duel(&mut self, keys: &[BlockKey], found: u32) {
-        let cap = self.shadow_cap();
-        let lirs = self.shadows[0].lookup(keys, found as usize, cap) as f64;
-        let lru = self.shadows[1].lookup(keys, found as usize, cap) as f64;
-        let door = self.shadows[2].lookup(keys, found as usize, cap) as f64;
+        let size = self.shadow_size();
+        let cap = size.cap;
+        let lirs = self.shadows[0].lookup(keys, found as usize, size) as f64;
+        let lru = self.shadows[1].lookup(keys, found as usize, size) as f64;
+        let door = self.shadows[2].lookup(keys, found as usize, size) as f64;
         // Forget 1/(window * cap) per key looked up.
         let keep = (1.0 - 1.0 / (self.window * cap as f64)).max(0.0);
         let decay = keep.powi(keys.len() as i32);
@@ -513,12 +405,12 @@ impl Adaptive {
         let Some(p) = self.pending.take() else {
             return;
         };
-        let cap = self.shadow_cap();
+        let size = self.shadow_size();
         for &(start, len, found) in &p.events {
             let keys = &p.keys[start as usize..(start + len) as usize];
             if found == PUT {
                 for s in &mut self.shadows {
-                    s.put(keys[0], cap);
+                    s.put(keys[0], size);
                 }
             } else {
                 self.duel(keys, found);
@@ -535,9 +427,9 @@ impl Adaptive {
             p.events.push((p.keys.len() as u32, 1, PUT));
             p.keys.push(key);
         } else {
-            let cap = self.shadow_cap();
+            let size = self.shadow_size();
             for s in &mut self.shadows {
-                s.put(key, cap);
+                s.put(key, size);
             }
         }
     }
@@ -609,6 +501,6 @@ impl Adaptive {
     /// The keys shadow `i` holds (0: LIRS, 1: LRU; tests).
     #[cfg(test)]
     pub(super) fn shadow_keys(&self, i: usize) -> impl Iterator<Item = BlockKey> + '_ {
-        self.shadows[i].slots.keys().copied()
+        self.shadows[i].keys()
     }
 }
