@@ -198,6 +198,21 @@ fn the_keeper_forgets_after_two_generations() {
     assert!((G..=2 * G).all(|i| keeper.seen(&k(i))));
 }
 
+/// While the tier fills (its most blocks growing with each put), the
+/// keeper's generations grow with it instead of one small filter taking
+/// every key: keys never added are seen only as false positives.
+#[test]
+fn the_keeper_does_not_fill_up_while_the_tier_grows() {
+    let mut keeper = Doorkeeper::default();
+    const N: u32 = 20_000;
+    for i in 0..N {
+        keeper.add(&k(i), i as usize + 1);
+    }
+    let unseen = (N..N + 10_000).filter(|&i| keeper.seen(&k(i))).count();
+    assert!(unseen < 100, "{unseen} of 10000 new keys seen");
+    assert!((N - 1000..N).all(|i| keeper.seen(&k(i))));
+}
+
 /// In `adaptive`, the door shadow's lead takes the tier over on a trace
 /// where it wins, and the tier then hits what `door` alone does.
 #[test]
