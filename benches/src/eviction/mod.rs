@@ -242,16 +242,19 @@ pub fn measure_trace(trace: &Trace, layout: KvLayout, base: &NodeConfig) -> anyh
         let bound = bound::block_min_hits(&trace.requests, cap, trace.block_tokens);
         let mut pol = serde_json::Map::new();
         for (name, policy) in POLICIES {
-            let h = replay(trace, layout, base, policy, Some(cap))?;
-            pol.insert(
-                name.into(),
-                json!({
-                    "hit_ratio": h.ratio(),
-                    "ratio_to_min": h.ratio() / min.ratio().max(f64::MIN_POSITIVE),
-                    "ratio_to_bound": h.ratio() / bound.ratio().max(f64::MIN_POSITIVE),
-                    "agent_hit_ratio": h.agent_ratio(),
-                }),
-            );
+            let (h, store) = replay_store(trace, layout, base, policy, Some(cap))?;
+            let mut row = json!({
+                "hit_ratio": h.ratio(),
+                "ratio_to_min": h.ratio() / min.ratio().max(f64::MIN_POSITIVE),
+                "ratio_to_bound": h.ratio() / bound.ratio().max(f64::MIN_POSITIVE),
+                "agent_hit_ratio": h.agent_ratio(),
+            });
+            // adaptive: its mode at the end, switches and shadow hits (why
+            // it lands where it does).
+            if let Some(st) = store.adaptive_stats() {
+                row["adaptive_stats"] = serde_json::to_value(st)?;
+            }
+            pol.insert(name.into(), row);
         }
         rows.push(json!({
             "capacity_fraction": frac,
