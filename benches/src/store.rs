@@ -124,6 +124,8 @@ pub enum MetadataPolicy {
     /// the order without the store's lookups, so its shadows see the puts
     /// only: the upkeep of both orders and of the shadows' puts.
     Adaptive,
+    /// LRU behind a doorkeeper (`policy::door`).
+    Door,
 }
 
 impl MetadataPolicy {
@@ -133,6 +135,7 @@ impl MetadataPolicy {
             MetadataPolicy::S3fifo => kvfabric_store::EvictionPolicy::S3fifo,
             MetadataPolicy::Lirs => kvfabric_store::EvictionPolicy::Lirs,
             MetadataPolicy::Adaptive => kvfabric_store::EvictionPolicy::Adaptive,
+            MetadataPolicy::Door => kvfabric_store::EvictionPolicy::Door,
         }
     }
 }
@@ -144,6 +147,7 @@ impl std::fmt::Display for MetadataPolicy {
             MetadataPolicy::S3fifo => "s3fifo",
             MetadataPolicy::Lirs => "lirs",
             MetadataPolicy::Adaptive => "adaptive",
+            MetadataPolicy::Door => "door",
         })
     }
 }

@@ -68,14 +68,17 @@ pub enum EvictionPolicy {
     /// the rest pass through a small queue (loop- and scan-resistant; see
     /// `policy::lirs`).
     Lirs,
-    /// LIRS or LRU, whichever leads on the tier's recent lookups (two
-    /// metadata-only shadow caches; see `policy::adaptive`).
+    /// LIRS, LRU or door, whichever leads on the tier's recent lookups
+    /// (three metadata-only shadow caches; see `policy::adaptive`).
     #[default]
     Adaptive,
     /// Least recently used first.
     Lru,
     /// S3-FIFO: small probationary FIFO, main FIFO with reinsertion, ghost queue.
     S3fifo,
+    /// LRU behind a doorkeeper: blocks put for the first time are evicted
+    /// first (see `policy::door`).
+    Door,
 }
 
 /// Configuration of one node's store (`[node]` section).

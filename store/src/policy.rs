@@ -26,6 +26,9 @@
 mod adaptive;
 #[cfg(test)]
 mod adaptive_tests;
+mod door;
+#[cfg(test)]
+mod door_tests;
 mod ghosts;
 mod lirs;
 #[cfg(test)]
@@ -33,6 +36,7 @@ mod lirs_tests;
 mod list;
 mod lru;
 mod s3fifo;
+mod shadow;
 #[cfg(test)]
 mod tests;
 
@@ -41,6 +45,7 @@ use crate::node_config::{EvictionPolicy, NodeConfig};
 use crate::rec::Rec;
 
 pub use adaptive::{Adaptive, AdaptiveKnobs, AdaptiveMode, AdaptiveStats};
+pub use door::Door;
 pub use lirs::Lirs;
 pub(crate) use list::Queues;
 pub use list::Slot;
@@ -54,6 +59,7 @@ pub enum EvictionOrder {
     S3Fifo(S3Fifo),
     Lirs(Lirs),
     Adaptive(Box<Adaptive>),
+    Door(Door),
 }
 
 impl EvictionOrder {
@@ -62,6 +68,7 @@ impl EvictionOrder {
         match cfg.eviction {
             EvictionPolicy::Lru => EvictionOrder::Lru(Lru::default()),
             EvictionPolicy::S3fifo => EvictionOrder::S3Fifo(S3Fifo::default()),
+            EvictionPolicy::Door => EvictionOrder::Door(Door::default()),
             EvictionPolicy::Lirs => EvictionOrder::Lirs(Lirs::new(
                 cfg.lirs_hir_percent,
                 cfg.lirs_history as usize,
@@ -77,6 +84,7 @@ impl EvictionOrder {
                     sample_rate: cfg.adaptive_sample_rate,
                     confidence: cfg.adaptive_confidence,
                     start: cfg.adaptive_start,
+                    burst: cfg.low_watermark / cfg.high_watermark,
                 })))
             }
         }
@@ -143,6 +151,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.insert(key, rec),
             EvictionOrder::Lirs(l) => l.insert(key, rec),
             EvictionOrder::Adaptive(a) => a.insert(key, rec),
+            EvictionOrder::Door(d) => d.insert(key, rec),
         }
     }
 
@@ -153,6 +162,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.touch(slot, key),
             EvictionOrder::Lirs(l) => l.touch(slot, key),
             EvictionOrder::Adaptive(a) => a.touch(slot, key),
+            EvictionOrder::Door(d) => d.touch(slot, key),
         }
     }
 
@@ -163,6 +173,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.remove(slot, key),
             EvictionOrder::Lirs(l) => l.remove(slot, key),
             EvictionOrder::Adaptive(a) => a.remove(slot, key),
+            EvictionOrder::Door(d) => d.remove(slot, key),
         }
     }
 
@@ -175,6 +186,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.prefetch(slot),
             EvictionOrder::Lirs(l) => l.prefetch(slot),
             EvictionOrder::Adaptive(a) => a.prefetch(slot),
+            EvictionOrder::Door(d) => d.prefetch(slot),
         }
     }
 
@@ -194,6 +206,7 @@ impl EvictionOrder {
         match self {
             EvictionOrder::Lru(l) => l.prefetch_eviction(),
             EvictionOrder::S3Fifo(s) => s.prefetch_eviction(),
+            EvictionOrder::Door(d) => d.prefetch_eviction(),
             EvictionOrder::Lirs(_) | EvictionOrder::Adaptive(_) => {}
         }
     }
@@ -211,6 +224,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.victim(eligible),
             EvictionOrder::Lirs(l) => l.victim_at(eligible),
             EvictionOrder::Adaptive(a) => a.victim_at(eligible),
+            EvictionOrder::Door(d) => d.victim(eligible),
         }
     }
 
@@ -223,6 +237,7 @@ impl EvictionOrder {
             EvictionOrder::S3Fifo(s) => s.peek(),
             EvictionOrder::Lirs(_) => None,
             EvictionOrder::Adaptive(a) => a.peek(),
+            EvictionOrder::Door(d) => d.peek(),
         }
     }
 }

@@ -43,8 +43,11 @@ pub(super) fn check(
         "s3fifo" => EvictionPolicy::S3fifo,
         "lirs" => EvictionPolicy::Lirs,
         "adaptive" => EvictionPolicy::Adaptive,
+        "door" => EvictionPolicy::Door,
         other => {
-            anyhow::bail!("--compare-eviction: {other:?} is not lru, s3fifo, lirs or adaptive")
+            anyhow::bail!(
+                "--compare-eviction: {other:?} is not lru, s3fifo, lirs, adaptive or door"
+            )
         }
     };
     anyhow::ensure!(
@@ -69,6 +72,7 @@ fn name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::S3fifo => "s3fifo",
         EvictionPolicy::Lirs => "lirs",
         EvictionPolicy::Adaptive => "adaptive",
+        EvictionPolicy::Door => "door",
     }
 }
 

@@ -22,7 +22,12 @@ use super::traces::{Request, Trace};
 pub fn load(path: &Path, layout: &KvLayout) -> anyhow::Result<Trace> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading trace {}", path.display()))?;
-    let requests = parse(&text, layout).with_context(|| format!("trace {}", path.display()))?;
+    from_text(path, &text, layout)
+}
+
+/// Key the trace `text` read from `path`.
+pub fn from_text(path: &Path, text: &str, layout: &KvLayout) -> anyhow::Result<Trace> {
+    let requests = parse(text, layout).with_context(|| format!("trace {}", path.display()))?;
     anyhow::ensure!(
         !requests.is_empty(),
         "trace {} has no request",

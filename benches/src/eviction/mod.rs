@@ -19,8 +19,11 @@
 //! as MIN's; `--watermarks HIGH,LOW` replays a tier that evicts in bursts
 //! (a node's default is 0.95,0.85), holding fewer blocks than MIN's.
 
+mod against_lru;
+pub mod bound;
 mod file;
 pub mod min;
+mod mooncake;
 pub mod planner;
 mod replay;
 pub mod traces;
@@ -51,6 +54,10 @@ pub struct EvictionArgs {
     /// `blocks`, optional `namespace`, `timestamp`) instead of the generated ones.
     #[arg(long)]
     pub trace: Option<std::path::PathBuf>,
+    /// Format of --trace: `jsonl` (the lines above) or `mooncake` (the
+    /// Mooncake FAST'25 traces: `hash_ids` of 512-token blocks, `timestamp`).
+    #[arg(long, value_enum, default_value_t = TraceFormat::Jsonl)]
+    pub trace_format: TraceFormat,
     /// Concurrent agent sessions.
     #[arg(long, default_value_t = 24)]
     pub sessions: usize,
@@ -133,12 +140,22 @@ impl EvictionArgs {
     }
 }
 
-/// `--adaptive-start`: lirs or lru.
+/// `--trace-format`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// JSON lines of `tokens` or `blocks` (see `file`).
+    Jsonl,
+    /// The Mooncake FAST'25 traces (see `mooncake`).
+    Mooncake,
+}
+
+/// `--adaptive-start`: lirs, lru or door.
 fn parse_mode(s: &str) -> Result<AdaptiveMode, String> {
     match s {
         "lirs" => Ok(AdaptiveMode::Lirs),
         "lru" => Ok(AdaptiveMode::Lru),
-        _ => Err(format!("{s:?} is not lirs or lru")),
+        "door" => Ok(AdaptiveMode::Door),
+        _ => Err(format!("{s:?} is not lirs, lru or door")),
     }
 }
 
@@ -158,7 +175,7 @@ pub(crate) fn parse_watermarks(s: &str) -> Result<(f64, f64), String> {
 }
 
 /// Tier sizes tried, as fractions of the trace's distinct blocks.
-const CAPACITY_FRACTIONS: [f64; 4] = [0.1, 0.25, 0.5, 0.75];
+const CAPACITY_FRACTIONS: [f64; 5] = [0.05, 0.1, 0.25, 0.5, 0.75];
 
 /// Run the bench and print its report.
 pub fn run(args: &EvictionArgs) -> anyhow::Result<()> {
@@ -200,7 +217,10 @@ fn planner_section(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Val
 /// The traces to replay: the file's, or the generated ones.
 fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Trace>> {
     if let Some(path) = &args.trace {
-        return Ok(vec![file::load(path, layout)?]);
+        return Ok(vec![match args.trace_format {
+            TraceFormat::Jsonl => file::load(path, layout)?,
+            TraceFormat::Mooncake => mooncake::load(path, layout)?,
+        }]);
     }
     let tokenizer = tokenizer(args)?;
     let chain = KeyChain::new(b"bench-eviction", &ModelFingerprint([7; 32]), layout);
@@ -214,27 +234,34 @@ fn load_traces(args: &EvictionArgs, layout: &KvLayout) -> anyhow::Result<Vec<Tra
 /// Every policy and MIN on `trace` at each capacity.
 pub fn measure_trace(trace: &Trace, layout: KvLayout, base: &NodeConfig) -> anyhow::Result<Value> {
     let never = replay(trace, layout, base, EvictionPolicy::Lru, None)?;
+    let consistent = bound::prefix_consistent(&trace.requests);
     let mut rows = Vec::new();
     for frac in CAPACITY_FRACTIONS {
         let cap = ((trace.capacity_base as f64 * frac) as usize).max(1);
         let min = min::min_hits(&trace.requests, cap, trace.block_tokens);
+        let bound = bound::block_min_hits(&trace.requests, cap, trace.block_tokens);
         let mut pol = serde_json::Map::new();
         for (name, policy) in POLICIES {
-            let h = replay(trace, layout, base, policy, Some(cap))?;
-            pol.insert(
-                name.into(),
-                json!({
-                    "hit_ratio": h.ratio(),
-                    "ratio_to_min": h.ratio() / min.ratio().max(f64::MIN_POSITIVE),
-                    "agent_hit_ratio": h.agent_ratio(),
-                }),
-            );
+            let (h, store) = replay_store(trace, layout, base, policy, Some(cap))?;
+            let mut row = json!({
+                "hit_ratio": h.ratio(),
+                "ratio_to_min": h.ratio() / min.ratio().max(f64::MIN_POSITIVE),
+                "ratio_to_bound": h.ratio() / bound.ratio().max(f64::MIN_POSITIVE),
+                "agent_hit_ratio": h.agent_ratio(),
+            });
+            // adaptive: its mode at the end, switches and shadow hits (why
+            // it lands where it does).
+            if let Some(st) = store.adaptive_stats() {
+                row["adaptive_stats"] = serde_json::to_value(st)?;
+            }
+            pol.insert(name.into(), row);
         }
         rows.push(json!({
             "capacity_fraction": frac,
             "capacity_blocks": cap,
             "min_hit_ratio": min.ratio(),
             "min_agent_hit_ratio": min.agent_ratio(),
+            "bound_hit_ratio": bound.ratio(),
             "policies": pol,
         }));
     }
@@ -244,6 +271,7 @@ pub fn measure_trace(trace: &Trace, layout: KvLayout, base: &NodeConfig) -> anyh
         "agent_requests": trace.requests.iter().filter(|r| r.agent).count(),
         "distinct_blocks": trace.distinct_blocks(),
         "capacity_base_blocks": trace.capacity_base,
+        "prefix_consistent": consistent,
         "never_evict_hit_ratio": never.ratio(),
         "capacities": rows,
     }))
@@ -334,23 +362,28 @@ fn print_table(report: &Value) {
     }
     for t in report["traces"].as_array().into_iter().flatten() {
         println!(
-            "{}: {} requests, {} distinct blocks, never-evict hit ratio {:.3}",
+            "{}: {} requests, {} distinct blocks, never-evict hit ratio {:.3}, prefix-consistent {}",
             t["name"].as_str().unwrap_or("?"),
             t["requests"],
             t["distinct_blocks"],
-            f(&t["never_evict_hit_ratio"])
+            f(&t["never_evict_hit_ratio"]),
+            t["prefix_consistent"]
         );
-        print!("  {:>9} {:>7} {:>6}", "capacity", "blocks", "min");
+        print!(
+            "  {:>9} {:>7} {:>6} {:>6}",
+            "capacity", "blocks", "min", "bound"
+        );
         for (name, _) in POLICIES {
             print!(" {name:>14}");
         }
         println!();
         for r in t["capacities"].as_array().into_iter().flatten() {
             print!(
-                "  {:>8.0}% {:>7} {:>6.3}",
+                "  {:>8.0}% {:>7} {:>6.3} {:>6.3}",
                 f(&r["capacity_fraction"]) * 100.0,
                 r["capacity_blocks"],
-                f(&r["min_hit_ratio"])
+                f(&r["min_hit_ratio"]),
+                f(&r["bound_hit_ratio"])
             );
             for (name, _) in POLICIES {
                 let p = &r["policies"][name];

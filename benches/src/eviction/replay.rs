@@ -11,11 +11,12 @@ use super::min::Hits;
 use super::traces::Trace;
 
 /// The policies compared, by their config names.
-pub const POLICIES: [(&str, EvictionPolicy); 4] = [
+pub const POLICIES: [(&str, EvictionPolicy); 5] = [
     ("adaptive", EvictionPolicy::Adaptive),
     ("lirs", EvictionPolicy::Lirs),
     ("lru", EvictionPolicy::Lru),
     ("s3fifo", EvictionPolicy::S3fifo),
+    ("door", EvictionPolicy::Door),
 ];
 
 /// Replay `trace` on a RAM tier of `capacity_blocks` blocks (None: never

@@ -77,6 +77,7 @@ fn policy_name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::S3fifo => "s3fifo",
         EvictionPolicy::Lirs => "lirs",
         EvictionPolicy::Adaptive => "adaptive",
+        EvictionPolicy::Door => "door",
     }
 }
 

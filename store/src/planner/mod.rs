@@ -400,6 +400,7 @@ pub fn policy_name(p: EvictionPolicy) -> &'static str {
         EvictionPolicy::Lru => "lru",
         EvictionPolicy::S3fifo => "s3fifo",
         EvictionPolicy::Adaptive => "adaptive",
+        EvictionPolicy::Door => "door",
     }
 }
 

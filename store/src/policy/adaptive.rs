@@ -1,6 +1,14 @@
-//! `adaptive`: LIRS or LRU, whichever is winning on the tier's recent
-//! lookups (set dueling, Qureshi et al., ISCA '07, with whole shadow caches
-//! instead of leader sets).
+//! `adaptive`: LIRS, LRU or `door`, whichever is winning on the tier's
+//! recent lookups (set dueling, Qureshi et al., ISCA '07, with whole shadow
+//! caches instead of leader sets).
+//!
+//! `door` (LRU behind a doorkeeper, `policy::door`) is the third order
+//! since #48: on production traces where most blocks are put once and never
+//! read (the Mooncake FAST'25 traces) it is ahead of both where the tier is
+//! scarce, and behind LRU where new blocks come back soon; its shadow and
+//! its lead over LRU (`door_score`) run beside LIRS', and another order
+//! takes over once ahead of the running one by the margin (below: LIRS
+//! against LRU, as before; door's lead is judged the same way).
 //!
 //! Why: LIRS is near Belady's MIN on agent traffic (sessions that return in
 //! a cycle longer than the tier, and scans), but where the working set fits
@@ -12,7 +20,9 @@
 //! Two metadata-only shadow caches (`Shadow`: keys and links, no data)
 //! replay the tier's lookups and puts, one ordered by LIRS and one by LRU,
 //! each holding as many keys as the tier holds blocks (its most residents
-//! so far; times the sample rate). A lookup's hit in a shadow is its longest
+//! so far; times the sample rate), and once full evicting down to the
+//! tier's low watermark in proportion, as the tier does (`shadow` says why
+//! one at a time was wrong). A lookup's hit in a shadow is its longest
 //! held prefix, the store's rule (as the capacity planner's mini-caches
 //! count it, `planner::mini`). Their hits feed one score, decayed so it
 //! remembers about `window` tiers' worth of looked-up keys: positive, LIRS
@@ -61,11 +71,11 @@
 //! (made on other nodes) never reached its own shadows, so the order it did
 //! not run could never show a lead. `stats` counts the shadows' hits.
 
-use hashbrown::HashMap;
-
+use super::door::Door;
 use super::lirs::Lirs;
 use super::list::Slot;
 use super::lru::Lru;
+use super::shadow::{sampled, Pending, Shadow, ShadowOrder, Size, PUT};
 use crate::keys::BlockKey;
 use crate::rec::Rec;
 
@@ -75,6 +85,8 @@ use crate::rec::Rec;
 pub enum AdaptiveMode {
     Lirs,
     Lru,
+    /// LRU behind a doorkeeper (`door`).
+    Door,
 }
 
 /// The tunables of an [`Adaptive`] order.
@@ -96,6 +108,9 @@ pub struct AdaptiveKnobs {
     pub start: AdaptiveMode,
     /// Share of keys the shadows see (0, 1].
     pub sample_rate: f64,
+    /// Once full, the shadows evict down to this share of their size: the
+    /// tier's low watermark over its high one (`shadow`; 1: one at a time).
+    pub burst: f64,
 }
 
 /// What an [`Adaptive`] order has seen and chosen since it started: the
@@ -112,129 +127,17 @@ pub struct AdaptiveStats {
     /// Blocks the LIRS shadow and the LRU shadow hit on them.
     pub lirs_hits: u64,
     pub lru_hits: u64,
+    /// Blocks the `door` shadow hit on them.
+    pub door_hits: u64,
     /// Times the mode changed.
     pub switches: u64,
     /// Keys each shadow holds at most now.
     pub shadow_cap: u64,
     /// The decayed score (LIRS minus LRU) now.
     pub score: f64,
+    /// The decayed score of `door` (door minus LRU) now.
+    pub door_score: f64,
 }
-
-/// The order a shadow runs.
-#[derive(Debug)]
-enum ShadowOrder {
-    Lirs(Lirs),
-    Lru(Lru),
-}
-
-impl ShadowOrder {
-    fn insert(&mut self, key: BlockKey) -> Slot {
-        match self {
-            ShadowOrder::Lirs(o) => o.insert(key, 0),
-            ShadowOrder::Lru(o) => o.insert(key, 0),
-        }
-    }
-
-    fn touch(&mut self, slot: Slot, key: &BlockKey) {
-        match self {
-            ShadowOrder::Lirs(o) => o.touch(slot, key),
-            ShadowOrder::Lru(o) => o.touch(slot, key),
-        }
-    }
-
-    fn remove(&mut self, slot: Slot, key: &BlockKey) {
-        match self {
-            ShadowOrder::Lirs(o) => o.remove(slot, key),
-            ShadowOrder::Lru(o) => o.remove(slot, key),
-        }
-    }
-
-    /// The next key to drop (every key is eligible in a shadow).
-    fn victim(&mut self) -> Option<BlockKey> {
-        match self {
-            ShadowOrder::Lirs(o) => o.victim_at(|_, _| true),
-            ShadowOrder::Lru(o) => o.victim(|_, _| true),
-        }
-    }
-}
-
-/// A metadata-only cache of `cap` keys run by one order.
-#[derive(Debug)]
-struct Shadow {
-    order: ShadowOrder,
-    slots: HashMap<BlockKey, Slot>,
-}
-
-impl Shadow {
-    fn new(order: ShadowOrder) -> Self {
-        Shadow {
-            order,
-            slots: HashMap::new(),
-        }
-    }
-
-    /// A lookup of `keys` (sampled, prefix order) whose first `found` the
-    /// tier held: the shadow's held prefix is touched and is the hit. A key
-    /// it lacks among the tier's `found` is put now (the tier holds it, so
-    /// no put follows); one past them is put when the tier puts it.
-    fn lookup(&mut self, keys: &[BlockKey], found: usize, cap: usize) -> usize {
-        let mut hits = 0;
-        let mut broken = false;
-        for (i, key) in keys.iter().enumerate() {
-            match self.slots.get(key) {
-                Some(&slot) if !broken => {
-                    self.order.touch(slot, key);
-                    hits += 1;
-                }
-                Some(_) => {}
-                None if i < found => {
-                    broken = true;
-                    self.insert(*key, cap);
-                }
-                None => broken = true,
-            }
-        }
-        hits
-    }
-
-    /// A put of `key`: held keys are untouched.
-    fn put(&mut self, key: BlockKey, cap: usize) {
-        if !self.slots.contains_key(&key) {
-            self.insert(key, cap);
-        }
-    }
-
-    fn insert(&mut self, key: BlockKey, cap: usize) {
-        while self.slots.len() >= cap.max(1) {
-            let Some(victim) = self.order.victim() else {
-                break;
-            };
-            match self.slots.remove(&victim) {
-                Some(slot) => self.order.remove(slot, &victim),
-                None => break,
-            }
-        }
-        let slot = self.order.insert(key);
-        self.slots.insert(key, slot);
-    }
-}
-
-/// Whether `key` is in the shadows' sample (hash below `threshold`).
-fn sampled(threshold: u64, key: &BlockKey) -> bool {
-    threshold == u64::MAX || crate::keys::spot(key) < threshold
-}
-
-/// The sampled lookups and puts of a tier still filling: keys, and per
-/// event its first key, key count and the keys the tier held (lookups) or
-/// [`PUT`].
-#[derive(Debug, Default)]
-struct Pending {
-    keys: Vec<BlockKey>,
-    events: Vec<(u32, u32, u32)>,
-}
-
-/// A `Pending` event that is a put.
-const PUT: u32 = u32::MAX;
 
 /// LIRS and LRU over the tier's blocks, victims from the one that leads.
 #[derive(Debug)]
@@ -244,13 +147,22 @@ pub struct Adaptive {
     lru: Lru,
     /// A resident's slot in `lru`, by its LIRS slot (the one the store keeps).
     lru_slot: Vec<Slot>,
-    /// The LIRS shadow and the LRU shadow.
-    shadows: [Shadow; 2],
+    /// The residents behind a doorkeeper (`door`).
+    door: Door,
+    /// A resident's slot in `door`, by its LIRS slot.
+    door_slot: Vec<Slot>,
+    /// The LIRS, LRU and door shadows.
+    shadows: [Shadow; 3],
     /// Decayed LIRS hits minus LRU hits on the sampled lookups.
     score: f64,
     /// Decayed sum of the squared per-lookup differences (the score's
     /// spread were the two orders even).
     spread: f64,
+    /// Decayed door hits minus LRU hits, and the spreads of door minus
+    /// LRU and of door minus LIRS.
+    door_score: f64,
+    door_spread: f64,
+    cross_spread: f64,
     mode: AdaptiveMode,
     /// The most blocks the tier has held: the shadows' size.
     most: usize,
@@ -262,6 +174,8 @@ pub struct Adaptive {
     /// Keys whose hash is below this are sampled (u64::MAX: all).
     threshold: u64,
     rate: f64,
+    /// The shadows' burst (`AdaptiveKnobs::burst`).
+    burst: f64,
     /// Sampled keys of the lookup at hand (kept to reuse its memory).
     scratch: Vec<BlockKey>,
     /// Set by a cluster node: its directory shard's lookups and puts feed
@@ -273,7 +187,7 @@ pub struct Adaptive {
     cluster_most: usize,
     /// Counters of [`AdaptiveStats`].
     lookups: u64,
-    hits: [u64; 2],
+    hits: [u64; 3],
     switches: u64,
 }
 
@@ -290,12 +204,18 @@ impl Adaptive {
             lirs: lirs(),
             lru: Lru::default(),
             lru_slot: Vec::new(),
+            door: Door::default(),
+            door_slot: Vec::new(),
             shadows: [
                 Shadow::new(ShadowOrder::Lirs(lirs())),
                 Shadow::new(ShadowOrder::Lru(Lru::default())),
+                Shadow::new(ShadowOrder::Door(Door::default())),
             ],
             score: 0.0,
             spread: 0.0,
+            door_score: 0.0,
+            door_spread: 0.0,
+            cross_spread: 0.0,
             mode: k.start,
             most: 0,
             pending: Some(Pending::default()),
@@ -304,11 +224,12 @@ impl Adaptive {
             confidence: k.confidence.max(0.0),
             threshold,
             rate,
+            burst: k.burst,
             scratch: Vec::new(),
             cluster_fed: false,
             cluster_most: 0,
             lookups: 0,
-            hits: [0; 2],
+            hits: [0; 3],
             switches: 0,
         }
     }
@@ -321,9 +242,11 @@ impl Adaptive {
             lookups: self.lookups,
             lirs_hits: self.hits[0],
             lru_hits: self.hits[1],
+            door_hits: self.hits[2],
             switches: self.switches,
             shadow_cap: self.shadow_cap() as u64,
             score: self.score,
+            door_score: self.door_score,
         }
     }
 
@@ -348,6 +271,11 @@ impl Adaptive {
             self.most
         };
         ((most as f64 * self.rate).round() as usize).max(1)
+    }
+
+    /// The shadows' size and the share they evict down to when full.
+    fn shadow_size(&self) -> Size {
+        Size::new(self.shadow_cap(), self.burst)
     }
 
     /// The store looked up `keys` (prefix order) and held their first
@@ -411,33 +339,63 @@ impl Adaptive {
     /// Both shadows look up `keys` (sampled, the tier held the first
     /// `found`); the score and the mode follow.
     fn duel(&mut self, keys: &[BlockKey], found: u32) {
-        let cap = self.shadow_cap();
-        let lirs = self.shadows[0].lookup(keys, found as usize, cap) as f64;
-        let lru = self.shadows[1].lookup(keys, found as usize, cap) as f64;
+        let size = self.shadow_size();
+        let cap = size.cap;
+        let lirs = self.shadows[0].lookup(keys, found as usize, size) as f64;
+        let lru = self.shadows[1].lookup(keys, found as usize, size) as f64;
+        let door = self.shadows[2].lookup(keys, found as usize, size) as f64;
         // Forget 1/(window * cap) per key looked up.
         let keep = (1.0 - 1.0 / (self.window * cap as f64)).max(0.0);
         let decay = keep.powi(keys.len() as i32);
         let d = lirs - lru;
         self.score = self.score * decay + d;
         self.spread = self.spread * decay + d * d;
-        let mut m = self.margin * cap as f64;
-        if self.confidence > 0.0 {
-            // Were the orders even, each difference's sign would be a coin
-            // flip: the score's spread is then sqrt(spread).
-            m = m.min(self.confidence * self.spread.sqrt());
-        }
+        let dd = door - lru;
+        self.door_score = self.door_score * decay + dd;
+        self.door_spread = self.door_spread * decay + dd * dd;
+        let dx = door - lirs;
+        self.cross_spread = self.cross_spread * decay + dx * dx;
         self.lookups += 1;
         self.hits[0] += lirs as u64;
         self.hits[1] += lru as u64;
+        self.hits[2] += door as u64;
         let was = self.mode;
-        if self.score > m {
-            self.mode = AdaptiveMode::Lirs;
-        } else if self.score < -m {
-            self.mode = AdaptiveMode::Lru;
+        // Each order's lead over LRU; another order takes over once ahead
+        // of the one running by the bar (LIRS checked before door: with
+        // door never ahead this is the two-order rule exactly).
+        let value = |a: &Self, m: AdaptiveMode| match m {
+            AdaptiveMode::Lru => 0.0,
+            AdaptiveMode::Lirs => a.score,
+            AdaptiveMode::Door => a.door_score,
+        };
+        let spread =
+            |a: &Self, x: AdaptiveMode, y: AdaptiveMode| match (x, y) {
+                (AdaptiveMode::Lru, AdaptiveMode::Lirs)
+                | (AdaptiveMode::Lirs, AdaptiveMode::Lru) => a.spread,
+                (AdaptiveMode::Lru, AdaptiveMode::Door)
+                | (AdaptiveMode::Door, AdaptiveMode::Lru) => a.door_spread,
+                _ => a.cross_spread,
+            };
+        let mut best = (was, 0.0);
+        for cand in [AdaptiveMode::Lru, AdaptiveMode::Lirs, AdaptiveMode::Door] {
+            if cand == was {
+                continue;
+            }
+            let mut m = self.margin * cap as f64;
+            if self.confidence > 0.0 {
+                // Were the orders even, each difference's sign would be a
+                // coin flip: the lead's spread is then sqrt(spread).
+                m = m.min(self.confidence * spread(self, was, cand).sqrt());
+            }
+            let lead = value(self, cand) - value(self, was);
+            if lead > m && lead > best.1 {
+                best = (cand, lead);
+            }
         }
+        self.mode = best.0;
         if self.mode != was {
             self.switches += 1;
-            tracing::debug!(mode = ?self.mode, score = self.score, bar = m, "adaptive eviction order switched");
+            tracing::debug!(mode = ?self.mode, score = self.score, door_score = self.door_score, "adaptive eviction order switched");
         }
     }
 
@@ -447,12 +405,12 @@ impl Adaptive {
         let Some(p) = self.pending.take() else {
             return;
         };
-        let cap = self.shadow_cap();
+        let size = self.shadow_size();
         for &(start, len, found) in &p.events {
             let keys = &p.keys[start as usize..(start + len) as usize];
             if found == PUT {
                 for s in &mut self.shadows {
-                    s.put(keys[0], cap);
+                    s.put(keys[0], size);
                 }
             } else {
                 self.duel(keys, found);
@@ -469,9 +427,9 @@ impl Adaptive {
             p.events.push((p.keys.len() as u32, 1, PUT));
             p.keys.push(key);
         } else {
-            let cap = self.shadow_cap();
+            let size = self.shadow_size();
             for s in &mut self.shadows {
-                s.put(key, cap);
+                s.put(key, size);
             }
         }
     }
@@ -487,6 +445,11 @@ impl Adaptive {
             self.lru_slot.resize(i + 1, 0);
         }
         self.lru_slot[i] = q;
+        let q = self.door.insert(key, rec);
+        if self.door_slot.len() <= i {
+            self.door_slot.resize(i + 1, 0);
+        }
+        self.door_slot[i] = q;
         self.most = self.most.max(self.lru.len());
         slot
     }
@@ -494,11 +457,13 @@ impl Adaptive {
     pub(super) fn touch(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.touch(slot, key);
         self.lru.touch(self.lru_slot[slot as usize], key);
+        self.door.touch(self.door_slot[slot as usize], key);
     }
 
     pub(super) fn remove(&mut self, slot: Slot, key: &BlockKey) {
         self.lirs.remove(slot, key);
         self.lru.remove(self.lru_slot[slot as usize], key);
+        self.door.remove(self.door_slot[slot as usize], key);
     }
 
     pub(super) fn prefetch(&self, slot: Slot) {
@@ -516,6 +481,10 @@ impl Adaptive {
                 self.lirs.evicting();
                 self.lru.victim(eligible)
             }
+            AdaptiveMode::Door => {
+                self.lirs.evicting();
+                self.door.victim(eligible)
+            }
         }
     }
 
@@ -525,12 +494,13 @@ impl Adaptive {
         match self.mode {
             AdaptiveMode::Lirs => None,
             AdaptiveMode::Lru => self.lru.peek(),
+            AdaptiveMode::Door => self.door.peek(),
         }
     }
 
     /// The keys shadow `i` holds (0: LIRS, 1: LRU; tests).
     #[cfg(test)]
     pub(super) fn shadow_keys(&self, i: usize) -> impl Iterator<Item = BlockKey> + '_ {
-        self.shadows[i].slots.keys().copied()
+        self.shadows[i].keys()
     }
 }

@@ -198,6 +198,7 @@ fn adaptive_on_a_loop_is_lirs() {
         confidence: 0.0,
         sample_rate: 1.0,
         start: AdaptiveMode::Lirs,
+        burst: 1.0,
     };
     let mut a = Tier::new(EvictionPolicy::Lru, 100);
     a.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));
@@ -231,6 +232,7 @@ fn confidence_switches_on_consistent_evidence_below_the_margin() {
             confidence,
             sample_rate: 1.0,
             start: AdaptiveMode::Lru,
+            burst: 1.0,
         };
         let mut t = Tier::new(EvictionPolicy::Lru, 100);
         t.order = EvictionOrder::Adaptive(Box::new(Adaptive::new(knobs)));

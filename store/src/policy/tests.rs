@@ -240,8 +240,8 @@ impl Reference {
         match policy {
             EvictionPolicy::Lru => Reference::Lru(RefLru::default()),
             EvictionPolicy::S3fifo => Reference::S3Fifo(RefS3Fifo::default()),
-            EvictionPolicy::Lirs | EvictionPolicy::Adaptive => {
-                unreachable!("lirs_tests and adaptive_tests test these")
+            EvictionPolicy::Lirs | EvictionPolicy::Adaptive | EvictionPolicy::Door => {
+                unreachable!("lirs_tests, adaptive_tests and door_tests test these")
             }
         }
     }
