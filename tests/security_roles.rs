@@ -80,7 +80,14 @@ impl Cluster {
         let nodes = ids.join(",");
         certs_init_with(
             &certs,
-            &["--nodes", &nodes, "--tools", "ops", "--tenants", "acme,globex"],
+            &[
+                "--nodes",
+                &nodes,
+                "--tools",
+                "ops",
+                "--tenants",
+                "acme,globex",
+            ],
         );
         let tenants = dir.path().join("tenants.toml");
         write_tenants(&tenants);
@@ -99,7 +106,10 @@ impl Cluster {
                     tenants.display().to_string(),
                 ];
                 f.extend(tls_flags(&certs, id));
-                f.extend(["--tls-crl".into(), certs.join("ca.crl").display().to_string()]);
+                f.extend([
+                    "--tls-crl".into(),
+                    certs.join("ca.crl").display().to_string(),
+                ]);
                 NodeProc::start(id, dir.path(), &f, false)
             })
             .collect();
@@ -118,10 +128,14 @@ impl Cluster {
     async fn client(&self, node: usize, name: &str) -> CacheClient {
         let id = self.id(name);
         let n = &self.nodes[node];
-        let (c, _) = eventually(&format!("{} over TLS", n.id), Duration::from_secs(20), || {
-            let id = id.clone();
-            async move { client::connect_with(&n.grpc, TIMEOUT, Some(&id)).await.ok() }
-        })
+        let (c, _) = eventually(
+            &format!("{} over TLS", n.id),
+            Duration::from_secs(20),
+            || {
+                let id = id.clone();
+                async move { client::connect_with(&n.grpc, TIMEOUT, Some(&id)).await.ok() }
+            },
+        )
         .await;
         c
     }
@@ -186,7 +200,15 @@ fn status(certs: &Path, addr: &str) -> Vec<(String, bool)> {
     let out = std::process::Command::new("timeout")
         .arg("30")
         .arg(BIN)
-        .args(["ctl", "--addr", addr, "--timeout-ms", "3000", "--api-key", "key-ops"])
+        .args([
+            "ctl",
+            "--addr",
+            addr,
+            "--timeout-ms",
+            "3000",
+            "--api-key",
+            "key-ops",
+        ])
         .args(tls_flags(certs, "ops"))
         .args(["status", "--json"])
         .output()
@@ -215,10 +237,14 @@ async fn tool_and_tenant_certificates_are_clients_never_members() {
 
     // Peers alive through a node with a tenants file (was: b shown dead).
     let want = vec![("a".to_string(), true), ("b".to_string(), true)];
-    eventually("ctl status to list a and b alive", Duration::from_secs(30), || {
-        let ok = status(&certs, &a.grpc) == want;
-        async move { ok.then_some(()) }
-    })
+    eventually(
+        "ctl status to list a and b alive",
+        Duration::from_secs(30),
+        || {
+            let ok = status(&certs, &a.grpc) == want;
+            async move { ok.then_some(()) }
+        },
+    )
     .await;
 
     // The tenant's certificate is a CacheService client under its key...
@@ -228,7 +254,10 @@ async fn tool_and_tenant_certificates_are_clients_never_members() {
     let bytes = data(&k[0], 4096);
     put(&mut ops, "key-ops", &k[0], &bytes).await;
     put(&mut acme, "key-acme", &k[1], &data(&k[1], 4096)).await;
-    assert_eq!(get(&mut acme, "key-acme", &k[1]).await.map(|b| b.len()), Some(4096));
+    assert_eq!(
+        get(&mut acme, "key-acme", &k[1]).await.map(|b| b.len()),
+        Some(4096)
+    );
 
     // ...and no member: no lease, no locate, no transfer connection.
     let acme_id = cl.id("acme");
@@ -257,7 +286,10 @@ async fn tool_and_tenant_certificates_are_clients_never_members() {
             .batch(&a.transfer, vec![TransferOp::read(seg, 0, any, 0, 4096)])
             .await;
         assert!(
-            matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })),
+            matches!(
+                &r[0],
+                Err(kvfabric_transfer::TransferError::Connection { .. })
+            ),
             "{name}'s certificate opened a transfer connection: {r:?}"
         );
     }
@@ -279,7 +311,11 @@ async fn tool_and_tenant_certificates_are_clients_never_members() {
     put(&mut globex, "key-globex", &more[1], &data(&more[1], 4096)).await;
     put(&mut acme, "key-acme", &more[2], &data(&more[2], 4096)).await;
     let all = stored(&mut of_ops, 3).await;
-    assert_eq!(stored(&mut of_acme, 1).await, vec![all[2].clone()], "only acme's own");
+    assert_eq!(
+        stored(&mut of_acme, 1).await,
+        vec![all[2].clone()],
+        "only acme's own"
+    );
     drop(cl.etcd);
 }
 
@@ -309,7 +345,14 @@ fn etcd_put(endpoint: &str, key: &str, value: &str) {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let body = format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", b64(key), b64(value));
     let out = std::process::Command::new("curl")
-        .args(["-sf", "-X", "POST", &format!("{endpoint}/v3/kv/put"), "-d", &body])
+        .args([
+            "-sf",
+            "-X",
+            "POST",
+            &format!("{endpoint}/v3/kv/put"),
+            "-d",
+            &body,
+        ])
         .output()
         .expect("curl");
     assert!(out.status.success(), "etcd put: {:?}", out);
@@ -341,8 +384,14 @@ async fn a_member_cannot_answer_for_another_node() {
     let mut on_c = cl.client(2, "ops").await;
 
     // Straight to c (up and serving), meaning b: no gRPC and no transfer connection.
-    assert!(channel(&c.grpc, &ida, Some("b")).await.is_err(), "c answered as b");
-    assert!(channel(&c.grpc, &ida, Some("c")).await.is_ok(), "c answers as c");
+    assert!(
+        channel(&c.grpc, &ida, Some("b")).await.is_err(),
+        "c answered as b"
+    );
+    assert!(
+        channel(&c.grpc, &ida, Some("c")).await.is_ok(),
+        "c answers as c"
+    );
     let (e, seg) = engine(ida.clone()).await;
     e.expect_node(&c.transfer, "b");
     let any = kvfabric_transfer::SegmentId(1);
@@ -350,7 +399,10 @@ async fn a_member_cannot_answer_for_another_node() {
         .batch(&c.transfer, vec![TransferOp::read(seg, 0, any, 0, 4096)])
         .await;
     assert!(
-        matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })),
+        matches!(
+            &r[0],
+            Err(kvfabric_transfer::TransferError::Connection { .. })
+        ),
         "c's transfer port answered as b: {r:?}"
     );
 
@@ -369,13 +421,23 @@ async fn a_member_cannot_answer_for_another_node() {
     let evil = vec![0xee; 4096];
     put(&mut on_c, "key-ops", &key, &evil).await;
     let nodes = &cl.nodes;
-    eventually("the owner to refuse c's announcement", Duration::from_secs(20), || {
-        let refused: f64 = nodes
-            .iter()
-            .map(|n| metric_as(&n.http, "kvfabric_directory_conflicting_announces", Some("key-ops")))
-            .sum();
-        async move { (refused >= 1.0).then_some(()) }
-    })
+    eventually(
+        "the owner to refuse c's announcement",
+        Duration::from_secs(20),
+        || {
+            let refused: f64 = nodes
+                .iter()
+                .map(|n| {
+                    metric_as(
+                        &n.http,
+                        "kvfabric_directory_conflicting_announces",
+                        Some("key-ops"),
+                    )
+                })
+                .sum();
+            async move { (refused >= 1.0).then_some(()) }
+        },
+    )
     .await;
 
     // b's record forged to c's addresses: the cluster sees "b" at c.
@@ -393,7 +455,10 @@ async fn a_member_cannot_answer_for_another_node() {
     // a's reads of the key never return c's bytes.
     for _ in 0..10 {
         let got = get(&mut on_a, "key-ops", &key).await;
-        assert!(got.as_ref().is_none_or(|g| *g == good), "a served c's bytes as b's");
+        assert!(
+            got.as_ref().is_none_or(|g| *g == good),
+            "a served c's bytes as b's"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(cl.etcd);
@@ -413,29 +478,50 @@ async fn a_revoked_certificate_is_refused_within_5s_on_open_and_new_connections(
     let read = || TransferOp::read(seg, 0, any, 0, 4096);
     let r = e.batch(&a.transfer, vec![read()]).await;
     assert!(
-        !matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })),
+        !matches!(
+            &r[0],
+            Err(kvfabric_transfer::TransferError::Connection { .. })
+        ),
         "c's link is up (its READ of no segment refused by a, not the link): {r:?}"
     );
 
     let out = std::process::Command::new(BIN)
-        .args(["certs", "revoke", &cl.certs().display().to_string(), "ops", "c"])
+        .args([
+            "certs",
+            "revoke",
+            &cl.certs().display().to_string(),
+            "ops",
+            "c",
+        ])
         .output()
         .expect("certs revoke");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let revoked_at = std::time::Instant::now();
-    eventually("ops' open connection refused", Duration::from_secs(5), || {
-        let mut ops = ops.clone();
-        async move {
-            let r = client::get_block_with(&mut ops, &key, bearer("key-ops")).await;
-            matches!(r, Err(s) if s.code() == tonic::Code::Unauthenticated).then_some(())
-        }
-    })
+    eventually(
+        "ops' open connection refused",
+        Duration::from_secs(5),
+        || {
+            let mut ops = ops.clone();
+            async move {
+                let r = client::get_block_with(&mut ops, &key, bearer("key-ops")).await;
+                matches!(r, Err(s) if s.code() == tonic::Code::Unauthenticated).then_some(())
+            }
+        },
+    )
     .await;
     eventually("c's transfer link cut", Duration::from_secs(5), || {
         let e = &e;
         async move {
             let r = e.batch(&a.transfer, vec![read()]).await;
-            matches!(&r[0], Err(kvfabric_transfer::TransferError::Connection { .. })).then_some(())
+            matches!(
+                &r[0],
+                Err(kvfabric_transfer::TransferError::Connection { .. })
+            )
+            .then_some(())
         }
     })
     .await;
@@ -445,10 +531,16 @@ async fn a_revoked_certificate_is_refused_within_5s_on_open_and_new_connections(
         .await
         .expect("the handshake itself still completes");
     let r = client::get_block_with(&mut fresh, &key, bearer("key-ops")).await;
-    assert_eq!(r.err().map(|s| s.code()), Some(tonic::Code::Unauthenticated));
+    assert_eq!(
+        r.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
     let mut member = client::connect_with(&a.grpc, TIMEOUT, Some(&cl.id("b")))
         .await
         .expect("b connects");
-    assert!(get(&mut member, "key-ops", &key).await.is_some(), "b is not revoked");
+    assert!(
+        get(&mut member, "key-ops", &key).await.is_some(),
+        "b is not revoked"
+    );
     drop(cl.etcd);
 }

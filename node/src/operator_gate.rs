@@ -84,7 +84,10 @@ mod tests {
     fn bearer_and_basic_carry_the_key() {
         assert_eq!(presented_key("Bearer k-1").as_deref(), Some("k-1"));
         let basic = base64::engine::general_purpose::STANDARD.encode("ops:k-2");
-        assert_eq!(presented_key(&format!("Basic {basic}")).as_deref(), Some("k-2"));
+        assert_eq!(
+            presented_key(&format!("Basic {basic}")).as_deref(),
+            Some("k-2")
+        );
         assert_eq!(presented_key("Basic !!"), None);
         assert_eq!(presented_key("Token x"), None);
     }

@@ -286,7 +286,10 @@ async fn a_tenant_sees_kv_events_of_its_own_blocks_only() {
     write_tenants(&path, &["key-a"]);
     let (mut c, _stop, addr, _) = start_at(&path).await;
     let mut ev = KvEventServiceClient::connect(addr).await.expect("connect");
-    let err = ev.kv_events(req(KvEventsRequest {}, None)).await.unwrap_err();
+    let err = ev
+        .kv_events(req(KvEventsRequest {}, None))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated, "no key, no events");
     let subscribe = |key: &'static str| {
         let mut ev = ev.clone();
@@ -300,16 +303,24 @@ async fn a_tenant_sees_kv_events_of_its_own_blocks_only() {
     let mut of_b = subscribe("key-b").await;
     let mut of_ops = subscribe("key-ops").await;
     // a's block first, then b's: b's stream must skip a's and show its own.
-    put(&mut c, Some("key-a"), &[0xa1; 32], 1).await.expect("a puts");
-    put(&mut c, Some("key-b"), &[0xb1; 32], 2).await.expect("b puts");
+    put(&mut c, Some("key-a"), &[0xa1; 32], 1)
+        .await
+        .expect("a puts");
+    put(&mut c, Some("key-b"), &[0xb1; 32], 2)
+        .await
+        .expect("b puts");
     let everything = stored_keys(&mut of_ops, 2).await;
     let b_sees = stored_keys(&mut of_b, 1).await;
     assert_eq!(b_sees.len(), 1);
     assert!(everything.contains(&b_sees[0]), "b sees its own block");
     assert_ne!(b_sees[0], everything[0], "b never sees a's block");
     // A later block of a's, then one of b's: still only b's reaches b.
-    put(&mut c, Some("key-a"), &[0xa2; 32], 3).await.expect("a puts");
-    put(&mut c, Some("key-b"), &[0xb2; 32], 4).await.expect("b puts");
+    put(&mut c, Some("key-a"), &[0xa2; 32], 3)
+        .await
+        .expect("a puts");
+    put(&mut c, Some("key-b"), &[0xb2; 32], 4)
+        .await
+        .expect("b puts");
     let later = stored_keys(&mut of_ops, 2).await;
     assert_eq!(stored_keys(&mut of_b, 1).await, vec![later[1].clone()]);
 }
@@ -324,7 +335,10 @@ async fn http_status(http: &str, path: &str, auth: Option<&str>) -> u16 {
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.expect("read");
     let text = String::from_utf8_lossy(&out);
-    text.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("status line")
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,15 +353,35 @@ async fn the_http_port_answers_operators_only() {
         format!("Basic {b}")
     };
     for path in ["/metrics", "/", "/api/v1/capacity"] {
-        assert_eq!(http_status(&http, path, None).await, 401, "{path} without a key");
-        assert_eq!(http_status(&http, path, Some("Bearer nope")).await, 401, "{path}");
+        assert_eq!(
+            http_status(&http, path, None).await,
+            401,
+            "{path} without a key"
+        );
+        assert_eq!(
+            http_status(&http, path, Some("Bearer nope")).await,
+            401,
+            "{path}"
+        );
         assert_eq!(
             http_status(&http, path, Some("Bearer key-a")).await,
             403,
             "{path} for a tenant that is no operator"
         );
-        assert_eq!(http_status(&http, path, Some("Bearer key-ops")).await, 200, "{path}");
-        assert_eq!(http_status(&http, path, Some(&basic("key-ops"))).await, 200, "{path}");
+        assert_eq!(
+            http_status(&http, path, Some("Bearer key-ops")).await,
+            200,
+            "{path}"
+        );
+        assert_eq!(
+            http_status(&http, path, Some(&basic("key-ops"))).await,
+            200,
+            "{path}"
+        );
     }
-    assert_eq!(http_status(&http, "/health", None).await, 200, "health stays open");
+    assert_eq!(
+        http_status(&http, "/health", None).await,
+        200,
+        "health stays open"
+    );
 }

@@ -198,10 +198,22 @@ mod tests {
         let mut d = DirectoryShard::default();
         let now_in_ram = Announced::NowInRam;
         assert_eq!(d.announce(k(1), e("a", HolderTier::Ram)), now_in_ram);
-        assert_ne!(d.announce(k(1), e("b", HolderTier::Ram)), now_in_ram, "a copy");
-        assert_ne!(d.announce(k(2), e("a", HolderTier::Disk)), now_in_ram, "disk only");
+        assert_ne!(
+            d.announce(k(1), e("b", HolderTier::Ram)),
+            now_in_ram,
+            "a copy"
+        );
+        assert_ne!(
+            d.announce(k(2), e("a", HolderTier::Disk)),
+            now_in_ram,
+            "disk only"
+        );
         assert_eq!(d.in_ram_len(), 1);
-        assert_eq!(d.announce(k(2), e("b", HolderTier::Ram)), now_in_ram, "promoted");
+        assert_eq!(
+            d.announce(k(2), e("b", HolderTier::Ram)),
+            now_in_ram,
+            "promoted"
+        );
         assert_eq!(d.in_ram_len(), 2);
         assert_ne!(
             d.announce(k(1), e("a", HolderTier::Disk)),
@@ -234,7 +246,15 @@ mod tests {
         assert_eq!(d.announce(k(1), with("b", 7)), Announced::Entered);
         assert!(d.locate(&k(1)).iter().all(|h| h.checksum == 7));
         assert!(d.withdraw("a", &k(1)) && d.withdraw("b", &k(1)));
-        assert_eq!(d.announce(k(1), with("c", 8)), Announced::NowInRam, "gone, then new");
-        assert_eq!(d.announce(k(1), with("c", 9)), Announced::Entered, "its own entry");
+        assert_eq!(
+            d.announce(k(1), with("c", 8)),
+            Announced::NowInRam,
+            "gone, then new"
+        );
+        assert_eq!(
+            d.announce(k(1), with("c", 9)),
+            Announced::Entered,
+            "its own entry"
+        );
     }
 }

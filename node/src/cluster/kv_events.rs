@@ -21,8 +21,8 @@ use std::sync::Arc;
 use futures::Stream;
 use kvfabric_proto::v1::kv_event_service_server::KvEventService;
 use kvfabric_proto::v1::{KvEvent, KvEventKind, KvEventsRequest, Tier};
-use tokio::sync::broadcast::error::RecvError;
 use kvfabric_tenants::Identity;
+use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status};
 
 use kvfabric_store::{BlockChange, ChangeFeed, KvEventRecord};

@@ -247,9 +247,11 @@ impl ClusterNode {
 
     fn holder_client(&self, peer: &NodeInfo) -> Result<HolderServiceClient<Channel>, NodeError> {
         let limit = 64 << 20;
-        Ok(HolderServiceClient::new(self.channel(&peer.node_id, &peer.grpc_addr)?)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit))
+        Ok(
+            HolderServiceClient::new(self.channel(&peer.node_id, &peer.grpc_addr)?)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        )
     }
 
     /// One LeaseMany at `peer`; None for each key it did not lease (not held,
@@ -363,7 +365,9 @@ pub(super) async fn releaser(node: Weak<ClusterNode>, mut rx: mpsc::UnboundedRec
         let sends = by_holder.into_iter().map(|((holder, addr), lease_ids)| {
             let n = &n;
             async move {
-                let Ok(ch) = n.channel(&holder, &addr) else { return };
+                let Ok(ch) = n.channel(&holder, &addr) else {
+                    return;
+                };
                 let mut c = HolderServiceClient::new(ch);
                 let call = c.release_many(ReleaseManyRequest { lease_ids });
                 if !matches!(

@@ -214,9 +214,11 @@ impl ClusterNode {
         owner: &NodeInfo,
     ) -> Result<DirectoryServiceClient<Channel>, NodeError> {
         let limit = 256 << 20;
-        Ok(DirectoryServiceClient::new(self.channel(&owner.node_id, &owner.grpc_addr)?)
-            .max_decoding_message_size(limit)
-            .max_encoding_message_size(limit))
+        Ok(
+            DirectoryServiceClient::new(self.channel(&owner.node_id, &owner.grpc_addr)?)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+        )
     }
 
     // ---- directory shard (owner side) ----
@@ -237,7 +239,10 @@ impl ClusterNode {
             (entered, shard.in_ram_len(), refused)
         };
         if refused > 0 {
-            tracing::warn!(refused, "announcements of other bytes than a key's recorded checksum refused");
+            tracing::warn!(
+                refused,
+                "announcements of other bytes than a key's recorded checksum refused"
+            );
             self.integrity.conflicting_announces.inc_by(refused as u64);
         }
         self.feed_order_puts(&entered, held);

@@ -82,7 +82,9 @@ pub fn refuse_revoked<T>(identity: Option<&NodeIdentity>, req: &Request<T>) -> R
             .unwrap_or(false)
     });
     if revoked {
-        return Err(Status::unauthenticated("the caller's certificate is revoked"));
+        return Err(Status::unauthenticated(
+            "the caller's certificate is revoked",
+        ));
     }
     Ok(())
 }

@@ -63,7 +63,11 @@ pub fn init(dir: &Path, principals: &[Principal], days: u32) -> Result<Vec<Strin
         return Err(bad(format!("validity must be 1..={CA_DAYS} days")));
     }
     std::fs::create_dir_all(dir).map_err(|e| bad(format!("create {}: {e}", dir.display())))?;
-    let mut names = vec!["ca.crt".to_string(), "ca.key".to_string(), "ca.crl".to_string()];
+    let mut names = vec![
+        "ca.crt".to_string(),
+        "ca.key".to_string(),
+        "ca.crl".to_string(),
+    ];
     for p in principals {
         names.push(format!("{}.crt", p.name));
         names.push(format!("{}.key", p.name));
@@ -129,8 +133,7 @@ fn sign_leaf(
         let tmp = dir.join(format!("{}.{ext}.tmp", p.name));
         let _ = std::fs::remove_file(&tmp);
         write(&tmp, &bytes, mode)?;
-        std::fs::rename(&tmp, &path)
-            .map_err(|e| bad(format!("rename {}: {e}", path.display())))?;
+        std::fs::rename(&tmp, &path).map_err(|e| bad(format!("rename {}: {e}", path.display())))?;
     }
     Ok(())
 }
@@ -263,7 +266,8 @@ fn leaf(p: &Principal, days: u32) -> Result<CertificateParams, TransferError> {
     let mut c = CertificateParams::new(dns).map_err(bad)?;
     c.subject_alt_names
         .push(SanType::URI(p.uri().try_into().map_err(bad)?));
-    c.distinguished_name.push(DnType::CommonName, p.name.as_str());
+    c.distinguished_name
+        .push(DnType::CommonName, p.name.as_str());
     c.is_ca = IsCa::NoCa;
     c.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     c.extended_key_usages = match p.role {
@@ -358,9 +362,17 @@ mod tests {
             rustls::pki_types::CertificateDer::from_pem_slice(&read(&format!("{n}.crt"))).unwrap()
         };
         assert_eq!(crate::security::node_id_of(&der("acme")), None);
-        assert_eq!(crate::security::node_id_of(&der("n0")).as_deref(), Some("n0"));
+        assert_eq!(
+            crate::security::node_id_of(&der("n0")).as_deref(),
+            Some("n0")
+        );
         assert!(
-            init(dir.path().join("dup").as_path(), &[node("x"), node("x")], 30).is_err(),
+            init(
+                dir.path().join("dup").as_path(),
+                &[node("x"), node("x")],
+                30
+            )
+            .is_err(),
             "a name twice"
         );
         assert!(init(dir.path().join("d").as_path(), &[node("x")], 0).is_err());
@@ -392,7 +404,11 @@ mod tests {
         assert!(a.reload_revocations().unwrap());
         assert!(a.is_revoked(&der("ops")));
         assert!(!a.is_revoked(&der("b")));
-        assert_eq!(revoke(dir.path(), &["b".into()]).unwrap().len(), 2, "entries stay");
+        assert_eq!(
+            revoke(dir.path(), &["b".into()]).unwrap().len(),
+            2,
+            "entries stay"
+        );
         assert!(a.reload_revocations().unwrap());
         assert!(a.is_revoked(&der("ops")) && a.is_revoked(&der("b")));
         assert!(!a.reload_revocations().unwrap(), "unchanged");
@@ -402,7 +418,10 @@ mod tests {
         init(other.path(), &[node("a")], 30).unwrap();
         revoke(other.path(), &["a".into()]).unwrap();
         std::fs::copy(other.path().join("ca.crl"), dir.path().join("ca.crl")).unwrap();
-        assert!(a.reload_revocations().is_err(), "a list the CA did not sign");
+        assert!(
+            a.reload_revocations().is_err(),
+            "a list the CA did not sign"
+        );
         assert!(a.is_revoked(&der("ops")), "the list in force stays");
         assert!(revoke(dir.path(), &["nobody".into()]).is_err());
     }
@@ -414,11 +433,23 @@ mod tests {
         let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
         let b = node("b");
         issue(dir.path(), &[b.clone()], 30, false).unwrap();
-        assert!(issue(dir.path(), &[b.clone()], 30, false).is_err(), "b exists");
-        assert!(issue(dir.path(), &[node("zz")], 30, true).is_err(), "nothing to renew");
+        assert!(
+            issue(dir.path(), &[b.clone()], 30, false).is_err(),
+            "b exists"
+        );
+        assert!(
+            issue(dir.path(), &[node("zz")], 30, true).is_err(),
+            "nothing to renew"
+        );
         let before = read("a.crt");
         assert_eq!(principal_in(dir.path(), "a").unwrap(), node("a"));
-        issue(dir.path(), &[principal_in(dir.path(), "a").unwrap()], 30, true).unwrap();
+        issue(
+            dir.path(),
+            &[principal_in(dir.path(), "a").unwrap()],
+            30,
+            true,
+        )
+        .unwrap();
         assert_ne!(read("a.crt"), before, "a new certificate");
         for n in ["a", "b"] {
             let id = NodeIdentity::with_revocations(

@@ -296,7 +296,9 @@ impl NodeIdentity {
                 match id.revocations.reload(&id.own) {
                     Ok(true) => tracing::info!("certificate revocation list reloaded"),
                     Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "certificate revocation list not reloaded; the one in force stays"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "certificate revocation list not reloaded; the one in force stays")
+                    }
                 }
             }
         });

@@ -26,10 +26,10 @@ mod revocation;
 
 pub use capability::{reader_tag, Capability, CapabilityKey, CAPABILITY_BYTES};
 pub use config::{SecurityConfig, SecurityMode};
-pub use revocation::{Revocations, RELOAD as REVOCATION_RELOAD};
 pub use grants::{GrantId, WriteGrants};
 pub use identity::{
     node_dns_name, node_id_of, node_uri, principal_of, NodeIdentity, Principal, Role,
     NODE_URI_PREFIX, SERVER_NAME,
 };
 pub(crate) use mac::{ConnMac, TAG_BYTES};
+pub use revocation::{Revocations, RELOAD as REVOCATION_RELOAD};

@@ -14,8 +14,8 @@
 //! certificate (by its blake3) until the list changes: a transfer op or a
 //! gRPC call pays a hash and a map lookup.
 
-use std::path::{Path, PathBuf};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -82,8 +82,7 @@ impl Revocations {
         let Some(path) = &self.path else {
             return Ok(false);
         };
-        let bytes =
-            std::fs::read(path).map_err(|e| bad(&format!("crl {}", path.display()), e))?;
+        let bytes = std::fs::read(path).map_err(|e| bad(&format!("crl {}", path.display()), e))?;
         if self.current.read().map(|c| c.0 == bytes).unwrap_or(false) {
             return Ok(false);
         }
@@ -134,7 +133,9 @@ impl Revocations {
         }
         let revoked = matches!(
             v.verify_client_cert(cert, &[], UnixTime::now()),
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked))
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked
+            ))
         );
         if let Ok(mut a) = self.answers.lock() {
             if a.len() >= MAX_ANSWERS {

@@ -48,7 +48,7 @@ impl TcpPeer {
         let limits = IdleLimits::of(&inner.config);
         let (mut conns, expired) = lock(&self.idle).take(want, limits, Instant::now());
         drop(expired); // closed outside the lock
-        // Links that reached another node than the one meant now are closed.
+                       // Links that reached another node than the one meant now are closed.
         conns.retain(|c| inner.reaches_expected(peer, c.peer_id.as_deref()));
         // Links whose peer's certificate was revoked since are closed.
         conns.retain(|c| !c.peer_cert.as_deref().is_some_and(|d| revoked(inner, d)));

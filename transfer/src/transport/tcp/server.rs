@@ -102,7 +102,10 @@ async fn serve_connection(
         if peer_cert.as_deref().is_some_and(|c| revoked(inner, c)) {
             inner.metrics.handshake_refused();
             tracing::warn!(peer = %conn.peer, "transfer connection closed: the peer's certificate is revoked");
-            return Err(TransferError::connection(&conn.peer, ConnectionFault::Revoked));
+            return Err(TransferError::connection(
+                &conn.peer,
+                ConnectionFault::Revoked,
+            ));
         }
         let req = Request::decode(&head)?;
         match req.kind {
