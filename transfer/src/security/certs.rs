@@ -432,9 +432,9 @@ mod tests {
         init(dir.path(), &[node("a")], 30).unwrap();
         let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
         let b = node("b");
-        issue(dir.path(), &[b.clone()], 30, false).unwrap();
+        issue(dir.path(), std::slice::from_ref(&b), 30, false).unwrap();
         assert!(
-            issue(dir.path(), &[b.clone()], 30, false).is_err(),
+            issue(dir.path(), std::slice::from_ref(&b), 30, false).is_err(),
             "b exists"
         );
         assert!(

@@ -37,11 +37,18 @@ pub struct Revocations {
     provider: Arc<rustls::crypto::CryptoProvider>,
     /// The `crl` file; None: nothing is ever revoked.
     path: Option<PathBuf>,
-    /// The list's bytes in force and a verifier holding it (None: no list).
-    current: RwLock<(Vec<u8>, Option<Arc<dyn ClientCertVerifier>>)>,
+    /// The list in force.
+    current: RwLock<InForce>,
     /// Answers for the list in force, by certificate hash (cleared when
     /// the list changes, or when it reaches [`MAX_ANSWERS`]).
     answers: Mutex<HashMap<[u8; 32], bool>>,
+}
+
+/// The list's bytes in force and a verifier holding it (None: no list).
+#[derive(Default)]
+struct InForce {
+    bytes: Vec<u8>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
 }
 
 /// Certificates whose answer is kept (peers of one node: a few hundred).
@@ -67,7 +74,7 @@ impl Revocations {
             roots,
             provider,
             path: path.map(Path::to_path_buf),
-            current: RwLock::new((Vec::new(), None)),
+            current: RwLock::new(InForce::default()),
             answers: Mutex::new(HashMap::new()),
         };
         if r.path.is_some() {
@@ -83,7 +90,12 @@ impl Revocations {
             return Ok(false);
         };
         let bytes = std::fs::read(path).map_err(|e| bad(&format!("crl {}", path.display()), e))?;
-        if self.current.read().map(|c| c.0 == bytes).unwrap_or(false) {
+        if self
+            .current
+            .read()
+            .map(|c| c.bytes == bytes)
+            .unwrap_or(false)
+        {
             return Ok(false);
         }
         let verifier = self.verifier(&bytes)?;
@@ -93,7 +105,10 @@ impl Revocations {
             Err(e) => return Err(bad("crl", format!("does not verify against the CA: {e}"))),
         }
         if let Ok(mut c) = self.current.write() {
-            *c = (bytes, Some(verifier));
+            *c = InForce {
+                bytes,
+                verifier: Some(verifier),
+            };
             // Cleared under the write lock: no answer of the old list survives.
             if let Ok(mut a) = self.answers.lock() {
                 a.clear();
@@ -123,7 +138,7 @@ impl Revocations {
         let Ok(current) = self.current.read() else {
             return false;
         };
-        let Some(v) = &current.1 else {
+        let Some(v) = &current.verifier else {
             return false;
         };
         let id = *blake3::hash(cert.as_ref()).as_bytes();
