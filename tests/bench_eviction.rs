@@ -62,7 +62,11 @@ fn a_trace_file_replays_to_the_same_hit_ratios_in_two_processes() {
         .iter()
         .map(|c| c["capacity_fraction"].as_f64().unwrap_or(f64::NAN))
         .collect();
-    assert_eq!(caps.len(), 5, "5, 10, 25, 50 and 75% of the distinct blocks: {fractions:?}");
+    assert_eq!(
+        caps.len(),
+        5,
+        "5, 10, 25, 50 and 75% of the distinct blocks: {fractions:?}"
+    );
     for c in caps {
         let min = c["min_hit_ratio"].as_f64().unwrap();
         for p in ["adaptive", "door", "lirs", "lru", "s3fifo"] {
