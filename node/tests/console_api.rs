@@ -12,11 +12,16 @@ use kvfabric_store::{NodeConfig, Registry, Store};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// `GET path` with an operator's key (the tenants node below has alice as a
+/// trusted tenant; nodes without a tenants file ignore it).
 async fn http_get(addr: &str, path: &str) -> (String, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    let auth = "Authorization: Bearer key-alice\r\n";
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
