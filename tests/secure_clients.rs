@@ -15,11 +15,11 @@ use kvfabric_connector::{ConnectorConfig, RemoteConnector};
 use kvfabric_node::cluster::client;
 use kvfabric_testkit::fabric::*;
 use kvfabric_testkit::free_port;
-use kvfabric_testkit::procs::certs_init;
 use kvfabric_testkit::procs::node::{alive, NodeProc};
+use kvfabric_testkit::procs::{certs_init, identity};
 use kvfabric_testkit::procs::{http, metric, tls_flags, EngineOptions};
 use kvfabric_testkit::{eventually, EtcdProcess};
-use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
+use kvfabric_transfer::security::NodeIdentity;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
 
@@ -39,19 +39,6 @@ fn secured_nodes(etcd: &EtcdProcess, dir: &Path, certs: &Path, ids: &[&str]) -> 
             NodeProc::start(id, dir, &f, false)
         })
         .collect()
-}
-
-fn identity(dir: &Path, name: &str) -> Arc<NodeIdentity> {
-    let read = |f: String| std::fs::read(dir.join(f)).expect("cert file");
-    Arc::new(
-        NodeIdentity::from_pem(
-            SecurityMode::Authenticate,
-            read(format!("{name}.crt")),
-            read(format!("{name}.key")),
-            read("ca.crt".into()),
-        )
-        .expect("identity loads"),
-    )
 }
 
 /// `kvfabric [pre..] ctl --addr ADDR <args>` with `env`, nothing else of

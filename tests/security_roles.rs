@@ -31,28 +31,15 @@ use kvfabric_proto::v1::{KvEventKind, KvEventsRequest};
 use kvfabric_store::BlockKey;
 use kvfabric_tenants::KeyHash;
 use kvfabric_testkit::procs::node::*;
-use kvfabric_testkit::procs::{certs_init_with, metric_as, tls_flags};
+use kvfabric_testkit::procs::{certs_init_with, identity, metric_as, tls_flags};
 use kvfabric_testkit::{eventually, EtcdProcess};
-use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
+use kvfabric_transfer::security::NodeIdentity;
 use kvfabric_transfer::{SharedRegion, TransferConfig, TransferEngine, TransferOp};
 use tonic::metadata::MetadataMap;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvfabric");
 const TIMEOUT: Duration = Duration::from_secs(3);
 const PREFIX: &str = "/roles";
-
-fn identity(dir: &Path, name: &str) -> Arc<NodeIdentity> {
-    let read = |f: String| std::fs::read(dir.join(f)).expect("cert file");
-    Arc::new(
-        NodeIdentity::from_pem(
-            SecurityMode::Authenticate,
-            read(format!("{name}.crt")),
-            read(format!("{name}.key")),
-            read("ca.crt".into()),
-        )
-        .expect("identity loads"),
-    )
-}
 
 /// acme and globex (tenants), ops (trusted: operators' tools).
 fn write_tenants(path: &Path) {

@@ -57,6 +57,25 @@ pub fn tls_flags(dir: &std::path::Path, name: &str) -> Vec<String> {
     ]
 }
 
+/// The identity `name`'s files in `dir` (as [`certs_init`] writes them)
+/// load to, in `authenticate` mode.
+pub fn identity(
+    dir: &std::path::Path,
+    name: &str,
+) -> std::sync::Arc<kvfabric_transfer::security::NodeIdentity> {
+    use kvfabric_transfer::security::{NodeIdentity, SecurityMode};
+    let read = |f: String| std::fs::read(dir.join(f)).expect("cert file");
+    std::sync::Arc::new(
+        NodeIdentity::from_pem(
+            SecurityMode::Authenticate,
+            read(format!("{name}.crt")),
+            read(format!("{name}.key")),
+            read("ca.crt".into()),
+        )
+        .expect("identity loads"),
+    )
+}
+
 /// `kvfabric certs init DIR --nodes NODES`: a cluster CA and one certificate
 /// per name, made by the CLI (what a user runs); panics with its stderr if it fails.
 pub fn certs_init(dir: &std::path::Path, nodes: &str) {

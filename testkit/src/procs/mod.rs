@@ -16,7 +16,7 @@ pub mod node;
 mod response;
 
 pub use command::{
-    certs_init, certs_init_with, kvfabric_bin, kvfabric_command, log_tail, tls_flags,
+    certs_init, certs_init_with, identity, kvfabric_bin, kvfabric_command, log_tail, tls_flags,
 };
 pub use engine::{EngineOptions, EngineProc};
 pub use http::{get_json, get_ok, get_ok_as, http, http_with_key, metric, metric_as};
