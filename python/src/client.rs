@@ -11,15 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kvfabric_node::cluster::client::{connect_lazy_with, CacheClient};
+use kvfabric_node::cluster::client::connect_lazy_with;
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_transfer::security::{NodeIdentity, SecurityConfig, SecurityMode};
 use kvfabric_types::BlockKey;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
-use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::metadata::AsciiMetadataValue;
 
+use crate::conn::Conn;
 use crate::error::PyClientError;
 use crate::keys::{key_of, Layout};
 use crate::segments::{Access, Segments, Span};
@@ -27,37 +28,6 @@ use crate::wire::{self, Got};
 
 /// Blocks of one batch in flight at once.
 const BATCH_CONCURRENCY: usize = 16;
-
-/// A connection to a node and what every call carries.
-#[derive(Clone)]
-pub(crate) struct Conn {
-    pub(crate) client: CacheClient,
-    pub(crate) addr: String,
-    bearer: Option<AsciiMetadataValue>,
-}
-
-impl Conn {
-    /// The metadata of a call: the API key; `owner` names a put's owner.
-    pub(crate) fn metadata(&self, owner: Option<&str>) -> MetadataMap {
-        let mut m = MetadataMap::new();
-        if let Some(b) = &self.bearer {
-            m.insert("authorization", b.clone());
-        }
-        if let Some(v) = owner.and_then(|o| o.parse::<AsciiMetadataValue>().ok()) {
-            m.insert(kvfabric_node::tenant_scope::OWNER_METADATA, v);
-        }
-        m
-    }
-
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
-        tonic::Request::from_parts(self.metadata(None), Default::default(), msg)
-    }
-
-    /// The error of `call` failing with `s`.
-    pub(crate) fn error(&self, call: &'static str, s: &tonic::Status) -> PyClientError {
-        PyClientError::from_status(&self.addr, call, self.bearer.is_some(), s)
-    }
-}
 
 /// A multi-threaded runtime for the client's (or embedded node's) tasks.
 pub(crate) fn runtime(threads: usize) -> Result<Arc<Runtime>, PyClientError> {

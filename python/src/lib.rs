@@ -8,6 +8,7 @@
 //! - `client.rs`: [`client::Client`] of one node (lookup, exists, batched
 //!   `get_into` / `put` on caller buffers) and [`client::Transfer`], a batch
 //!   in flight.
+//! - `conn.rs`: a channel to the node and what every call carries.
 //! - `wire.rs`: one block between the node's gRPC messages and caller
 //!   memory, copied and hashed once.
 //! - `segments.rs`: caller memory (buffer protocol, torch tensors,
@@ -18,6 +19,7 @@
 //! See docs/PYTHON.md.
 
 mod client;
+mod conn;
 mod error;
 mod keys;
 mod node;

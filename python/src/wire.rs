@@ -11,7 +11,7 @@ use kvfabric_types::{BlockKey, KvLayout};
 use tonic::metadata::MetadataMap;
 use tonic::{Extensions, Request};
 
-use crate::client::Conn;
+use crate::conn::Conn;
 use crate::error::PyClientError;
 use crate::segments::Span;
 
