@@ -5,8 +5,8 @@ by tests/vllm_connector.rs (cargo test), or by hand:
     python tests/vllm/test_connector.py --kvfabric target/debug/kvfabric \
         --model ~/.cache/kvfabric/models/smollm2-135m-hf [--workdir DIR]
 
-Two nodes, a (a small RAM tier over a disk tier, so its blocks sit on disk
-where they can be corrupted) and b, read one tenants file. vLLM A (tenant t1)
+Two nodes, a (a 96 MiB RAM tier over a disk tier, so older blocks sit on
+disk where they can be corrupted) and b, read one tenants file. vLLM A (tenant t1)
 saves into a; vLLM B (tenant t1, a fresh process) reads through b. Each case
 uses its own prompt (~1500 tokens, 11 full 128-token blocks) and compares
 against A's cold answer:
@@ -72,7 +72,7 @@ class Cluster:
             f'[[tenants]]\nname = "{t}"\napi_keys = ["{hash_key(args.kvfabric, k)}"]\n' for t, k in KEYS.items()
         ))
         specs = [NodeSpec(i, free_port(), free_port(), free_port()) for i in ("a", "b")]
-        self.a = Node(args.kvfabric, specs[0], specs, workdir, tenants, ram="16MiB", disk_mib=512)
+        self.a = Node(args.kvfabric, specs[0], specs, workdir, tenants, ram="96MiB", disk_mib=512)
         self.b = Node(args.kvfabric, specs[1], specs, workdir, tenants, ram="1GiB")
         self.vllm_a: Optional[VllmServer] = None
         self.vllm_b: Optional[VllmServer] = None
@@ -170,7 +170,10 @@ def case_corrupt(c: Cluster) -> str:
     assert c.vllm_b is not None and c.a.disk_path is not None
     p = prompt(3)
     cold = cold_and_saved(c, p)
-    time.sleep(1.0)  # the RAM tier's overflow reaches the disk tier
+    # Another prompt's blocks push p's out of a's RAM tier (96 MiB: one
+    # prompt's 11 blocks of 5.6 MiB fit, two do not) onto its disk tier.
+    cold_and_saved(c, prompt(30))
+    time.sleep(1.0)
     flipped = corrupt_file(c.a.disk_path)
     failed0 = failed_loads(c.vllm_b)
     warm = c.vllm_b.complete(p)
