@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
-logger = logging.getLogger("kvfabric.vllm")
+# Under vLLM's logger, so its handlers format and filter the connector's lines.
+logger = logging.getLogger("vllm.kvfabric")
 
 # Namespace of blocks without a cache_salt; a salted request's namespace is
 # this, a NUL and the salt, so no salt (nor the absence of one) can name

@@ -158,7 +158,8 @@ class Answer:
     text: str
     prompt_tokens: int
     cached_tokens: int
-    seconds: float
+    # Time to the first text chunk.
+    ttft_s: float
 
 
 class VllmServer:
@@ -197,18 +198,34 @@ class VllmServer:
         raise HarnessError(f"{self.proc.name} not ready after {timeout_s:.0f} s\n{self.proc.tail()}")
 
     def complete(self, prompt: str, salt: Optional[str] = None, max_tokens: int = 24) -> Answer:
-        body: dict = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        """Greedy completion, streamed: TTFT is the first text chunk's arrival."""
+        body: dict = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                      "stream": True, "stream_options": {"include_usage": True}}
         if salt is not None:
             body["cache_salt"] = salt
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
         t = time.monotonic()
+        ttft, text, usage = None, [], None
         try:
-            r = http_json(f"http://127.0.0.1:{self.port}/v1/completions", body)
+            with urllib.request.urlopen(req, timeout=180) as r:
+                for raw in r:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("text"):
+                            ttft = ttft if ttft is not None else time.monotonic() - t
+                            text.append(choice["text"])
+                    usage = chunk.get("usage") or usage
         except urllib.error.HTTPError as e:
             raise HarnessError(f"{self.proc.name}: HTTP {e.code}: {e.read()[:500]!r}") from e
-        seconds = time.monotonic() - t
-        usage = r["usage"]
+        if usage is None:
+            raise HarnessError(f"{self.proc.name}: the stream carried no usage")
         details = usage.get("prompt_tokens_details") or {}
-        return Answer(r["choices"][0]["text"], usage["prompt_tokens"], details.get("cached_tokens") or 0, seconds)
+        return Answer("".join(text), usage["prompt_tokens"], details.get("cached_tokens") or 0,
+                      ttft if ttft is not None else time.monotonic() - t)
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels`."""

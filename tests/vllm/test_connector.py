@@ -127,8 +127,8 @@ def case_reuse(c: Cluster) -> str:
     hits = wait_metric(c.vllm_b, "kvfabric_vllm_hit_tokens_total", hits0 + MIN_CACHED) - hits0
     check(hits >= MIN_CACHED, f"B loaded {hits} tokens through kvfabric")
     return (f"prompt {cold.prompt_tokens} tokens: B cached_tokens {warm.cached_tokens} "
-            f"({hits:.0f} loaded through kvfabric), latency cold A {cold.seconds:.2f} s, "
-            f"warm B {warm.seconds:.2f} s, same text")
+            f"({hits:.0f} loaded through kvfabric), TTFT cold A {cold.ttft_s:.2f} s, "
+            f"warm B {warm.ttft_s:.2f} s, same text")
 
 
 def case_salts(c: Cluster) -> str:
@@ -141,7 +141,8 @@ def case_salts(c: Cluster) -> str:
     same = c.vllm_b.complete(p, salt="salt-one")
     check(same.cached_tokens >= MIN_CACHED, f"salt-one on B: cached_tokens {same.cached_tokens}")
     check(same.text == cold.text, "salt-one's text on B differs")
-    return f"other salt cached 0, same salt cached {same.cached_tokens}"
+    return (f"other salt cached 0 (TTFT {other.ttft_s:.2f} s), same salt cached {same.cached_tokens} "
+            f"(TTFT {same.ttft_s:.2f} s)")
 
 
 def corrupt_file(path: Path, step: int = 4096) -> int:
