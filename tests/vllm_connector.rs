@@ -1,6 +1,7 @@
 //! The vLLM connector (`kvfabric.vllm.KvfabricConnector`, issue 46) against
 //! real vLLM CPU servers and a two-node kvfabric cluster of this build's
-//! `kvfabric node`: tests/vllm/test_connector.py runs the cases (reuse across
+//! `kvfabric node`: tests/vllm/test_units.py checks the connector's two sides
+//! against an embedded node, then tests/vllm/test_connector.py runs the cases (reuse across
 //! vLLM processes, cache_salt and tenant isolation, a corrupt block and a
 //! holder killed during a load both recomputed with the same text).
 //!
@@ -61,6 +62,12 @@ fn vllm_servers_share_prefixes_through_kvfabric_and_recompute_bad_loads() {
         python.display(),
         String::from_utf8_lossy(&probe.stderr)
     );
+    // The connector's two sides against an embedded node (seconds).
+    let units = Command::new(&python)
+        .arg(repo().join("tests/vllm/test_units.py"))
+        .status()
+        .expect("run tests/vllm/test_units.py");
+    assert!(units.success(), "tests/vllm/test_units.py failed");
     let model = model_dir(&python);
     let workdir = std::env::temp_dir().join(format!("kvfabric-vllm-{}", std::process::id()));
     let mut child = Command::new(&python)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -85,6 +86,27 @@ class ConnectorConfig:
 
     def client(self) -> Client:
         return Client(self.node, api_key=self.api_key, tls_dir=self.tls_dir, timeout_s=self.timeout_s)
+
+
+class Backoff:
+    """After a failed call to the node, skip calls for `pause_s`: a down or
+    hung node then costs vLLM's step loop one deadline, not one per step."""
+
+    def __init__(self, what: str, pause_s: float = 5.0):
+        self._what, self._pause_s = what, pause_s
+        self._until = 0.0
+
+    def ready(self) -> bool:
+        return time.monotonic() >= self._until
+
+    def failed(self, e: BaseException) -> None:
+        if self.ready():
+            logger.warning("kvfabric %s failed (%s: %s); skipping it for %.0f s",
+                           self._what, type(e).__name__, e, self._pause_s)
+        self._until = time.monotonic() + self._pause_s
+
+    def ok(self) -> None:
+        self._until = 0.0
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from kvfabric import Client, KvfabricError
 
 from ._vllm_common import (
+    Backoff,
     ConnectorConfig,
     KvfabricConnectorMetadata,
     LoadSpec,
@@ -61,6 +62,7 @@ class SchedulerSide:
         self._planned: dict[str, _Planned] = {}
         self._loads: list[LoadSpec] = []
         self._tracked: dict[str, _Tracked] = {}
+        self._lookups = Backoff("lookup")
         # Loads in flight: request -> (first block index, target block ids).
         self._loading: dict[str, tuple[int, list[int]]] = {}
 
@@ -78,14 +80,16 @@ class SchedulerSide:
         self._planned.pop(request.request_id, None)
         if max_blocks <= local_blocks:
             return 0, False
+        if not self._lookups.ready():
+            return 0, False
         tokens = list(request.all_token_ids[: max_blocks * bs])
         keys = self._keys.chain(request.cache_salt).keys(tokens)
         try:
             held = self._client.lookup(keys)
         except KvfabricError as e:
-            logger.warning("kvfabric lookup failed (%s): %s; computing request %s",
-                           type(e).__name__, e, request.request_id)
+            self._lookups.failed(e)
             return 0, False
+        self._lookups.ok()
         if held <= local_blocks:
             return 0, False
         self._planned[request.request_id] = _Planned(keys[local_blocks:held], local_blocks, held)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 
 from kvfabric import Client, KvfabricError
 
-from ._vllm_common import ConnectorConfig, KvfabricConnectorMetadata, ModelKeys, logger
+from ._vllm_common import Backoff, ConnectorConfig, KvfabricConnectorMetadata, ModelKeys, logger
 from ._vllm_metrics import KvfabricStats
 
 if TYPE_CHECKING:
@@ -109,6 +109,7 @@ class WorkerSide:
         # Loads that ended without a transfer (could not start).
         self._loads_ended: set[str] = set()
         self._stats = KvfabricStats()
+        self._node_calls = Backoff("save")
 
     # ---- setup -----------------------------------------------------------
 
@@ -188,10 +189,11 @@ class WorkerSide:
     def wait_for_save(self, meta: KvfabricConnectorMetadata) -> None:
         """Start the puts of the blocks this step completed (the forward has
         written them); the blocks stay allocated until the puts end."""
-        if not meta.saves:
-            return
         for spec in meta.saves:
             self._saves.setdefault(spec.req_id, _ReqSaves())
+        if not meta.saves or not self._node_calls.ready():
+            # (A node that failed a moment ago: these blocks go unsaved, a future miss.)
+            return
         keys = [k for s in meta.saves for k in s.keys]
         blocks = [b for s in meta.saves for b in s.block_ids]
         owners = [s.req_id for s in meta.saves for _ in s.keys]
@@ -199,8 +201,9 @@ class WorkerSide:
         try:
             present = self._client.exists(keys)
         except KvfabricError as e:
-            logger.warning("kvfabric exists failed (%s): %s; putting every block", type(e).__name__, e)
-            present = [False] * len(keys)
+            self._node_calls.failed(e)
+            return
+        self._node_calls.ok()
         by_req: dict[str, tuple[list[bytes], list[int]]] = {}
         for k, b, r, p in zip(keys, blocks, owners, present):
             if not p:
@@ -211,7 +214,7 @@ class WorkerSide:
             try:
                 t = self._client.start_put(ks, self._keys.layout, [self._segments(b) for b in bs])
             except (KvfabricError, IndexError) as e:
-                logger.warning("kvfabric save of request %s not started (%s): %s", req_id, type(e).__name__, e)
+                self._node_calls.failed(e)
                 self._stats.record("save", time.monotonic() - now, len(ks), 0, len(ks))
                 continue
             self._saves[req_id].pending.append(_Save(t, len(ks), now))
