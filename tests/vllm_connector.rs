@@ -1,9 +1,10 @@
 //! The vLLM connector (`kvfabric.vllm.KvfabricConnector`, issue 46) against
 //! real vLLM CPU servers and a two-node kvfabric cluster of this build's
-//! `kvfabric node`: tests/vllm/test_units.py checks the connector's two sides
-//! against an embedded node, then tests/vllm/test_connector.py runs the cases (reuse across
-//! vLLM processes, cache_salt and tenant isolation, a corrupt block and a
-//! holder killed during a load both recomputed with the same text).
+//! `kvfabric node`: tests/vllm/test_units.py checks the connector's two
+//! sides against an embedded node, then tests/vllm/test_connector.py runs
+//! the cases (reuse across vLLM processes, cache_salt and tenant isolation,
+//! a corrupt block and a holder killed during a load both recomputed with
+//! the same text).
 //!
 //! Needs the vLLM CPU venv with this workspace's wheel installed:
 //! `$KVFABRIC_VLLM_PYTHON` (scripts/test.sh sets it: scripts/vllm-env.sh,

@@ -45,7 +45,10 @@ class ConnectorConfig:
 
     node: str
     api_key: Optional[str] = None
+    # A secured cluster: the directory of `kvfabric certs init --tools NAME`
+    # (or `--tenants NAME`) and NAME, the certificate's name in it.
     tls_dir: Optional[str] = None
+    tls_name: Optional[str] = None
     # Deadline of one call to the node (lookups, starting a transfer).
     timeout_s: float = 5.0
     # Past this, an unfinished load is logged as late (it still holds its
@@ -79,13 +82,15 @@ class ConnectorConfig:
             node=node,
             api_key=extra.get("api_key") or None,
             tls_dir=extra.get("tls_dir") or None,
+            tls_name=extra.get("tls_name") or None,
             timeout_s=timeout_s,
             load_timeout_s=load_timeout_s,
             save_decode=bool(extra.get("save_decode", True)),
         )
 
     def client(self) -> Client:
-        return Client(self.node, api_key=self.api_key, tls_dir=self.tls_dir, timeout_s=self.timeout_s)
+        return Client(self.node, api_key=self.api_key, tls_dir=self.tls_dir, tls_name=self.tls_name,
+                      timeout_s=self.timeout_s)
 
 
 class Backoff:
