@@ -192,11 +192,14 @@ def fingerprint(vllm_config: "VllmConfig", kv_dtype: str) -> bytes:
 
 @dataclass
 class LoadSpec:
-    """Read `keys` into vLLM blocks `block_ids` (same length, in order)."""
+    """Read `keys` into vLLM blocks `block_ids` (same length, in order).
+    `unplanned`: vLLM allocated a load the scheduler side cannot match to
+    keys; the worker reports it failed at once (vLLM recomputes it all)."""
 
     req_id: str
     keys: list[bytes]
     block_ids: list[int]
+    unplanned: bool = False
 
 
 @dataclass

@@ -104,21 +104,34 @@ class SchedulerSide:
             tracked = _Tracked(request)
             self._tracked[req_id] = tracked
         planned = self._planned.pop(req_id, None)
-        if num_external_tokens == 0 or planned is None:
+        if num_external_tokens == 0:
             return
-        want = len(planned.keys) * self.block_tokens
-        if num_external_tokens != want:
-            # vLLM trimmed the hit (it never does for a block-aligned one): load nothing.
-            logger.warning("request %s: vLLM allocated %d external tokens, kvfabric planned %d; not loading",
-                           req_id, num_external_tokens, want)
+        targets = self._targets(req_id, planned, blocks, num_external_tokens)
+        if planned is None or targets is None:
+            # vLLM waits for this load: it must end, as a failure it recomputes.
+            self._loads.append(LoadSpec(req_id, [], [], unplanned=True))
             return
-        block_ids = blocks.get_block_ids()[0]
-        targets = block_ids[planned.first_block: planned.first_block + len(planned.keys)]
-        if len(targets) != len(planned.keys):
-            raise RuntimeError(f"request {req_id}: {len(targets)} blocks allocated for {len(planned.keys)} loads")
-        self._loads.append(LoadSpec(req_id, planned.keys, list(targets)))
-        self._loading[req_id] = (planned.first_block, list(targets))
+        self._loads.append(LoadSpec(req_id, planned.keys, targets))
+        self._loading[req_id] = (planned.first_block, targets)
         tracked.saved_blocks = max(tracked.saved_blocks, planned.held_blocks)
+
+    def _targets(self, req_id: str, planned: Optional[_Planned], blocks: "KVCacheBlocks",
+                 num_external_tokens: int) -> Optional[list[int]]:
+        """The blocks vLLM allocated for the planned load, or None (logged)
+        when they do not match it (never seen: vLLM takes block-aligned hits
+        whole)."""
+        want = len(planned.keys) * self.block_tokens if planned is not None else 0
+        if planned is None or num_external_tokens != want:
+            logger.error("request %s: vLLM allocated %d external tokens, kvfabric planned %d; recomputing",
+                         req_id, num_external_tokens, want)
+            return None
+        block_ids = blocks.get_block_ids()[0]
+        targets = list(block_ids[planned.first_block: planned.first_block + len(planned.keys)])
+        if len(targets) != len(planned.keys):
+            logger.error("request %s: %d blocks allocated for %d loads; recomputing",
+                         req_id, len(targets), len(planned.keys))
+            return None
+        return targets
 
     def update_connector_output(self, invalid_block_ids: set[int], finished_recving: set[str]) -> None:
         """A block that failed to load is recomputed by vLLM: save it again."""

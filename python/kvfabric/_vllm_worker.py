@@ -108,6 +108,8 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         # Loads that ended without a transfer (could not start).
         self._loads_ended: set[str] = set()
+        # Loads failed as a whole (unplanned): vLLM recomputes the request.
+        self._failed_recving: set[str] = set()
         self._stats = KvfabricStats()
         self._node_calls = Backoff("save")
 
@@ -138,6 +140,10 @@ class WorkerSide:
     def start_load_kv(self, meta: KvfabricConnectorMetadata) -> None:
         for spec in meta.loads:
             now = time.monotonic()
+            if spec.unplanned:
+                self._failed_recving.add(spec.req_id)
+                self._loads_ended.add(spec.req_id)
+                continue
             try:
                 buffers = [self._segments(b) for b in spec.block_ids]
                 t = self._client.start_get_into(spec.keys, buffers)
@@ -249,9 +255,11 @@ class WorkerSide:
 
     # ---- completion ------------------------------------------------------
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
-        """(requests whose saves ended after they finished, requests whose loads ended)."""
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str], set[str]]:
+        """(requests whose saves ended after they finished, requests whose
+        loads ended, those of them whose load failed as a whole)."""
         recving = self._finish_loads()
+        failed, self._failed_recving = self._failed_recving & recving, self._failed_recving - recving
         self._reap_saves()
         sending: set[str] = set()
         for req_id in finished_req_ids:
@@ -261,7 +269,7 @@ class WorkerSide:
             if rs.finished and not rs.pending:
                 sending.add(req_id)
                 del self._saves[req_id]
-        return sending, recving
+        return sending, recving, failed
 
     def take_stats(self) -> Optional[KvfabricStats]:
         if self._stats.is_empty():

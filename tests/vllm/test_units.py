@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 
 import kvfabric
-from kvfabric._vllm_common import ConnectorConfig, ConnectorConfigError, ModelKeys, namespace
+from kvfabric._vllm_common import ConnectorConfig, ConnectorConfigError, LoadSpec, ModelKeys, namespace
 from kvfabric._vllm_scheduler import SchedulerSide
 from kvfabric._vllm_worker import KvCacheLayoutError, WorkerSide
 
@@ -119,10 +119,25 @@ def test_missing_blocks_reported(node: kvfabric.EmbeddedNode) -> None:
     w.register_kv_caches(kv_caches())
     chain = keys.chain(None)
     unknown = chain.keys(list(range(7000, 7000 + 2 * BS)))
-    meta = SimpleNamespace(loads=[SimpleNamespace(req_id="m", keys=unknown, block_ids=[5, 6])])
+    meta = SimpleNamespace(loads=[LoadSpec("m", unknown, [5, 6])])
     w.start_load_kv(meta)
     assert poll(lambda: w.get_finished(set())[1], "the load ending") == {"m"}
     assert w.take_load_errors() == {5, 6}
+
+
+def test_unplanned_load_fails_whole(node: kvfabric.EmbeddedNode) -> None:
+    """A load vLLM allocated that the scheduler side did not plan ends at once
+    as a failed receive (vLLM recomputes), never a request left waiting."""
+    cfg = ConnectorConfig(node=node.addr)
+    keys = model_keys()
+    sched, w = SchedulerSide(cfg, keys), WorkerSide(cfg, keys, NUM_BLOCKS)
+    w.register_kv_caches(kv_caches())
+    r = request("u", list(range(3 * BS)))
+    sched.update_state_after_alloc(r, SimpleNamespace(get_block_ids=lambda: ([1, 2, 3],)), 2 * BS)
+    meta = sched.build_connector_meta(sched_output())
+    assert [(s.req_id, s.unplanned) for s in meta.loads] == [("u", True)], meta.loads
+    w.start_load_kv(meta)
+    assert w.get_finished(set()) == (set(), {"u"}, {"u"})
 
 
 def test_layout_checked() -> None:
@@ -138,7 +153,8 @@ def main() -> int:
     node = kvfabric.EmbeddedNode(ram_mib=64)
     cases = [("config", test_config), ("layout", test_layout_checked),
              ("save_then_load", lambda: test_save_then_load(node)),
-             ("missing_blocks", lambda: test_missing_blocks_reported(node))]
+             ("missing_blocks", lambda: test_missing_blocks_reported(node)),
+             ("unplanned_load", lambda: test_unplanned_load_fails_whole(node))]
     failed = 0
     for name, case in cases:
         try:
