@@ -40,7 +40,12 @@ fn model_dir(python: &Path) -> PathBuf {
         .expect("run scripts/vllm-model.sh");
     assert!(out.status.success(), "scripts/vllm-model.sh failed");
     let dir = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(dir.lines().last().expect("vllm-model.sh prints the directory").trim())
+    PathBuf::from(
+        dir.lines()
+            .last()
+            .expect("vllm-model.sh prints the directory")
+            .trim(),
+    )
 }
 
 #[test]
@@ -91,10 +96,15 @@ fn vllm_servers_share_prefixes_through_kvfabric_and_recompute_bad_loads() {
         if started.elapsed() > LIMIT {
             // On SIGTERM it exits through its handler, which kills the
             // nodes and vLLM servers it started.
-            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
             std::thread::sleep(Duration::from_secs(10));
             let _ = child.kill();
-            panic!("test_connector.py ran past {LIMIT:?} (logs in {})", workdir.display());
+            panic!(
+                "test_connector.py ran past {LIMIT:?} (logs in {})",
+                workdir.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     };
