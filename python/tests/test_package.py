@@ -196,5 +196,12 @@ class Deadlines(unittest.TestCase):
                 s.close()
 
 
+class Examples(unittest.TestCase):
+    def test_quickstart_runs(self):
+        import runpy
+        here = os.path.dirname(os.path.abspath(__file__))
+        runpy.run_path(os.path.join(here, "..", "examples", "quickstart.py"), run_name="__main__")
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
