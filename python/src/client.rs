@@ -82,6 +82,8 @@ impl Client {
                 client,
                 addr: addr.to_string(),
                 bearer,
+                tls: tls.is_some(),
+                timeout,
             },
         })
     }

@@ -2,7 +2,9 @@
 //! tenant's API key, a put's owner), and how a failed call reads as a
 //! [`PyClientError`].
 
-use kvfabric_node::cluster::client::CacheClient;
+use std::time::Duration;
+
+use kvfabric_node::cluster::client::{check_tls, CacheClient};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 
 use crate::error::PyClientError;
@@ -13,6 +15,9 @@ pub(crate) struct Conn {
     pub(crate) client: CacheClient,
     pub(crate) addr: String,
     pub(crate) bearer: Option<AsciiMetadataValue>,
+    /// This client has a certificate.
+    pub(crate) tls: bool,
+    pub(crate) timeout: Duration,
 }
 
 impl Conn {
@@ -35,5 +40,21 @@ impl Conn {
     /// The error of `call` failing with `s`.
     pub(crate) fn error(&self, call: &'static str, s: &tonic::Status) -> PyClientError {
         PyClientError::from_status(&self.addr, call, self.bearer.is_some(), s)
+    }
+
+    /// [`Conn::error`], said plainly when the cause is a TLS mismatch (a
+    /// plaintext client of a secured node, or the reverse), which tonic
+    /// reports only as a transport or HTTP/2 error.
+    pub(crate) async fn diagnosed(&self, call: &'static str, s: &tonic::Status) -> PyClientError {
+        use tonic::Code;
+        if matches!(s.code(), Code::Unavailable | Code::Internal | Code::Unknown) {
+            if let Err(e) = check_tls(&self.addr, self.timeout, self.tls).await {
+                return PyClientError::Connect {
+                    addr: self.addr.clone(),
+                    reason: e.to_string(),
+                };
+            }
+        }
+        self.error(call, s)
     }
 }

@@ -77,6 +77,21 @@ impl PyClientError {
                 addr: addr.to_string(),
                 reason: s.message().to_string(),
             },
+            // Failures of the client's own transport (the node never
+            // answered the call): tonic reports a TLS / plaintext mismatch
+            // this way.
+            Code::Unknown | Code::Internal
+                if s.message().contains("transport error")
+                    || s.message().contains("h2 protocol error") =>
+            {
+                PyClientError::Connect {
+                    addr: addr.to_string(),
+                    reason: format!(
+                        "{} (a node with TLS wants tls_dir and tls_name; one without refuses them)",
+                        s.message()
+                    ),
+                }
+            }
             Code::DeadlineExceeded | Code::Cancelled => PyClientError::Timeout {
                 what: call,
                 after: Duration::ZERO,
