@@ -65,6 +65,9 @@ class KeyChain:
 class Transfer:
     """A batch in flight (start_get_into / start_put). Holds the buffers until it ends."""
     def done(self) -> bool: ...
+    def cancel(self) -> None:
+        """Stop the batch; when this returns it no longer touches its buffers.
+        `wait` then raises KvfabricError unless the batch had ended already."""
     def wait(self, timeout_s: Optional[float] = None) -> list[bool]:
         """Per block: True when it was loaded (get) / newly stored (put).
         Raises Timeout if it has not ended in `timeout_s`."""
@@ -88,17 +91,20 @@ class Client:
     def exists(self, keys: Sequence[bytes]) -> list[bool]: ...
     def get_into(self, keys: Sequence[bytes], buffers: Sequence[Segments]) -> list[bool]:
         """Read each block into its segments (sum of their lengths == block
-        bytes). False: a miss, or a block that failed its checksum (its
-        segments may be partly written; recompute them)."""
+        bytes). False: a miss, a block that failed its checksum or ran past
+        the client's timeout_s (its segments may be partly written;
+        recompute them)."""
     def put(self, keys: Sequence[bytes], layout: Layout, buffers: Sequence[Segments],
-            owner: Optional[str] = None) -> list[bool]:
+            owner: Optional[str] = None, skip_present: bool = True) -> list[bool]:
         """Store each block from its segments (sum of lengths == layout.block_bytes,
         else InvalidArgument). True: stored, False: already present. Any block
         that fails raises after the batch ends. `owner`: a trusted caller's
-        tenant to count the blocks to."""
+        tenant to count the blocks to. `skip_present`: ask the node first which
+        blocks the cluster has (one call, inside the batch) and send only the
+        others."""
     def start_get_into(self, keys: Sequence[bytes], buffers: Sequence[Segments]) -> Transfer: ...
     def start_put(self, keys: Sequence[bytes], layout: Layout, buffers: Sequence[Segments],
-                  owner: Optional[str] = None) -> Transfer: ...
+                  owner: Optional[str] = None, skip_present: bool = True) -> Transfer: ...
 
 class EmbeddedNode:
     """A kvfabric node inside this process (single-host use): RAM tier of

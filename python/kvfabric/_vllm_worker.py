@@ -55,7 +55,6 @@ class _Load:
     transfer: "Transfer"
     block_ids: list[int]
     started: float
-    warned: bool = False
 
 
 @dataclass
@@ -159,8 +158,7 @@ class WorkerSide:
     def _finish_loads(self) -> set[str]:
         done, self._loads_ended = self._loads_ended, set()
         for req_id, load in list(self._loads.items()):
-            if not load.transfer.done():
-                self._warn_late(load)
+            if not load.transfer.done() and not self._cancel_late(load):
                 continue
             del self._loads[req_id]
             done.add(req_id)
@@ -180,11 +178,16 @@ class WorkerSide:
                                tokens=loaded * self._keys.block_tokens)
         return done
 
-    def _warn_late(self, load: _Load) -> None:
-        if not load.warned and time.monotonic() - load.started > self._cfg.load_timeout_s:
-            load.warned = True
-            logger.warning("kvfabric load of request %s still running after %.0f s; its blocks stay "
-                           "reserved until the node ends it", load.req_id, self._cfg.load_timeout_s)
+    def _cancel_late(self, load: _Load) -> bool:
+        """Cancel a load past `load_timeout_s` (when cancel() returns, nothing
+        writes into its blocks any more): its blocks are then failed, and
+        vLLM recomputes them. True when it was cancelled."""
+        if time.monotonic() - load.started <= self._cfg.load_timeout_s:
+            return False
+        logger.warning("kvfabric load of request %s still running after %.1f s: cancelled, vLLM "
+                       "recomputes its blocks", load.req_id, self._cfg.load_timeout_s)
+        load.transfer.cancel()
+        return True
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -204,18 +207,13 @@ class WorkerSide:
         blocks = [b for s in meta.saves for b in s.block_ids]
         owners = [s.req_id for s in meta.saves for _ in s.keys]
         now = time.monotonic()
-        try:
-            present = self._client.exists(keys)
-        except KvfabricError as e:
-            self._node_calls.failed(e)
-            return
-        self._node_calls.ok()
         by_req: dict[str, tuple[list[bytes], list[int]]] = {}
-        for k, b, r, p in zip(keys, blocks, owners, present):
-            if not p:
-                ks, bs = by_req.setdefault(r, ([], []))
-                ks.append(k)
-                bs.append(b)
+        for k, b, r in zip(keys, blocks, owners):
+            ks, bs = by_req.setdefault(r, ([], []))
+            ks.append(k)
+            bs.append(b)
+        # Each put asks the node which blocks the cluster has, inside the
+        # batch (off this step), and sends only the others.
         for req_id, (ks, bs) in by_req.items():
             try:
                 t = self._client.start_put(ks, self._keys.layout, [self._segments(b) for b in bs])

@@ -88,8 +88,17 @@ impl Client {
         })
     }
 
-    /// Run `keys`' batch over `segments` on the runtime; `op` does one block.
-    fn start<F, Fut>(&self, keys: Vec<BlockKey>, segments: Segments, op: F) -> Transfer
+    /// Run `keys`' batch over `segments` on the runtime; `op` does one
+    /// block. `skip_present`: ask the node first which keys it has, and
+    /// answer those `false` without running `op` (a put of a block the
+    /// cluster has moves no bytes).
+    fn start<F, Fut>(
+        &self,
+        keys: Vec<BlockKey>,
+        segments: Segments,
+        skip_present: bool,
+        op: F,
+    ) -> Transfer
     where
         F: Fn(Conn, BlockKey, Vec<Span>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<bool, PyClientError>> + Send + 'static,
@@ -97,9 +106,22 @@ impl Client {
         let conn = self.conn.clone();
         let spans = segments.blocks.clone();
         let task = self.rt.spawn(async move {
+            let present = if skip_present {
+                present(&conn, &keys).await
+            } else {
+                vec![false; keys.len()]
+            };
             let results: Vec<Result<bool, PyClientError>> =
-                futures::stream::iter(keys.into_iter().zip(spans))
-                    .map(|(k, s)| op(conn.clone(), k, s))
+                futures::stream::iter(keys.into_iter().zip(spans).zip(present))
+                    .map(|((k, s), p)| {
+                        let run = (!p).then(|| op(conn.clone(), k, s));
+                        async move {
+                            match run {
+                                Some(f) => f.await,
+                                None => Ok(false),
+                            }
+                        }
+                    })
                     .buffered(BATCH_CONCURRENCY)
                     .collect()
                     .await;
@@ -147,10 +169,29 @@ fn segments_for(
     Ok(segs)
 }
 
-/// One block's get: a miss or an unusable block is `false`; only errors that
-/// concern the whole batch (a refused caller) fail it.
+/// Which of `keys` the cluster holds; all `false` when the node cannot say
+/// (the puts then go ahead: a put of a present block changes nothing).
+async fn present(conn: &Conn, keys: &[BlockKey]) -> Vec<bool> {
+    let req = ExistsRequest {
+        keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+    };
+    match conn.client.clone().exists(conn.request(req)).await {
+        Ok(r) if r.get_ref().present.len() == keys.len() => r.into_inner().present,
+        _ => vec![false; keys.len()],
+    }
+}
+
+/// One block's get, bounded by the client's deadline (a stream that stalls
+/// after its header ends too; nothing is written after it): a miss, an
+/// unusable block or a deadline is `false`; only errors that concern the
+/// whole batch (a refused caller) fail it.
 async fn get_one(conn: Conn, key: BlockKey, spans: Vec<Span>) -> Result<bool, PyClientError> {
-    match wire::get_into(&conn, &key, &spans).await {
+    let Ok(got) = tokio::time::timeout(conn.timeout, wire::get_into(&conn, &key, &spans)).await
+    else {
+        tracing::debug!(node = %conn.addr, key = %key.to_hex(), "block read ran past the deadline; counted as a miss");
+        return Ok(false);
+    };
+    match got {
         Ok(Got::Loaded) => Ok(true),
         Ok(Got::Missing) => Ok(false),
         Ok(Got::Unusable(why)) => {
@@ -272,7 +313,7 @@ impl Client {
     fn start_get_into(&self, keys: Vec<Vec<u8>>, buffers: &Bound<'_, PyAny>) -> PyResult<Transfer> {
         let keys = keys_of(keys)?;
         let segs = segments_for(&keys, buffers, Access::Write)?;
-        Ok(self.start(keys, segs, get_one))
+        Ok(self.start(keys, segs, false, get_one))
     }
 
     /// Read each block into its buffers: True loaded (checksum verified),
@@ -288,13 +329,16 @@ impl Client {
 
     /// Start storing each block from its buffers, as `owner` (a trusted
     /// caller's tenant to count the block to; None: the caller's own).
-    #[pyo3(signature = (keys, layout, buffers, owner = None))]
+    /// `skip_present`: first ask which blocks the cluster has, and send
+    /// only the others.
+    #[pyo3(signature = (keys, layout, buffers, owner = None, skip_present = true))]
     fn start_put(
         &self,
         keys: Vec<Vec<u8>>,
         layout: &Layout,
         buffers: &Bound<'_, PyAny>,
         owner: Option<String>,
+        skip_present: bool,
     ) -> PyResult<Transfer> {
         let keys = keys_of(keys)?;
         let segs = segments_for(&keys, buffers, Access::Read)?;
@@ -311,14 +355,16 @@ impl Client {
         }
         let layout = layout.inner;
         let owner: Option<Arc<str>> = owner.map(Arc::from);
-        Ok(self.start(keys, segs, move |conn, key, spans| {
-            let owner = owner.clone();
-            async move { wire::put_from(&conn, &key, &layout, &spans, owner.as_deref()).await }
-        }))
+        Ok(
+            self.start(keys, segs, skip_present, move |conn, key, spans| {
+                let owner = owner.clone();
+                async move { wire::put_from(&conn, &key, &layout, &spans, owner.as_deref()).await }
+            }),
+        )
     }
 
     /// Store each block from its buffers: True stored, False already present.
-    #[pyo3(signature = (keys, layout, buffers, owner = None))]
+    #[pyo3(signature = (keys, layout, buffers, owner = None, skip_present = true))]
     fn put(
         &self,
         py: Python<'_>,
@@ -326,8 +372,10 @@ impl Client {
         layout: &Layout,
         buffers: &Bound<'_, PyAny>,
         owner: Option<String>,
+        skip_present: bool,
     ) -> PyResult<Vec<bool>> {
-        self.start_put(keys, layout, buffers, owner)?.wait(py, None)
+        self.start_put(keys, layout, buffers, owner, skip_present)?
+            .wait(py, None)
     }
 
     fn __repr__(&self) -> String {
@@ -357,6 +405,13 @@ impl Transfer {
             State::Running(h) => h.is_finished(),
             State::Done(_) => true,
         }
+    }
+
+    /// Cancel the batch: when this returns, it no longer reads or writes
+    /// its buffers (blocks it had finished keep their results; `wait`
+    /// then raises KvfabricError unless it had ended already).
+    fn cancel(&self, py: Python<'_>) {
+        py.detach(|| self.stop());
     }
 
     /// Per block: True when loaded (get) or newly stored (put). Raises
@@ -400,14 +455,28 @@ impl Transfer {
     }
 }
 
+impl Transfer {
+    /// Stop the batch if it runs, and wait until it no longer touches the
+    /// buffers; an ended batch keeps its results.
+    fn stop(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let State::Running(h) = &mut *st {
+            h.abort();
+            let joined = self.rt.block_on(h);
+            *st = State::Done(joined.unwrap_or_else(|_| {
+                Err(PyClientError::Local {
+                    what: "the batch",
+                    reason: "cancelled".into(),
+                })
+            }));
+        }
+    }
+}
+
 impl Drop for Transfer {
     fn drop(&mut self) {
         // The task writes into (or reads from) the buffers this object
         // holds: it must have ended before they are let go.
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let State::Running(h) = st {
-            h.abort();
-            let _ = self.rt.block_on(h);
-        }
+        self.stop();
     }
 }

@@ -88,6 +88,7 @@ class Cluster(unittest.TestCase):
         ]
         self.assertEqual(client(A, "acme").put(keys, LAYOUT, segs), [True] * 4)
         self.assertEqual(client(A, "acme").put(keys, LAYOUT, segs), [False] * 4)
+        self.assertEqual(client(A, "acme").put(keys, LAYOUT, segs, skip_present=False), [False] * 4)
         b = client(B, "acme")
         self.assertEqual(visible(b, keys, 4), 4)
         self.assertEqual(b.exists(keys), [True] * 4)
@@ -202,6 +203,11 @@ class Deadlines(unittest.TestCase):
             with self.assertRaises(kvfabric.Timeout):
                 t.wait(0.0)
             self.assertEqual(t.wait(10.0), [False], "the call's own deadline ends it as a miss")
+            t = c.start_get_into(chain().keys(list(range(16))), [[bytearray(LAYOUT.block_bytes)]])
+            t.cancel()
+            self.assertTrue(t.done())
+            with self.assertRaises(kvfabric.KvfabricError):
+                t.wait(1.0)
         finally:
             stop.set()
             srv.close()
