@@ -14,6 +14,7 @@ pub mod engine;
 pub mod eviction;
 pub mod hosts;
 pub mod kv;
+pub(crate) mod mooncake;
 pub mod reuse;
 pub mod sim;
 pub mod soak;
