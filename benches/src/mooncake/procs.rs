@@ -249,6 +249,22 @@ fn decode_addr(hex: &str) -> String {
     }
 }
 
+/// A Mooncake TE logs the address its RPC listens on (once per try): each
+/// must be loopback.
+pub(crate) fn check_rpc_line(log: &str) -> anyhow::Result<()> {
+    for line in log
+        .lines()
+        .filter(|l| l.contains("RPC") && l.contains("listening on"))
+    {
+        let addr = line.rsplit("listening on").next().unwrap_or("").trim();
+        anyhow::ensure!(
+            addr.starts_with("127."),
+            "a Mooncake TE listened off loopback: {line}"
+        );
+    }
+    Ok(())
+}
+
 /// Whether an address string from [`connections`] is on loopback.
 pub(crate) fn is_loopback(addr: &str) -> bool {
     addr.starts_with("127.") || addr.starts_with("::1:")
@@ -268,6 +284,17 @@ pub(crate) fn check_connections(what: &str, conns: &[(String, String)]) -> anyho
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rpc_lines_off_loopback_are_refused() {
+        check_rpc_line("I] Transfer Engine RPC using legacy/P2P, listening on 127.0.0.1:17011")
+            .unwrap();
+        assert!(check_rpc_line(
+            "I] Transfer Engine RPC using new RPC mapping, listening on 192.0.2.2:1"
+        )
+        .is_err());
+        check_rpc_line("no such line").unwrap();
+    }
 
     #[test]
     fn only_loopback_addresses_pass() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::procs::{check_connections, connections, wait_log, wait_port, Peer};
+use super::procs::{check_connections, check_rpc_line, connections, wait_log, wait_port, Peer};
 use super::Venv;
 
 const DRIVER: &str = include_str!("../../peers/mooncake_store.py");
@@ -28,6 +28,11 @@ pub(crate) struct StoreJob {
     /// Single-block gets timed for the latency.
     pub latency_iters: usize,
 }
+
+/// The clients' environment: without it their transfer engine's RPC takes
+/// the first non-loopback interface's address (and the other client
+/// connects there), with it the RPC is advertised on 127.0.0.1.
+const CLIENT_ENV: [(&str, &str); 1] = [("MC_TCP_BIND_ADDRESS", "127.0.0.1")];
 
 fn port() -> anyhow::Result<u16> {
     Ok(kvfabric_testbed::ports::free_loopback_port()?)
@@ -89,7 +94,7 @@ pub(crate) fn measure(venv: &Venv, job: &StoreJob) -> anyhow::Result<Value> {
             &format!("mooncake store {role}"),
             &python,
             &script_arg,
-            &[],
+            &CLIENT_ENV,
             limit,
             &log,
         )?;
@@ -114,6 +119,8 @@ pub(crate) fn measure(venv: &Venv, job: &StoreJob) -> anyhow::Result<Value> {
         .find(|l| l.contains("\"role\": \"reader\""))
         .context("the reader printed no JSON line")?;
     let read: Value = serde_json::from_str(read.trim())?;
+    check_rpc_line(&holder.log())?;
+    check_rpc_line(&out)?;
     drop(holder);
     drop(master);
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use serde_json::{json, Value};
 
-use super::procs::{check_connections, connections, wait_log, wait_port, Peer};
+use super::procs::{check_connections, check_rpc_line, connections, wait_log, wait_port, Peer};
 use super::{parse_te_throughput, Venv};
 
 /// The Mooncake TE sweep and runs.
@@ -151,21 +151,6 @@ impl Rig {
     }
 }
 
-/// The TE logs where its RPC listens: it must be loopback.
-fn check_rpc_line(log: &str) -> anyhow::Result<()> {
-    if let Some(line) = log
-        .lines()
-        .find(|l| l.contains("RPC") && l.contains("listening on"))
-    {
-        let addr = line.rsplit("listening on").next().unwrap_or("").trim();
-        anyhow::ensure!(
-            addr.starts_with("127."),
-            "a Mooncake TE listened off loopback: {line}"
-        );
-    }
-    Ok(())
-}
-
 /// The sweep, then READ and WRITE at its best point: the report's object.
 pub(crate) fn measure(venv: &Venv, sweep: &TeSweep) -> anyhow::Result<Value> {
     let points: Vec<(u32, u32, u64)> = sweep
@@ -222,17 +207,6 @@ pub(crate) fn measure(venv: &Venv, sweep: &TeSweep) -> anyhow::Result<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rpc_lines_off_loopback_are_refused() {
-        check_rpc_line("I] Transfer Engine RPC using legacy/P2P, listening on 127.0.0.1:17011")
-            .unwrap();
-        assert!(check_rpc_line(
-            "I] Transfer Engine RPC using new RPC mapping, listening on 192.0.2.2:1"
-        )
-        .is_err());
-        check_rpc_line("no such line").unwrap();
-    }
 
     /// A two-point sweep, READ and WRITE at the best: every figure there and
     /// positive, connections seen and all on loopback. Without a venv to be
