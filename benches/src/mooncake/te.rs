@@ -32,7 +32,9 @@ fn port() -> anyhow::Result<u16> {
     Ok(kvfabric_testbed::ports::free_loopback_port()?)
 }
 
-/// etcd on two loopback ports, data in `dir`, bounded by `limit`.
+/// etcd on two loopback ports, data in `dir`, bounded by `limit` (not the
+/// testbed's `EtcdProcess`: that one is killed on drop only, this one also
+/// by `timeout` if the bench itself is killed).
 fn start_etcd(dir: &Path, limit: Duration) -> anyhow::Result<(Peer, String)> {
     let (client, peer) = (port()?, port()?);
     let c = format!("http://127.0.0.1:{client}");
