@@ -19,6 +19,17 @@ export KVFABRIC_ORACLE_PYTHON="${KVFABRIC_PYENV:-$HOME/.cache/kvfabric/pyenv}/bi
 # The official openai client (engine/tests/openai_client.rs), same script.
 export KVFABRIC_OPENAI_PYTHON="${KVFABRIC_OPENAI_VENV:-$HOME/.cache/kvfabric/openai-venv}/bin/python"
 
+# The Python package (python/, built by maturin from this workspace) and the
+# vLLM connector run in the vLLM CPU venv (scripts/vllm-env.sh, cached under
+# ~/.cache/kvfabric): tests/python_package.rs, tests/vllm_connector.rs (which
+# also needs the reference model as an HF directory, scripts/vllm-model.sh).
+VLLM_VENV="$(bash scripts/vllm-env.sh)"
+bash scripts/python-build.sh "$VLLM_VENV" >/dev/null
+export KVFABRIC_PACKAGE_PYTHON="$VLLM_VENV/bin/python"
+export KVFABRIC_VLLM_PYTHON="$VLLM_VENV/bin/python"
+export KVFABRIC_VLLM_MODEL
+KVFABRIC_VLLM_MODEL="$(KVFABRIC_VLLM_VENV="$VLLM_VENV" bash scripts/vllm-model.sh)"
+
 # The alert rules parse and their expressions are valid PromQL (Debian's
 # prometheus package, install-deps.sh). tests/deploy_metrics.rs checks that
 # every metric they and the Grafana dashboard name exists on a live node.

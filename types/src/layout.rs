@@ -51,6 +51,28 @@ impl DType {
 pub enum BlockOrder {
     /// For each layer: K then V, each `[block_tokens][kv_heads][head_dim]`.
     LayerKvTokenHead,
+    /// Another engine's own page format (vLLM's), moved and stored as opaque
+    /// bytes: per layer one contiguous page of `layer_bytes`, layers in
+    /// order, the inside of a page the engine's business. Keys differ from
+    /// the bundled engine's, so the two never name each other's blocks.
+    EnginePage,
+}
+
+impl BlockOrder {
+    fn code(self) -> u8 {
+        match self {
+            BlockOrder::LayerKvTokenHead => 1,
+            BlockOrder::EnginePage => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(BlockOrder::LayerKvTokenHead),
+            2 => Some(BlockOrder::EnginePage),
+            _ => None,
+        }
+    }
 }
 
 /// Shape of one block's bytes.
@@ -118,9 +140,7 @@ impl KvLayout {
         b[8..12].copy_from_slice(&self.head_dim.to_le_bytes());
         b[12..16].copy_from_slice(&self.block_tokens.to_le_bytes());
         b[16] = self.dtype.code();
-        b[17] = match self.order {
-            BlockOrder::LayerKvTokenHead => 1,
-        };
+        b[17] = self.order.code();
         // b[18..22]: format version of this encoding.
         b[18..22].copy_from_slice(&1u32.to_le_bytes());
         b
@@ -162,7 +182,7 @@ impl KvLayout {
     /// Inverse of [`KvLayout::to_key_bytes`] (the disk index stores layouts this way).
     pub fn from_key_bytes(b: &[u8; 22]) -> Option<Self> {
         let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        if b[17] != 1 || u(18) != 1 {
+        if u(18) != 1 {
             return None;
         }
         Some(KvLayout {
@@ -171,7 +191,7 @@ impl KvLayout {
             head_dim: u(8),
             block_tokens: u(12),
             dtype: DType::from_code(b[16])?,
-            order: BlockOrder::LayerKvTokenHead,
+            order: BlockOrder::from_code(b[17])?,
         })
     }
 }
@@ -206,6 +226,12 @@ mod tests {
             let l = KvLayout { dtype, ..layout() };
             assert_eq!(KvLayout::from_key_bytes(&l.to_key_bytes()), Some(l));
             assert_eq!(dtype.name().parse::<DType>(), Ok(dtype));
+            let page = KvLayout {
+                order: BlockOrder::EnginePage,
+                ..l
+            };
+            assert_eq!(KvLayout::from_key_bytes(&page.to_key_bytes()), Some(page));
+            assert_ne!(page.to_key_bytes(), l.to_key_bytes());
         }
         assert!("f8".parse::<DType>().is_err());
     }

@@ -26,6 +26,7 @@ impl TryFrom<&kvfabric_proto::v1::KvLayout> for KvLayout {
         };
         let order = match pb::BlockOrder::try_from(p.order) {
             Ok(pb::BlockOrder::LayerKvTokenHead) => BlockOrder::LayerKvTokenHead,
+            Ok(pb::BlockOrder::EnginePage) => BlockOrder::EnginePage,
             _ => {
                 return Err(TypesError::InvalidArgument(format!(
                     "unknown layout block order {}",
@@ -54,13 +55,17 @@ impl From<&KvLayout> for kvfabric_proto::v1::KvLayout {
             DType::F16 => pb::DType::DtypeF16,
             DType::BF16 => pb::DType::DtypeBf16,
         };
+        let order = match l.order {
+            BlockOrder::LayerKvTokenHead => pb::BlockOrder::LayerKvTokenHead,
+            BlockOrder::EnginePage => pb::BlockOrder::EnginePage,
+        };
         pb::KvLayout {
             layers: l.layers,
             kv_heads: l.kv_heads,
             head_dim: l.head_dim,
             dtype: dtype as i32,
             block_tokens: l.block_tokens,
-            order: pb::BlockOrder::LayerKvTokenHead as i32,
+            order: order as i32,
         }
     }
 }
@@ -93,6 +98,12 @@ mod tests {
         };
         let p = kvfabric_proto::v1::KvLayout::from(&l);
         assert_eq!(KvLayout::try_from(&p).unwrap(), l);
+        let page = KvLayout {
+            order: BlockOrder::EnginePage,
+            ..l
+        };
+        let pp = kvfabric_proto::v1::KvLayout::from(&page);
+        assert_eq!(KvLayout::try_from(&pp).unwrap(), page);
         let mut bad = p;
         bad.dtype = 0;
         assert!(KvLayout::try_from(&bad).is_err());
