@@ -5,6 +5,7 @@
 //! get); the reader, with no segment of its own, gets them from the holder's
 //! (remote get) and then one block at a time (single-block latency).
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -38,14 +39,9 @@ fn port() -> anyhow::Result<u16> {
     Ok(kvfabric_testbed::ports::free_loopback_port()?)
 }
 
-/// Run it: the report's object (`status: "ok"`, GB/s and us).
-pub(crate) fn measure(venv: &Venv, job: &StoreJob) -> anyhow::Result<Value> {
-    let dir = tempfile::Builder::new()
-        .prefix("kvfabric-mooncake-store-")
-        .tempdir()?;
-    let script = dir.path().join("mooncake_store.py");
-    std::fs::write(&script, DRIVER)?;
-    let limit = Duration::from_secs(300);
+/// `mooncake_master` with its HTTP metadata server, every address 127.0.0.1,
+/// once both ports accept: it, its RPC port and its metadata port.
+fn start_master(venv: &Venv, dir: &Path, limit: Duration) -> anyhow::Result<(Peer, u16, u16)> {
     let (rpc, metrics, http) = (port()?, port()?, port()?);
     let args = vec![
         "-rpc_address=127.0.0.1".to_string(),
@@ -57,17 +53,29 @@ pub(crate) fn measure(venv: &Venv, job: &StoreJob) -> anyhow::Result<Value> {
         format!("-http_metadata_server_port={http}"),
         "-enable_metric_reporting=false".into(),
     ];
-    let master_log = dir.path().join("master.log");
+    let log = dir.join("master.log");
     let mut master = Peer::start(
         "mooncake_master",
         &venv.bin("mooncake_master"),
         &args,
         &[],
         limit,
-        &master_log,
+        &log,
     )?;
     wait_port(&mut master, rpc, Duration::from_secs(20)).context("mooncake_master")?;
     wait_port(&mut master, http, Duration::from_secs(20)).context("its metadata server")?;
+    Ok((master, rpc, http))
+}
+
+/// Run it: the report's object (`status: "ok"`, GB/s and us).
+pub(crate) fn measure(venv: &Venv, job: &StoreJob) -> anyhow::Result<Value> {
+    let dir = tempfile::Builder::new()
+        .prefix("kvfabric-mooncake-store-")
+        .tempdir()?;
+    let script = dir.path().join("mooncake_store.py");
+    std::fs::write(&script, DRIVER)?;
+    let limit = Duration::from_secs(300);
+    let (master, rpc, http) = start_master(venv, dir.path(), limit)?;
     let base = json!({
         "hostname": "127.0.0.1",
         "metadata": format!("http://127.0.0.1:{http}/metadata"),
