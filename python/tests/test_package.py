@@ -10,6 +10,7 @@ passes their addresses in the environment). Plain unittest: no pytest needed.
 import os
 import socket
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -29,6 +30,18 @@ def client(addr, tenant, key=None, timeout_s=5.0):
 
 def chain(namespace=b"py-test"):
     return kvfabric.KeyChain(namespace, kvfabric.model_fingerprint(b"py-model", "llama"), LAYOUT)
+
+
+def visible(c, keys, n, within_s=15.0):
+    """Wait until `c`'s node sees the first `n` keys: a put is announced to
+    the cluster's directory asynchronously, so another node sees it shortly
+    after the put returns."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got = c.lookup(keys)
+        if got >= n or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
 
 
 def blocks(n, seed):
@@ -76,7 +89,7 @@ class Cluster(unittest.TestCase):
         self.assertEqual(client(A, "acme").put(keys, LAYOUT, segs), [True] * 4)
         self.assertEqual(client(A, "acme").put(keys, LAYOUT, segs), [False] * 4)
         b = client(B, "acme")
-        self.assertEqual(b.lookup(keys), 4)
+        self.assertEqual(visible(b, keys, 4), 4)
         self.assertEqual(b.exists(keys), [True] * 4)
         out = [np.zeros(LAYOUT.block_bytes // 2, np.float16) for _ in keys]
         self.assertEqual(b.get_into(keys, [[o] for o in out]), [True] * 4)
@@ -123,13 +136,13 @@ class Tenants(unittest.TestCase):
     def test_tenants_never_share_blocks(self):
         keys = chain(b"tenants").keys(list(range(2 * 16)))
         client(A, "acme").put(keys, LAYOUT, [[d] for d in blocks(2, 4)])
+        self.assertEqual(visible(client(B, "acme"), keys, 2), 2, "acme sees its blocks through b")
         g = client(B, "globex")
         self.assertEqual(g.lookup(keys), 0)
         self.assertEqual(g.exists(keys), [False, False])
         out = [np.zeros(LAYOUT.block_bytes, np.uint8) for _ in keys]
         self.assertEqual(g.get_into(keys, [[o] for o in out]), [False, False])
         self.assertFalse(any(o.any() for o in out))
-        self.assertEqual(client(B, "acme").lookup(keys), 2)
 
     def test_unknown_key_is_auth_error(self):
         c = client(A, "acme", key="not-a-key")
