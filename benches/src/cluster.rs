@@ -171,6 +171,11 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
     }
     let [remote_gbps, tcp_gbps, remote_single_gbps, tcp_single_gbps] = meters.map(|m| m.gbps());
     let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { 0.0 };
+    let single = single_get_latencies(&reads, args.single_gets).await?;
+    let (single_p50, single_p99) = (percentile(&single, 0.5), percentile(&single, 0.99));
+    let mooncake = mooncake_store(args).await?;
+    let mc = |k: &str| mooncake[k].as_f64();
+    let mc_ratio = crate::mooncake::ratio;
 
     Ok(json!({
         "nodes": 3,
@@ -186,8 +191,48 @@ async fn measure(args: &ClusterArgs) -> anyhow::Result<Value> {
         "remote_get_single_gbps": remote_single_gbps,
         "tcp_single_gbps": tcp_single_gbps,
         "remote_get_single_ratio": ratio(remote_single_gbps, tcp_single_gbps),
+        "remote_get_single_p50_us": single_p50,
+        "remote_get_single_p99_us": single_p99,
         "transport": "tcp",
+        "mooncake_remote_get_gbps": mooncake["remote_get_gbps"],
+        "mooncake_single_get_p50_us": mooncake["single_get_p50_us"],
+        "mooncake_single_get_p99_us": mooncake["single_get_p99_us"],
+        "remote_get_vs_mooncake": mc_ratio(Some(remote_gbps), mc("remote_get_gbps")),
+        "single_get_p50_vs_mooncake": mc_ratio(Some(single_p50), mc("single_get_p50_us")),
+        "single_get_p99_vs_mooncake": mc_ratio(Some(single_p99), mc("single_get_p99_us")),
+        "mooncake": mooncake,
     }))
+}
+
+/// Latencies (us, sorted) of `n` single-block remote gets, one at a time
+/// (locate, lease, one READ, verify), after 20 untimed.
+async fn single_get_latencies(reads: &Reads, n: usize) -> anyhow::Result<Vec<f64>> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        reads.remote_single(i % reads.keys.len()).await?;
+        if i >= 20 {
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    lat.sort_by(|x, y| x.total_cmp(y));
+    Ok(lat)
+}
+
+/// Mooncake Store with the same blocks, on a blocking thread: its report.
+async fn mooncake_store(args: &ClusterArgs) -> anyhow::Result<Value> {
+    if args.no_mooncake {
+        return Ok(crate::mooncake::unavailable("left out (--no-mooncake)"));
+    }
+    let job = crate::mooncake::store::StoreJob {
+        blocks: args.blocks.max(8),
+        block_bytes: args.block_bytes,
+        threads: 8,
+        batch: args.batch.max(1),
+        rounds: 3,
+        latency_iters: args.single_gets.max(1),
+    };
+    Ok(tokio::task::spawn_blocking(move || crate::mooncake::store::report(&job)).await?)
 }
 
 /// Latencies (us, sorted) of looking up a 128-block prefix held by `a`
@@ -306,8 +351,17 @@ fn print_table(r: &Value) {
         "remote_get_single_gbps",
         "tcp_single_gbps",
         "remote_get_single_ratio",
+        "remote_get_single_p50_us",
+        "remote_get_single_p99_us",
+        "mooncake_remote_get_gbps",
+        "remote_get_vs_mooncake",
+        "mooncake_single_get_p50_us",
+        "single_get_p50_vs_mooncake",
     ] {
-        println!("{k:<20} {:>10.3}", r[k].as_f64().unwrap_or(0.0));
+        println!("{k:<28} {:>10.3}", r[k].as_f64().unwrap_or(f64::NAN));
+    }
+    if let Some(why) = r["mooncake"]["reason"].as_str() {
+        println!("mooncake: {} ({why})", r["mooncake"]["status"]);
     }
 }
 
@@ -324,6 +378,8 @@ mod tests {
             concurrency: 4,
             batch: 4,
             seconds,
+            single_gets: 50,
+            no_mooncake: false,
         }
     }
 
@@ -342,6 +398,37 @@ mod tests {
             assert!(v > 0.0, "{k} = {v} in {r}");
         }
         assert!(r["lookup128_p99_us"].as_f64() >= r["lookup128_p50_us"].as_f64());
+        assert!(r["remote_get_single_p99_us"].as_f64() >= r["remote_get_single_p50_us"].as_f64());
+        check_mooncake(r);
+    }
+
+    /// Mooncake's figures: all there and positive when it ran, else the
+    /// reason it did not (never a failed bench).
+    fn check_mooncake(r: &Value) {
+        let mc = &r["mooncake"];
+        match mc["status"].as_str() {
+            Some("ok") => {
+                for k in [
+                    "mooncake_remote_get_gbps",
+                    "mooncake_single_get_p50_us",
+                    "remote_get_vs_mooncake",
+                    "single_get_p50_vs_mooncake",
+                ] {
+                    let v = r[k].as_f64().unwrap_or(-1.0);
+                    assert!(v > 0.0 && v.is_finite(), "{k} = {v} in {r}");
+                }
+                assert!(mc["single_get_p99_us"].as_f64() >= mc["single_get_p50_us"].as_f64());
+                assert!(
+                    mc["loopback_connections_checked"].as_u64() > Some(0),
+                    "{mc}"
+                );
+            }
+            Some("unavailable") => {
+                assert!(mc["reason"].as_str().is_some_and(|s| !s.is_empty()), "{mc}");
+                assert!(r["remote_get_vs_mooncake"].is_null());
+            }
+            _ => panic!("mooncake failed: {mc}"),
+        }
     }
 
     /// Smoke run: every figure is measured and positive (no timing asserted).
@@ -364,6 +451,8 @@ mod tests {
             concurrency: 4,
             batch: 8,
             seconds: 3,
+            single_gets: 200,
+            no_mooncake: false,
         };
         let r = measure(&d).await.unwrap();
         println!("{r}");

@@ -1,7 +1,7 @@
 //! kvfabric-benches: benchmark drivers run by `kvfabric bench <name>`.
 //!
 //! Every figure is reported as a ratio against a physical limit or a real
-//! peer (iperf3, fio, redis-server, memcpy, llama.cpp) measured in the same run.
+//! peer (iperf3, fio, redis-server, memcpy, llama.cpp, Mooncake) measured in the same run.
 //! Each module exposes a clap `Args` struct and a `run(&Args)` that returns
 //! the JSON report; `kvfabric bench <name> --json` prints it, without
 //! `--json` a readable table. This crate sits on top of the others and, like a
@@ -14,6 +14,7 @@ pub mod engine;
 pub mod eviction;
 pub mod hosts;
 pub mod kv;
+pub(crate) mod mooncake;
 pub mod reuse;
 pub mod sim;
 pub mod soak;

@@ -96,6 +96,10 @@ pub struct StoreArgs {
     /// Eviction orders of the metadata-scale report's "policy" section.
     #[arg(long, value_delimiter = ',', default_values_t = [MetadataPolicy::Lru, MetadataPolicy::S3fifo, MetadataPolicy::Lirs])]
     pub metadata_policies: Vec<MetadataPolicy>,
+    /// Leave Mooncake Store out (it is measured by default when its venv is
+    /// there or can be installed: scripts/mooncake-env.sh).
+    #[arg(long)]
+    pub no_mooncake: bool,
 }
 
 /// A tier section of `bench store`.
@@ -192,6 +196,7 @@ impl Default for StoreArgs {
                 MetadataPolicy::S3fifo,
                 MetadataPolicy::Lirs,
             ],
+            no_mooncake: false,
         }
     }
 }
@@ -231,11 +236,57 @@ pub fn measure(args: &StoreArgs) -> anyhow::Result<Value> {
         let vs = r(&report, &format!("{path}_get_gbps")) / r(&report, "redis_get_gbps").max(1e-9);
         report.insert(format!("{path}_vs_redis_get"), json!(vs));
     }
+    mooncake(args, n, &mut report);
     report.insert("block_bytes".into(), json!(BLOCK));
     report.insert("blocks".into(), json!(n));
     report.insert("disk_blocks".into(), json!(disk_blocks));
     report.insert("clients".into(), json!(args.clients));
     Ok(Value::Object(report))
+}
+
+/// Mooncake Store with the same blocks and client threads: its figures
+/// (`mooncake_*`), ours over each (`*_vs_mooncake`) and its whole report
+/// (`mooncake`: status ok, or unavailable and why).
+fn mooncake(args: &StoreArgs, n: usize, report: &mut serde_json::Map<String, Value>) {
+    let mc = if args.no_mooncake {
+        crate::mooncake::unavailable("left out (--no-mooncake)")
+    } else {
+        crate::mooncake::store::report(&crate::mooncake::store::StoreJob {
+            blocks: n,
+            block_bytes: BLOCK,
+            threads: args.clients.max(1),
+            batch: 8,
+            rounds: ROUNDS,
+            latency_iters: 200,
+        })
+    };
+    let ours = |k: &str| report.get(k).and_then(Value::as_f64);
+    let pairs = [
+        ("put_vs_mooncake", "ram_put_gbps", "put_gbps"),
+        ("local_get_vs_mooncake", "ram_get_gbps", "local_get_gbps"),
+        (
+            "tcp_get_vs_mooncake_remote_get",
+            "tcp_get_gbps",
+            "remote_get_gbps",
+        ),
+    ];
+    let ratios: Vec<(&str, Value)> = pairs
+        .iter()
+        .map(|(name, o, t)| (*name, crate::mooncake::ratio(ours(o), mc[*t].as_f64())))
+        .collect();
+    for (name, r) in ratios {
+        report.insert(name.into(), r);
+    }
+    for k in [
+        "put_gbps",
+        "local_get_gbps",
+        "remote_get_gbps",
+        "single_get_p50_us",
+        "single_get_p99_us",
+    ] {
+        report.insert(format!("mooncake_{k}"), mc[k].clone());
+    }
+    report.insert("mooncake".into(), mc);
 }
 
 #[cfg(feature = "cuda")]

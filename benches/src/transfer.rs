@@ -224,6 +224,8 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
         bail!("shm was not chosen for a same-host peer");
     }
     let memcpy_gbps = memcpy_bandwidth(seg as usize, args.op_bytes as usize, secs);
+    let mc_args = args.clone();
+    let mooncake = tokio::task::spawn_blocking(move || mooncake_te(&mc_args)).await?;
 
     let mut sweep = serde_json::Map::new();
     for &size in &args.sweep {
@@ -253,7 +255,34 @@ async fn measure(args: &TransferArgs) -> anyhow::Result<Value> {
         "shm_ratio": ratio(shm_gbps, Some(memcpy_gbps)),
         "sweep": sweep,
         "security": security,
+        "mooncake_tcp_gbps": mooncake["read_gbps"],
+        "mooncake_tcp_write_gbps": mooncake["write_gbps"],
+        "tcp_vs_mooncake": crate::mooncake::ratio(Some(tcp_gbps), mooncake["read_gbps"].as_f64()),
+        "mooncake": mooncake,
     }))
+}
+
+/// Mooncake's Transfer Engine over tcp on loopback, best of its sweep
+/// (`mooncake` of the report: status ok with its figures, or why not).
+fn mooncake_te(args: &TransferArgs) -> Value {
+    use crate::mooncake::{te, unavailable, Venv};
+    if args.no_mooncake {
+        return unavailable("left out (--no-mooncake)");
+    }
+    let venv = match Venv::locate() {
+        Ok(v) => v,
+        Err(why) => return unavailable(why),
+    };
+    let sweep = te::TeSweep {
+        threads: args.mooncake_threads.clone(),
+        batch: args.mooncake_batch.clone(),
+        block: args.mooncake_blocks.clone(),
+        sweep_secs: args.mooncake_sweep_secs.max(1),
+        secs: args.seconds.max(1),
+        buffer_bytes: 1 << 30,
+    };
+    te::measure(&venv, &sweep)
+        .unwrap_or_else(|e| json!({ "status": "failed", "reason": format!("{e:#}") }))
 }
 
 fn print_table(r: &Value) {
@@ -320,6 +349,23 @@ fn print_table(r: &Value) {
             "",
             g("bound_ratio")
         );
+    }
+    let mc = &r["mooncake"];
+    match mc["read_gbps"].as_f64() {
+        Some(read) => println!(
+            "{:<34} {:>10} {:>12.2} {:>8}   (Mooncake WRITE {:.2}; best of its sweep: {})",
+            "tcp READ GB/s vs Mooncake TE tcp",
+            f("tcp_gbps"),
+            read,
+            f("tcp_vs_mooncake"),
+            mc["write_gbps"].as_f64().unwrap_or(f64::NAN),
+            mc["best"]
+        ),
+        None => println!(
+            "Mooncake TE: {} ({})",
+            mc["status"].as_str().unwrap_or("?"),
+            mc["reason"].as_str().unwrap_or("")
+        ),
     }
     println!();
     println!("{:>10} {:>10} {:>10}", "op bytes", "tcp GB/s", "shm GB/s");

@@ -33,6 +33,44 @@ fn store_bench_reports_every_field() {
             .unwrap_or_else(|| panic!("{k} missing in {v}"));
         assert!(x > 0.0, "{k} = {x}");
     }
+    check_mooncake(&v);
+}
+
+/// Mooncake Store's figures and our ratios to them: all there, positive and
+/// finite when it ran; when its venv is not to be had, the reason and null
+/// ratios (the bench still reports the rest). A failed Mooncake run fails.
+pub fn check_mooncake(v: &serde_json::Value) {
+    let mc = &v["mooncake"];
+    match mc["status"].as_str() {
+        Some("ok") => {
+            for k in [
+                "mooncake_put_gbps",
+                "mooncake_local_get_gbps",
+                "mooncake_remote_get_gbps",
+                "mooncake_single_get_p50_us",
+                "mooncake_single_get_p99_us",
+                "put_vs_mooncake",
+                "local_get_vs_mooncake",
+                "tcp_get_vs_mooncake_remote_get",
+            ] {
+                let x = v[k].as_f64().unwrap_or(-1.0);
+                assert!(x > 0.0 && x.is_finite(), "{k} = {x} in {mc}");
+            }
+            assert!(
+                v["mooncake_single_get_p99_us"].as_f64()
+                    >= v["mooncake_single_get_p50_us"].as_f64()
+            );
+            assert!(
+                mc["loopback_connections_checked"].as_u64() > Some(0),
+                "{mc}"
+            );
+        }
+        Some("unavailable") => {
+            assert!(mc["reason"].as_str().is_some_and(|r| !r.is_empty()), "{mc}");
+            assert!(v["put_vs_mooncake"].is_null(), "{v}");
+        }
+        _ => panic!("the Mooncake run failed: {mc}"),
+    }
 }
 
 /// The metadata-scale report at small scales: a "policy" section with every

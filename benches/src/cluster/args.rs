@@ -28,6 +28,13 @@ pub struct ClusterArgs {
     /// Seconds per throughput measurement.
     #[arg(long, default_value_t = 3)]
     pub seconds: u64,
+    /// Single-block remote gets timed one at a time (p50/p99 latency; Mooncake's too).
+    #[arg(long, default_value_t = 200)]
+    pub single_gets: usize,
+    /// Leave Mooncake Store out (it is measured by default when its venv is
+    /// there or can be installed: scripts/mooncake-env.sh).
+    #[arg(long)]
+    pub no_mooncake: bool,
 }
 
 pub(super) fn layout(block_bytes: usize) -> KvLayout {

@@ -53,6 +53,23 @@ pub struct TransferArgs {
     /// file (`f16.bin`); default: the codec's synthetic KV-like f16 sample.
     #[arg(long)]
     pub kv_blocks: Option<std::path::PathBuf>,
+    /// Leave Mooncake's Transfer Engine out (it is measured by default when
+    /// its venv is there or can be installed: scripts/mooncake-env.sh).
+    #[arg(long)]
+    pub no_mooncake: bool,
+    /// Mooncake TE sweep: initiator threads.
+    #[arg(long, value_delimiter = ',', default_values_t = [2u32, 4, 8])]
+    pub mooncake_threads: Vec<u32>,
+    /// Mooncake TE sweep: requests per batch.
+    #[arg(long, value_delimiter = ',', default_values_t = [16u32, 64])]
+    pub mooncake_batch: Vec<u32>,
+    /// Mooncake TE sweep: bytes per request.
+    #[arg(long, value_delimiter = ',', default_values_t = [65536u64, 1 << 20, 4 << 20])]
+    pub mooncake_blocks: Vec<u64>,
+    /// Seconds per Mooncake TE sweep point (READ and WRITE at the best
+    /// point then run for `--seconds`).
+    #[arg(long, default_value_t = 1)]
+    pub mooncake_sweep_secs: u64,
     /// Act as the bench's remote peer, listening here (used by the bench itself).
     #[arg(long, hide = true)]
     pub peer_listen: Option<String>,
