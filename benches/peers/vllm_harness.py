@@ -125,13 +125,15 @@ class Node:
     """A `kvfabric node` with a RAM tier and optionally a disk tier."""
 
     def __init__(self, binary: str, spec: NodeSpec, peers: list[NodeSpec], workdir: Path,
-                 tenants_file: Path, ram: str, disk_mib: int = 0):
+                 tenants_file: Optional[Path], ram: str, disk_mib: int = 0):
         self.spec, self.workdir = spec, workdir
         self.disk_path = workdir / f"{spec.id}.data" if disk_mib else None
         cmd = [binary, "node", "--node-id", spec.id, "--grpc-listen", spec.addr,
                "--http-listen", f"127.0.0.1:{spec.http}", "--transfer-listen", f"127.0.0.1:{spec.transfer}",
                "--transfer-transport", "tcp", "--peers", ",".join(p.peer() for p in peers),
-               "--ram-capacity", ram, "--tenants-file", str(tenants_file)]
+               "--ram-capacity", ram]
+        if tenants_file is not None:
+            cmd += ["--tenants-file", str(tenants_file)]
         if self.disk_path is not None:
             cmd += ["--disk-path", str(self.disk_path), "--disk-capacity", f"{disk_mib}MiB"]
         self.proc = Proc(f"node {spec.id}", cmd, workdir / f"node-{spec.id}.log", {"KVFABRIC_LOG": "info"})
