@@ -38,6 +38,13 @@ log = logging.getLogger("vllm-bench")
 SERVERS = 2
 
 
+def warm_up(servers: list[VllmServer]) -> None:
+    """One short request per server first (under one block: nothing cached or
+    saved), so no turn pays a fresh server's first-request costs."""
+    for s in servers:
+        s.complete(list(range(1000, 1064)), max_tokens=2)
+
+
 def run_trace(servers: list[VllmServer], trace: dict, answer_tokens: int) -> list[dict]:
     """Every turn, in order, routed as the trace says; one record per request."""
     sessions = len(trace["users"])
@@ -171,6 +178,7 @@ def run_mode(name: str, args: argparse.Namespace, trace: dict, root: Path) -> di
             if getattr(mode, "refuse_on_start", False):
                 raise Refused(f"the vLLM server did not start with it: {str(e)[-600:]}") from e
             raise
+        warm_up(mode.servers)
         records = run_trace(mode.servers, trace, args.answer_tokens)
         # Counters are updated as loads finish; the trace is over by now.
         out = {"status": "ok", "records": records, "load_bytes": mode.load_bytes(),
