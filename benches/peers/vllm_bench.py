@@ -130,7 +130,9 @@ class Mooncake(Mode):
         rpc = free_port()
         proc = Proc("mooncake_master", [str(master), "--rpc_address", "127.0.0.1", "--rpc_port", str(rpc),
                                         "--metrics_port", str(free_port()),
-                                        "--enable_http_metadata_server=false"],
+                                        "--enable_http_metadata_server=false",
+                                        # Its 5 s default lease expires under a read on this slow CPU.
+                                        "--default_kv_lease_ttl", "60000"],
                     self.workdir / "mooncake_master.log")
         proc.start()
         self.stores.append(proc)
@@ -140,7 +142,8 @@ class Mooncake(Mode):
                                    "protocol": "tcp", "device_name": "",
                                    "global_segment_size": self.args.mooncake_segment,
                                    "local_buffer_size": "256MB"}))
-        kv = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both"}
+        # A failed load recomputes, as kvfabric's connector does (vLLM's default fails the request).
+        kv = {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
         env = {"MOONCAKE_CONFIG_PATH": str(cfg)}
         self.servers = [self.server(f"mooncake-{i}", kv, env) for i in range(SERVERS)]
         self.load_note = "MooncakeStoreConnector exposes no byte counter of its loads"
