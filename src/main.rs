@@ -102,6 +102,8 @@ enum BenchWhich {
     Eviction(kvfabric_benches::eviction::EvictionArgs),
     /// KV block size per dtype and the block codec against zstd-1 and lz4 on real engine blocks.
     Kv(kvfabric_benches::kv::KvArgs),
+    /// Agentic workload through 2 vLLM CPU servers: local prefix cache vs kvfabric vs Mooncake Store vs LMCache connectors.
+    Vllm(kvfabric_benches::vllm::VllmArgs),
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +261,10 @@ fn run_bench(which: BenchWhich, file: Option<&std::path::Path>) -> anyhow::Resul
         BenchWhich::Kv(mut a) => {
             fetch_unless_given(&mut a.model)?;
             kvfabric_benches::kv::run(&a)
+        }
+        BenchWhich::Vllm(mut a) => {
+            fetch_unless_given(&mut a.model)?;
+            kvfabric_benches::vllm::run(&a)
         }
     }
 }

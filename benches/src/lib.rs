@@ -21,6 +21,7 @@ pub mod soak;
 pub mod spec;
 pub mod store;
 pub mod transfer;
+pub mod vllm;
 
 /// The model a bench was given (`--model`; the binary fills in the fetched
 /// reference model), refused with a clear error when absent or missing.

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Answer, HarnessError, Node, NodeSpec, VllmServer, free_port  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches" / "peers"))
+from vllm_harness import Answer, HarnessError, Node, NodeSpec, VllmServer, free_port  # noqa: E402
 
 log = logging.getLogger("vllm-test")
 BLOCK = 128

@@ -108,7 +108,7 @@ pub(crate) fn run_child(
 }
 
 /// The last `n` lines of `text`, for failure reasons.
-pub(super) fn tail(text: &str, n: usize) -> String {
+pub(crate) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }

@@ -16,7 +16,7 @@
 //! the outcomes; [`venv`]: the venv, the F32 conversion and one driver run; `child`:
 //! running a child process with a time limit and reading its JSON line.
 
-mod child;
+pub(crate) mod child;
 #[cfg(test)]
 mod tests;
 mod venv;

@@ -1,6 +1,7 @@
-"""Processes of the vLLM connector test (tests/vllm/test_connector.py): kvfabric
-nodes, vLLM OpenAI servers started through Python, every address loopback,
-every process in its own group and killed when the test exits."""
+"""Processes of the vLLM connector test (tests/vllm/test_connector.py) and of
+`kvfabric bench vllm` (benches/peers/vllm_bench.py): kvfabric nodes, vLLM
+OpenAI servers started through Python, every address loopback, every process
+in its own group and killed when the script exits."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 log = logging.getLogger("vllm-test")
 _LIVE: list["Proc"] = []
@@ -124,13 +125,15 @@ class Node:
     """A `kvfabric node` with a RAM tier and optionally a disk tier."""
 
     def __init__(self, binary: str, spec: NodeSpec, peers: list[NodeSpec], workdir: Path,
-                 tenants_file: Path, ram: str, disk_mib: int = 0):
+                 tenants_file: Optional[Path], ram: str, disk_mib: int = 0):
         self.spec, self.workdir = spec, workdir
         self.disk_path = workdir / f"{spec.id}.data" if disk_mib else None
         cmd = [binary, "node", "--node-id", spec.id, "--grpc-listen", spec.addr,
                "--http-listen", f"127.0.0.1:{spec.http}", "--transfer-listen", f"127.0.0.1:{spec.transfer}",
                "--transfer-transport", "tcp", "--peers", ",".join(p.peer() for p in peers),
-               "--ram-capacity", ram, "--tenants-file", str(tenants_file)]
+               "--ram-capacity", ram]
+        if tenants_file is not None:
+            cmd += ["--tenants-file", str(tenants_file)]
         if self.disk_path is not None:
             cmd += ["--disk-path", str(self.disk_path), "--disk-capacity", f"{disk_mib}MiB"]
         self.proc = Proc(f"node {spec.id}", cmd, workdir / f"node-{spec.id}.log", {"KVFABRIC_LOG": "info"})
@@ -160,22 +163,29 @@ class Answer:
     cached_tokens: int
     # Time to the first text chunk.
     ttft_s: float
+    # The generated token ids.
+    token_ids: list[int]
 
 
 class VllmServer:
-    """A vLLM OpenAI server on the CPU backend with the kvfabric connector."""
+    """A vLLM OpenAI server on the CPU backend: with the kvfabric connector of
+    `node` (under `api_key`), or with the KV transfer config `kv`, or (neither
+    given) its own prefix cache only."""
 
-    def __init__(self, python: str, model: str, name: str, workdir: Path, node: str, api_key: str,
-                 extra_env: Optional[dict[str, str]] = None):
+    def __init__(self, python: str, model: str, name: str, workdir: Path, node: Optional[str] = None,
+                 api_key: Optional[str] = None, extra_env: Optional[dict[str, str]] = None,
+                 kv: Optional[dict] = None):
         self.name, self.port = name, free_port()
-        kv = {"kv_connector": "KvfabricConnector", "kv_connector_module_path": "kvfabric.vllm",
-              "kv_role": "kv_both",
-              "kv_connector_extra_config": {"node": node, "api_key": api_key, "timeout_s": 5.0}}
+        if kv is None and node is not None:
+            kv = {"kv_connector": "KvfabricConnector", "kv_connector_module_path": "kvfabric.vllm",
+                  "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"node": node, "api_key": api_key, "timeout_s": 5.0}}
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", "float32", "--enforce-eager", "--enable-prefix-caching",
-               "--enable-prompt-tokens-details", "--max-model-len", "4096",
-               "--kv-transfer-config", json.dumps(kv)]
+               "--enable-prompt-tokens-details", "--max-model-len", "4096"]
+        if kv is not None:
+            cmd += ["--kv-transfer-config", json.dumps(kv)]
         env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                **(extra_env or {})}
@@ -197,16 +207,18 @@ class VllmServer:
                 time.sleep(0.5)
         raise HarnessError(f"{self.proc.name} not ready after {timeout_s:.0f} s\n{self.proc.tail()}")
 
-    def complete(self, prompt: str, salt: Optional[str] = None, max_tokens: int = 24) -> Answer:
-        """Greedy completion, streamed: TTFT is the first text chunk's arrival."""
+    def complete(self, prompt: Union[str, list[int]], salt: Optional[str] = None,
+                 max_tokens: int = 24) -> Answer:
+        """Greedy completion of a text or of token ids, streamed: TTFT is the
+        first generated chunk's arrival."""
         body: dict = {"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                      "stream": True, "stream_options": {"include_usage": True}}
+                      "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
         if salt is not None:
             body["cache_salt"] = salt
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         t = time.monotonic()
-        ttft, text, usage = None, [], None
+        ttft, text, ids, usage = None, [], [], None
         try:
             with urllib.request.urlopen(req, timeout=180) as r:
                 for raw in r:
@@ -215,9 +227,10 @@ class VllmServer:
                         continue
                     chunk = json.loads(line[6:])
                     for choice in chunk.get("choices") or []:
-                        if choice.get("text"):
+                        if choice.get("text") or choice.get("token_ids"):
                             ttft = ttft if ttft is not None else time.monotonic() - t
-                            text.append(choice["text"])
+                            text.append(choice.get("text") or "")
+                            ids.extend(choice.get("token_ids") or [])
                     usage = chunk.get("usage") or usage
         except urllib.error.HTTPError as e:
             raise HarnessError(f"{self.proc.name}: HTTP {e.code}: {e.read()[:500]!r}") from e
@@ -225,7 +238,7 @@ class VllmServer:
             raise HarnessError(f"{self.proc.name}: the stream carried no usage")
         details = usage.get("prompt_tokens_details") or {}
         return Answer("".join(text), usage["prompt_tokens"], details.get("cached_tokens") or 0,
-                      ttft if ttft is not None else time.monotonic() - t)
+                      ttft if ttft is not None else time.monotonic() - t, ids)
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the samples of `name` whose labels include `labels`."""
