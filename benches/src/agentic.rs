@@ -45,9 +45,7 @@ pub mod trace;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
-use kvfabric_engine::gguf::GgufFile;
 use kvfabric_engine::model::LlamaModel;
-use kvfabric_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use engines::stats_json;
@@ -93,11 +91,8 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
     anyhow::ensure!(args.engines > 0, "--engines must be > 0");
     anyhow::ensure!(args.answer_tokens > 0, "--answer-tokens must be > 0");
     let model = Arc::new(LlamaModel::load(&path, |_, _| {}).context("loading the model")?);
-    let gguf = GgufFile::open(&path).context("opening the model")?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
-    drop(gguf);
-    let workload = Workload::generate(
-        &|text| tokenizer.encode(text, true),
+    let workload = Workload::for_model(
+        &path,
         args.seed,
         &WorkloadShape {
             sessions: args.sessions,
@@ -105,7 +100,7 @@ pub fn measure(args: &AgenticArgs) -> anyhow::Result<Value> {
             system_tokens: args.system_tokens,
             history_tokens: args.session_history_tokens,
         },
-    );
+    )?;
     let args = args.clone();
     let model_name = path.display().to_string();
     if let Some(other) = compare_eviction {

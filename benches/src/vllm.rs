@@ -29,8 +29,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvfabric_engine::gguf::GgufFile;
-use kvfabric_engine::tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
 use crate::agentic::trace::{route, Workload, WorkloadShape};
@@ -119,10 +117,8 @@ fn trace_json(args: &VllmArgs) -> anyhow::Result<Value> {
         "--sessions and --turns must be > 0"
     );
     let path = crate::model_file(&args.model)?;
-    let gguf = GgufFile::open(&path).context("opening the model")?;
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("building the tokenizer")?;
-    let workload = Workload::generate(
-        &|text| tokenizer.encode(text, true),
+    let workload = Workload::for_model(
+        &path,
         args.seed,
         &WorkloadShape {
             sessions: args.sessions,
@@ -130,7 +126,7 @@ fn trace_json(args: &VllmArgs) -> anyhow::Result<Value> {
             system_tokens: args.system_tokens,
             history_tokens: args.session_history_tokens,
         },
-    );
+    )?;
     let routes: Vec<Vec<usize>> = (0..args.sessions)
         .map(|s| {
             (0..args.turns)

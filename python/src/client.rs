@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kvfabric_node::cluster::client::connect_lazy_with;
+use kvfabric_node::cluster::client::{connect_lazy_with, CacheClient};
 use kvfabric_proto::v1::{ExistsRequest, LookupRequest, StatsRequest};
 use kvfabric_transfer::security::{NodeIdentity, SecurityConfig, SecurityMode};
 use kvfabric_types::BlockKey;
@@ -82,7 +82,6 @@ impl Client {
                 client,
                 addr: addr.to_string(),
                 bearer,
-                tls: tls.is_some(),
                 timeout,
             },
         })
@@ -132,6 +131,20 @@ impl Client {
             state: Mutex::new(State::Running(task)),
             _segments: segments,
         }
+    }
+}
+
+impl Client {
+    /// One unary call `f` on the node, the GIL released while it runs.
+    fn unary<T, F, Fut>(&self, py: Python<'_>, call: &'static str, f: F) -> PyResult<T>
+    where
+        F: FnOnce(CacheClient, Conn) -> Fut + Send,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+        T: Send,
+    {
+        let conn = self.conn.clone();
+        let r = py.detach(|| self.rt.block_on(f(conn.client.clone(), conn)));
+        Ok(r.map_err(|s| self.conn.error(call, &s))?.into_inner())
     }
 }
 
@@ -248,18 +261,10 @@ impl Client {
 
     /// The node's id (a round trip).
     fn node_id(&self, py: Python<'_>) -> PyResult<String> {
-        let conn = self.conn.clone();
-        let r = py.detach(|| {
-            self.rt.block_on(async {
-                conn.client
-                    .clone()
-                    .stats(conn.request(StatsRequest {}))
-                    .await
-            })
-        });
-        Ok(r.map_err(|s| self.conn.error("stats", &s))?
-            .into_inner()
-            .node_id)
+        let r = self.unary(py, "stats", |mut c, conn| async move {
+            c.stats(conn.request(StatsRequest {})).await
+        })?;
+        Ok(r.node_id)
     }
 
     /// How many leading keys some node of the cluster holds.
@@ -269,16 +274,10 @@ impl Client {
             keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
             with_holders: false,
         };
-        let conn = self.conn.clone();
-        let r = py.detach(|| {
-            self.rt
-                .block_on(async { conn.client.clone().lookup(conn.request(req)).await })
-        });
-        let n = r
-            .map_err(|s| self.conn.error("lookup", &s))?
-            .into_inner()
-            .prefix_blocks;
-        Ok((n as usize).min(keys.len()))
+        let r = self.unary(py, "lookup", |mut c, conn| async move {
+            c.lookup(conn.request(req)).await
+        })?;
+        Ok((r.prefix_blocks as usize).min(keys.len()))
     }
 
     /// Whether some node holds each key.
@@ -288,14 +287,10 @@ impl Client {
         let req = ExistsRequest {
             keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
         };
-        let conn = self.conn.clone();
-        let r = py.detach(|| {
-            self.rt
-                .block_on(async { conn.client.clone().exists(conn.request(req)).await })
-        });
-        let present = r
-            .map_err(|s| self.conn.error("exists", &s))?
-            .into_inner()
+        let present = self
+            .unary(py, "exists", |mut c, conn| async move {
+                c.exists(conn.request(req)).await
+            })?
             .present;
         if present.len() != n {
             return Err(PyClientError::Node {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kvfabric_node::cluster::client::{check_tls, CacheClient};
+use kvfabric_node::cluster::client::CacheClient;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 
 use crate::error::PyClientError;
@@ -15,8 +15,7 @@ pub(crate) struct Conn {
     pub(crate) client: CacheClient,
     pub(crate) addr: String,
     pub(crate) bearer: Option<AsciiMetadataValue>,
-    /// This client has a certificate.
-    pub(crate) tls: bool,
+    /// Each call's deadline (a whole block's get included).
     pub(crate) timeout: Duration,
 }
 
@@ -40,21 +39,5 @@ impl Conn {
     /// The error of `call` failing with `s`.
     pub(crate) fn error(&self, call: &'static str, s: &tonic::Status) -> PyClientError {
         PyClientError::from_status(&self.addr, call, self.bearer.is_some(), s)
-    }
-
-    /// [`Conn::error`], said plainly when the cause is a TLS mismatch (a
-    /// plaintext client of a secured node, or the reverse), which tonic
-    /// reports only as a transport or HTTP/2 error.
-    pub(crate) async fn diagnosed(&self, call: &'static str, s: &tonic::Status) -> PyClientError {
-        use tonic::Code;
-        if matches!(s.code(), Code::Unavailable | Code::Internal | Code::Unknown) {
-            if let Err(e) = check_tls(&self.addr, self.timeout, self.tls).await {
-                return PyClientError::Connect {
-                    addr: self.addr.clone(),
-                    reason: e.to_string(),
-                };
-            }
-        }
-        self.error(call, s)
     }
 }

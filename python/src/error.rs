@@ -77,13 +77,11 @@ impl PyClientError {
                 addr: addr.to_string(),
                 reason: s.message().to_string(),
             },
-            // Failures of the client's own transport (the node never
-            // answered the call): tonic reports a TLS / plaintext mismatch
-            // this way.
-            Code::Unknown | Code::Internal
-                if s.message().contains("transport error")
-                    || s.message().contains("h2 protocol error") =>
-            {
+            // A status the client made from a failure of its own transport
+            // (it carries that error as its source; a node's answer carries
+            // none): the node never answered the call. A TLS / plaintext
+            // mismatch shows this way.
+            Code::Unknown | Code::Internal if std::error::Error::source(s).is_some() => {
                 PyClientError::Connect {
                     addr: addr.to_string(),
                     reason: format!(

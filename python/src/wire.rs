@@ -144,7 +144,7 @@ pub(crate) async fn put_from(
     let req = Request::from_parts(meta, Extensions::default(), futures::stream::iter(msgs));
     match conn.client.clone().put(req).await {
         Ok(r) => Ok(!r.into_inner().already_present),
-        Err(s) => Err(conn.diagnosed("put", &s).await),
+        Err(s) => Err(conn.error("put", &s)),
     }
 }
 

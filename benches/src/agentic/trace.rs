@@ -258,6 +258,24 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// [`Workload::generate`] with the tokenizer of the GGUF model at `path`.
+    pub fn for_model(
+        path: &std::path::Path,
+        seed: u64,
+        shape: &WorkloadShape,
+    ) -> anyhow::Result<Workload> {
+        use anyhow::Context;
+        let gguf = kvfabric_engine::gguf::GgufFile::open(path).context("opening the model")?;
+        let tokenizer = kvfabric_engine::tokenizer::Tokenizer::from_gguf(&gguf)
+            .context("building the tokenizer")?;
+        drop(gguf);
+        Ok(Workload::generate(
+            &|text| tokenizer.encode(text, true),
+            seed,
+            shape,
+        ))
+    }
+
     /// Build the segments of `shape` from `seed` with tokenizer `encode`.
     pub fn generate(
         encode: &dyn Fn(&str) -> Vec<u32>,
